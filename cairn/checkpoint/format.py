@@ -1,0 +1,416 @@
+"""Arrays <-> bytes: shard files, the tensor index, and the commit.
+
+Tensors are raw C-order little-endian bytes packed into shard files; the manifest's index
+gives each tensor's shard, offset, length and sha256. Nothing on the load path unpickles:
+arrays are allocated from (dtype, shape) after every declared size has been checked, then
+filled by ranged reads.
+
+Write order (see ``cairn.stores.base``): shards first, concurrently, each hashed while it
+streams out; then the manifest by create-if-absent, which is the commit. A writer that finds
+the manifest already committed compares fingerprints: equal is success without rewriting,
+different is ``CheckpointConflictError``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import uuid
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from cairn.checkpoint.manifest import (
+    FORMAT_NAME,
+    MANIFEST_NAME,
+    SUPPORTED_VERSIONS,
+    CheckpointKind,
+    Manifest,
+    ShardEntry,
+    TensorEntry,
+    WriterInfo,
+    compute_fingerprint,
+    manifest_key,
+)
+from cairn.checkpoint.ref import CheckpointRef
+from cairn.checkpoint.signing import Signer
+from cairn.errors import (
+    CheckpointConflictError,
+    CheckpointNotFoundError,
+    FormatVersionError,
+    IntegrityError,
+    KindMismatchError,
+    ManifestError,
+    ObjectNotFoundError,
+    SizeLimitError,
+    TensorSpecError,
+)
+from cairn.state import Lineage
+from cairn.stores.base import Store
+
+__all__ = [
+    "Limits",
+    "CheckpointContent",
+    "CommitResult",
+    "write_checkpoint",
+    "read_manifest",
+    "read_tensors",
+    "tensor_checksum",
+    "ALLOWED_DTYPES",
+]
+
+ALLOWED_DTYPES = frozenset({"<f8", "<f4", "<f2", "<i8", "<i4", "<i2", "|i1", "<u8", "<u4", "|u1", "|b1"})
+HASH_CHUNK = 8 << 20
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds checked before anything is allocated."""
+
+    max_manifest_bytes: int = 16 << 20
+    max_tensors: int = 4096
+    max_total_bytes: int = 64 << 30
+    max_ndim: int = 8
+
+
+@dataclass
+class CheckpointContent:
+    """Everything in a checkpoint except its tensors and layout."""
+
+    kind: CheckpointKind
+    run_id: str
+    step: int
+    cursor: int = 0
+    config: dict[str, Any] | None = None
+    lineage: Lineage | None = None
+    rng: dict[str, Any] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def fingerprint(self, tensors: list[tuple[str, str, list[int], str]]) -> str:
+        return compute_fingerprint(
+            kind=self.kind,
+            step=self.step,
+            cursor=self.cursor,
+            config=self.config,
+            lineage=self.lineage,
+            rng=self.rng,
+            meta=self.meta,
+            tensors=tensors,
+        )
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    ref: CheckpointRef
+    manifest: Manifest
+    created: bool
+    """False when an identical checkpoint was already committed under the same key."""
+
+
+def _as_le_contiguous(arr: np.ndarray) -> np.ndarray:
+    out = np.ascontiguousarray(arr)
+    if out.dtype.byteorder == ">":
+        out = out.astype(out.dtype.newbyteorder("<"))
+    if out.dtype.str not in ALLOWED_DTYPES:
+        raise TensorSpecError(field="dtype", expected=sorted(ALLOWED_DTYPES), found=out.dtype.str)
+    return out
+
+
+def _byte_view(arr: np.ndarray) -> memoryview:
+    return memoryview(arr.reshape(-1).view(np.uint8))
+
+
+def tensor_checksum(arr: np.ndarray) -> str:
+    h = hashlib.sha256()
+    view = _byte_view(np.ascontiguousarray(arr))
+    for start in range(0, len(view), HASH_CHUNK):
+        h.update(view[start : start + HASH_CHUNK])
+    return "sha256:" + h.hexdigest()
+
+
+@dataclass
+class _ShardPlan:
+    key: str
+    names: list[str]
+    nbytes: int
+
+
+def _plan_shards(
+    arrays: Mapping[str, np.ndarray], nonce: str, rank: int, shard_bytes: int
+) -> list[_ShardPlan]:
+    plans: list[_ShardPlan] = []
+    current: _ShardPlan | None = None
+    for name in sorted(arrays):
+        size = arrays[name].nbytes
+        if current is None or (current.nbytes and current.nbytes + size > shard_bytes):
+            current = _ShardPlan(key=f"{nonce}/rank{rank:03d}-{len(plans):04d}.bin", names=[], nbytes=0)
+            plans.append(current)
+        current.names.append(name)
+        current.nbytes += size
+    return plans
+
+
+def _write_shard(
+    store: Store, prefix: str, plan: _ShardPlan, arrays: Mapping[str, np.ndarray], rank: int
+) -> tuple[ShardEntry, list[TensorEntry]]:
+    """Stream one shard to the store, hashing each chunk on its way out."""
+    entries: list[TensorEntry] = []
+
+    def chunks() -> Iterator[memoryview]:
+        offset = 0
+        for name in plan.names:
+            arr = arrays[name]
+            view = _byte_view(arr)
+            h = hashlib.sha256()
+            for start in range(0, len(view), HASH_CHUNK):
+                piece = view[start : start + HASH_CHUNK]
+                h.update(piece)
+                yield piece
+            entries.append(
+                TensorEntry(
+                    name=name,
+                    dtype=arr.dtype.str,
+                    shape=list(arr.shape),
+                    shard=plan.key,
+                    offset=offset,
+                    length=arr.nbytes,
+                    checksum="sha256:" + h.hexdigest(),
+                )
+            )
+            offset += arr.nbytes
+
+    store.write_object(f"{prefix}/{plan.key}", chunks(), size=plan.nbytes)
+    if len(entries) != len(plan.names):  # a store must consume every chunk
+        raise RuntimeError(f"store {store.url} did not consume shard {plan.key}")
+    return ShardEntry(key=plan.key, rank=rank, bytes=plan.nbytes), entries
+
+
+def write_checkpoint(
+    store: Store,
+    content: CheckpointContent,
+    tensors: Mapping[str, np.ndarray],
+    *,
+    signer: Signer | None = None,
+    shard_bytes: int = 64 << 20,
+    max_workers: int = 4,
+    rank: int = 0,
+) -> CommitResult:
+    """Write shards, then commit the manifest under the (run, kind, step) idempotency key."""
+    arrays = {name: _as_le_contiguous(a) for name, a in tensors.items()}
+    prefix = CheckpointRef("", content.run_id, content.kind, content.step).prefix
+    mkey = manifest_key(content.run_id, content.kind, content.step)
+    ref = CheckpointRef(store.url, content.run_id, content.kind, content.step)
+
+    if store.exists(mkey):
+        # A retry (or a stale writer) of a committed step: compare, don't rewrite.
+        index = [(n, a.dtype.str, list(a.shape), tensor_checksum(a)) for n, a in sorted(arrays.items())]
+        return _converge(store, ref, mkey, content.fingerprint(index), orphan_keys=[])
+
+    nonce = uuid.uuid4().hex[:16]
+    plans = _plan_shards(arrays, nonce, rank, shard_bytes)
+    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(plans)))) as pool:
+        results = list(pool.map(lambda p: _write_shard(store, prefix, p, arrays, rank), plans))
+    shards = [s for s, _ in results]
+    entries = sorted((e for _, es in results for e in es), key=lambda e: e.name)
+    fingerprint = content.fingerprint([(e.name, e.dtype, e.shape, e.checksum) for e in entries])
+    manifest = Manifest(
+        kind=content.kind,
+        run_id=content.run_id,
+        step=content.step,
+        cursor=content.cursor,
+        config=content.config,
+        lineage=content.lineage,
+        rng=content.rng,
+        meta=content.meta,
+        tensors=entries,
+        shards=shards,
+        total_bytes=sum(e.length for e in entries),
+        fingerprint=fingerprint,
+        writer=WriterInfo(nonce=nonce, created_at=datetime.now(UTC).isoformat(timespec="seconds")),
+    )
+    if signer is not None:
+        manifest = manifest.model_copy(update={"signature": signer.sign(manifest.signed_payload())})
+    if store.put_if_absent(mkey, manifest.to_json_bytes()):
+        return CommitResult(ref=ref, manifest=manifest, created=True)
+    orphans = [f"{prefix}/{s.key}" for s in shards]
+    return _converge(store, ref, mkey, fingerprint, orphan_keys=orphans)
+
+
+def _converge(
+    store: Store, ref: CheckpointRef, mkey: str, fingerprint: str, orphan_keys: list[str]
+) -> CommitResult:
+    """Another writer committed this key first: identical content is success, else conflict."""
+    existing = _parse_manifest(store.read(mkey), str(ref))
+    store.delete(orphan_keys)  # only this attempt's nonce-named shards: nobody else refers to them
+    if existing.fingerprint != fingerprint:
+        raise CheckpointConflictError(
+            "a different checkpoint is already committed under this idempotency key "
+            f"({ref.run_id}/{ref.kind}/{ref.step}): the run is not deterministic, or two runs share an id",
+            field="fingerprint",
+            expected=existing.fingerprint,
+            found=fingerprint,
+        )
+    return CommitResult(ref=ref, manifest=existing, created=False)
+
+
+def _parse_manifest(raw: bytes, where: str) -> Manifest:
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{where}: manifest is not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ManifestError(field="manifest", expected="a JSON object", found=type(data).__name__)
+    if data.get("format") != FORMAT_NAME:
+        raise FormatVersionError(field="format", expected=FORMAT_NAME, found=data.get("format"))
+    if data.get("format_version") not in SUPPORTED_VERSIONS:
+        raise FormatVersionError(
+            field="format_version", expected=sorted(SUPPORTED_VERSIONS), found=data.get("format_version")
+        )
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "manifest"
+        raise ManifestError(
+            f"{first['msg']} (found {json.dumps(first.get('input'), default=str)[:80]})", field=loc
+        ) from exc
+
+
+def _check_structure(manifest: Manifest, limits: Limits) -> None:
+    """Declared sizes and layout, checked before any tensor is allocated."""
+    if len(manifest.tensors) > limits.max_tensors:
+        raise SizeLimitError(
+            field="tensors", expected=f"<= {limits.max_tensors} tensors", found=len(manifest.tensors)
+        )
+    if manifest.total_bytes > limits.max_total_bytes:
+        raise SizeLimitError(
+            field="total_bytes", expected=f"<= {limits.max_total_bytes}", found=manifest.total_bytes
+        )
+    shards = {s.key: s for s in manifest.shards}
+    seen: set[str] = set()
+    total = 0
+    for t in manifest.tensors:
+        where = f"tensors[{t.name}]"
+        if t.name in seen:
+            raise TensorSpecError("duplicate tensor name", field=where)
+        seen.add(t.name)
+        if t.dtype not in ALLOWED_DTYPES:
+            raise TensorSpecError(field=f"{where}.dtype", expected=sorted(ALLOWED_DTYPES), found=t.dtype)
+        if len(t.shape) > limits.max_ndim or any(d < 0 for d in t.shape):
+            raise TensorSpecError(
+                field=f"{where}.shape", expected=f"<= {limits.max_ndim} non-negative dims", found=t.shape
+            )
+        want = math.prod(t.shape) * np.dtype(t.dtype).itemsize
+        if t.length != want:
+            raise TensorSpecError(
+                "byte length disagrees with dtype x shape", field=f"{where}.length", expected=want, found=t.length
+            )
+        shard = shards.get(t.shard)
+        if shard is None:
+            raise TensorSpecError(field=f"{where}.shard", expected=sorted(shards), found=t.shard)
+        if t.offset + t.length > shard.bytes:
+            raise TensorSpecError(
+                "tensor runs past the end of its shard",
+                field=f"{where}.offset",
+                expected=f"offset + length <= {shard.bytes}",
+                found=t.offset + t.length,
+            )
+        total += t.length
+    if total != manifest.total_bytes:
+        raise TensorSpecError(field="total_bytes", expected=total, found=manifest.total_bytes)
+
+
+def read_manifest(
+    store: Store,
+    ref: CheckpointRef,
+    *,
+    expect_kind: CheckpointKind | None,
+    limits: Limits = Limits(),
+    signer: Signer | None = None,
+) -> Manifest:
+    """Read and check a committed manifest: size, format, schema, kind, signature, layout, fingerprint."""
+    key = f"{ref.prefix}/{MANIFEST_NAME}"
+    try:
+        size = store.size(key)
+    except ObjectNotFoundError:
+        raise CheckpointNotFoundError(
+            f"no committed checkpoint at {ref} (manifest missing: never written, or not yet committed)"
+        ) from None
+    if size > limits.max_manifest_bytes:
+        raise SizeLimitError(field="manifest", expected=f"<= {limits.max_manifest_bytes} bytes", found=size)
+    manifest = _parse_manifest(store.read(key), str(ref))
+    if expect_kind is not None and manifest.kind != expect_kind:
+        raise KindMismatchError(
+            f"a {manifest.kind.value} checkpoint cannot be restored as {expect_kind.value} state",
+            field="kind",
+            expected=expect_kind.value,
+            found=manifest.kind.value,
+        )
+    for name, want, found in (
+        ("run_id", ref.run_id, manifest.run_id),
+        ("step", ref.step, manifest.step),
+        ("kind", ref.kind.value, manifest.kind.value),
+    ):
+        if want != found:
+            raise IntegrityError("manifest does not match its location", field=name, expected=want, found=found)
+    if signer is not None:
+        signer.verify(manifest.signed_payload(), manifest.signature)
+    _check_structure(manifest, limits)
+    recomputed = CheckpointContent(
+        kind=manifest.kind,
+        run_id=manifest.run_id,
+        step=manifest.step,
+        cursor=manifest.cursor,
+        config=manifest.config,
+        lineage=manifest.lineage,
+        rng=manifest.rng,
+        meta=manifest.meta,
+    ).fingerprint([(t.name, t.dtype, t.shape, t.checksum) for t in manifest.tensors])
+    if recomputed != manifest.fingerprint:
+        raise IntegrityError(
+            "manifest content does not match its fingerprint (edited or corrupted)",
+            field="fingerprint",
+            expected=recomputed,
+            found=manifest.fingerprint,
+        )
+    return manifest
+
+
+def read_tensors(
+    store: Store, ref: CheckpointRef, manifest: Manifest, *, max_workers: int = 4
+) -> dict[str, np.ndarray]:
+    """Allocate each tensor from its declared dtype/shape, fill it by ranged read, verify sha256."""
+
+    for shard in manifest.shards:
+        key = f"{ref.prefix}/{shard.key}"
+        try:
+            size = store.size(key)
+        except ObjectNotFoundError:
+            raise IntegrityError(
+                "shard listed in the manifest is missing", field=f"shards[{shard.key}]"
+            ) from None
+        if size != shard.bytes:
+            raise IntegrityError(field=f"shards[{shard.key}].bytes", expected=shard.bytes, found=size)
+
+    def load(entry: TensorEntry) -> tuple[str, np.ndarray]:
+        arr = np.empty(entry.shape, dtype=np.dtype(entry.dtype))
+        if entry.length:
+            store.read_into(f"{ref.prefix}/{entry.shard}", entry.offset, _byte_view(arr))
+        found = tensor_checksum(arr)
+        if found != entry.checksum:
+            raise IntegrityError(
+                "tensor bytes do not match their checksum",
+                field=f"tensors[{entry.name}].checksum",
+                expected=entry.checksum,
+                found=found,
+            )
+        return entry.name, arr
+
+    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(manifest.tensors)))) as pool:
+        return dict(pool.map(load, manifest.tensors))

@@ -1,0 +1,182 @@
+"""A training session: one run's live state, its dataset, and the store it checkpoints to.
+
+The CLI and the Temporal activities both drive training through this class. Its state is
+replaced only by a checkpoint that passed every validation rule; a refused import raises a
+``CheckpointError`` and leaves the session exactly as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+from cairn.checkpoint.format import CommitResult, Limits, read_manifest
+from cairn.checkpoint.manager import (
+    ENV_SIGNER,
+    latest_committed,
+    load_training,
+    resolve_signer,
+    save_training,
+)
+from cairn.checkpoint.manifest import RUN_ID_PATTERN, CheckpointKind
+from cairn.checkpoint.ref import CheckpointRef
+from cairn.checkpoint.validate import check_training_manifest
+from cairn.config import TrainConfig
+from cairn.data import Dataset, load_dataset
+from cairn.errors import ConfigError
+from cairn.state import TrainState
+from cairn.stores import open_store
+from cairn.stores.base import Store
+from cairn.trainer import init_state, train, weights_only
+
+__all__ = ["TrainingSession", "default_run_id"]
+
+StepHook = Callable[[TrainState], bool | None]
+CheckpointHook = Callable[[CommitResult], None]
+
+
+def default_run_id(config: TrainConfig) -> str:
+    """A stable run id derived from the config: the same config names the same run."""
+    return "cfg-" + hashlib.sha256(config.canonical_json().encode()).hexdigest()[:12]
+
+
+def _check_run_id(run_id: str) -> str:
+    if not RUN_ID_PATTERN.match(run_id):
+        raise ConfigError("run_id", expected=RUN_ID_PATTERN.pattern, found=run_id)
+    return run_id
+
+
+class TrainingSession:
+    def __init__(
+        self,
+        run_id: str,
+        store: Store,
+        state: TrainState,
+        dataset: Dataset,
+        *,
+        signer: Any = ENV_SIGNER,
+        limits: Limits = Limits(),
+        write_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.run_id = _check_run_id(run_id)
+        self.store = store
+        self.state = state
+        self.dataset = dataset
+        self.signer = signer
+        self.limits = limits
+        self.write_options = write_options or {}
+        self.last_commit: CommitResult | None = None
+
+    # -- construction -------------------------------------------------------------------
+    @classmethod
+    def fresh(cls, run_id: str, store: Store | str, config: TrainConfig, **kw: Any) -> TrainingSession:
+        store = open_store(store) if isinstance(store, str) else store
+        dataset = load_dataset(config.data)
+        return cls(run_id, store, init_state(config, dataset), dataset, **kw)
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        ref: CheckpointRef,
+        *,
+        run_id: str | None = None,
+        store: Store | str | None = None,
+        config: TrainConfig | None = None,
+        weights_only_restore: bool = False,
+        **kw: Any,
+    ) -> TrainingSession:
+        """Resume from ``ref`` (validated); checkpoints go to ``store`` (default: ref's store)."""
+        source = open_store(ref.store_url)
+        target = source if store is None else (open_store(store) if isinstance(store, str) else store)
+        signer = kw.get("signer", ENV_SIGNER)
+        if config is None:
+            # The checkpoint's own config (manifest only) tells which dataset to rebuild.
+            manifest = read_manifest(
+                source, ref, expect_kind=CheckpointKind.TRAINING, signer=resolve_signer(signer)
+            )
+            config = check_training_manifest(manifest)
+        dataset = load_dataset(config.data)
+        state, _ = load_training(
+            source,
+            ref,
+            run_config=config,
+            dataset_hash=dataset.content_hash,
+            limits=kw.get("limits", Limits()),
+            signer=signer,
+        )
+        if weights_only_restore:
+            state = weights_only(state, dataset)
+        return cls(run_id or ref.run_id, target, state, dataset, **kw)
+
+    @classmethod
+    def resume_latest(cls, run_id: str, store: Store | str, config: TrainConfig, **kw: Any) -> TrainingSession:
+        """Continue from the run's last durable cursor, or start fresh when it has none."""
+        store = open_store(store) if isinstance(store, str) else store
+        session = cls.fresh(run_id, store, config, **kw)
+        ref = latest_committed(store, run_id)
+        if ref is not None:
+            session.restore(ref)
+        return session
+
+    # -- state replacement --------------------------------------------------------------
+    def restore(self, ref: CheckpointRef) -> None:
+        """Replace this session's state with ``ref``'s, only if it passes validation."""
+        source = self.store if ref.store_url == self.store.url else open_store(ref.store_url)
+        state, _ = load_training(
+            source,
+            ref,
+            run_config=self.state.config,
+            dataset_hash=self.dataset.content_hash,
+            limits=self.limits,
+            signer=self.signer,
+        )
+        self.state = state
+
+    def checkpoint(self) -> CommitResult:
+        """Commit the current state (idempotent per step)."""
+        result = save_training(self.store, self.run_id, self.state, signer=self.signer, **self.write_options)
+        self._committed(self.state, result)
+        return result
+
+    def _committed(self, state: TrainState, result: CommitResult) -> None:
+        state.lineage = state.lineage.model_copy(update={"parent": result.manifest.fingerprint})
+        self.last_commit = result
+
+    # -- training -----------------------------------------------------------------------
+    def run(
+        self,
+        steps: int,
+        *,
+        checkpoint_every: int | None = None,
+        on_step: StepHook | None = None,
+        on_checkpoint: CheckpointHook | None = None,
+        checkpoint_at_end: bool = True,
+    ) -> CommitResult | None:
+        """Train ``steps`` more updates, committing every ``checkpoint_every`` steps and at the end.
+
+        ``on_step`` may return True to stop early (graceful stop: the end checkpoint still
+        happens). Returns the last commit, if any.
+        """
+        if checkpoint_every is not None and checkpoint_every <= 0:
+            raise ConfigError("checkpoint_every", expected="> 0", found=checkpoint_every)
+        stop = False
+
+        def step_hook(work: TrainState) -> bool:
+            nonlocal stop
+            if checkpoint_every and work.step % checkpoint_every == 0:
+                result = save_training(self.store, self.run_id, work, signer=self.signer, **self.write_options)
+                self._committed(work, result)
+                if on_checkpoint:
+                    on_checkpoint(result)
+            if on_step is not None and on_step(work):
+                stop = True
+            return stop
+
+        self.state = train(self.state, self.dataset, steps, on_step=step_hook)
+        last = self.last_commit
+        if checkpoint_at_end and (last is None or last.manifest.step != self.state.step):
+            last = self.checkpoint()
+            if on_checkpoint:
+                on_checkpoint(last)
+        return last

@@ -1,0 +1,71 @@
+"""An in-memory store: the test double for the Store interface (no patching of internals)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Iterator
+
+from cairn.errors import ObjectNotFoundError, StorageError
+from cairn.stores.base import Chunk, ObjectInfo, Store
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore(Store):
+    def __init__(self, name: str = "test") -> None:
+        self.url = f"memory://{name}"
+        self._objects: dict[str, tuple[bytes, float]] = {}
+        self._lock = threading.Lock()
+
+    def write_object(self, key: str, chunks: Iterable[Chunk], size: int | None = None) -> None:
+        data = b"".join(bytes(memoryview(c).cast("B")) for c in chunks)
+        with self._lock:
+            self._objects[key] = (data, time.time())
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        with self._lock:
+            if key in self._objects:
+                return False
+            self._objects[key] = (bytes(data), time.time())
+            return True
+
+    def _get(self, key: str) -> bytes:
+        with self._lock:
+            try:
+                return self._objects[key][0]
+            except KeyError:
+                raise ObjectNotFoundError(f"no object {key}") from None
+
+    def read(self, key: str) -> bytes:
+        return self._get(key)
+
+    def read_into(self, key: str, offset: int, out: memoryview) -> None:
+        data = self._get(key)
+        view = out.cast("B") if out.format != "B" else out
+        if offset + len(view) > len(data):
+            raise StorageError(f"{key}: short object")
+        view[:] = data[offset : offset + len(view)]
+
+    def size(self, key: str) -> int:
+        return len(self._get(key))
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        with self._lock:
+            items = [(k, len(d), t) for k, (d, t) in self._objects.items() if k.startswith(prefix)]
+        for key, size, mtime in items:
+            yield ObjectInfo(key=key, size=size, mtime=mtime)
+
+    def delete(self, keys: Iterable[str]) -> None:
+        with self._lock:
+            for key in keys:
+                self._objects.pop(key, None)
+
+    # Test-only helpers: reach in to corrupt or age objects.
+    def corrupt(self, key: str, data: bytes) -> None:
+        with self._lock:
+            self._objects[key] = (data, self._objects[key][1])
+
+    def set_mtime(self, key: str, mtime: float) -> None:
+        with self._lock:
+            self._objects[key] = (self._objects[key][0], mtime)

@@ -1,0 +1,180 @@
+"""A pure, seeded, float64 trainer: S_{t+1} = F(S_t, D_t).
+
+An MLP (or softmax regression) trained with Adam on a deterministic dataset. Each update
+draws ``batch_size`` example indices from the training RNG (PCG64); the data cursor counts
+those draws. No hidden globals, no wall clock, no unseeded randomness: the same state and
+data give the same next state, bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from cairn.config import TrainConfig
+from cairn.data import Dataset
+from cairn.errors import ConfigError
+from cairn.state import HISTORY_KEYS, Lineage, TrainState, param_shapes
+
+__all__ = ["init_state", "advance", "train", "learning_rate", "weights_only", "loss_and_grads"]
+
+StepCallback = Callable[[TrainState], bool | None]
+
+
+def _seed_sequences(config: TrainConfig) -> tuple[np.random.SeedSequence, np.random.SeedSequence]:
+    init_seq, train_seq = np.random.SeedSequence(config.seed).spawn(2)
+    return init_seq, train_seq
+
+
+def fresh_rng_state(config: TrainConfig) -> dict[str, object]:
+    """The training RNG's state at step 0."""
+    _, train_seq = _seed_sequences(config)
+    return dict(np.random.PCG64(train_seq).state)
+
+
+def init_state(config: TrainConfig, dataset: Dataset) -> TrainState:
+    """Step 0 of a run: seeded weights, zero moments, a fresh training RNG."""
+    if dataset.x.shape[1] != config.data.n_features:
+        raise ConfigError("data.n_features", expected=dataset.x.shape[1], found=config.data.n_features)
+    init_seq, _ = _seed_sequences(config)
+    init_rng = np.random.Generator(np.random.PCG64(init_seq))
+    params: dict[str, np.ndarray] = {}
+    for name, shape in param_shapes(config, dataset.x.shape[1]).items():
+        if len(shape) == 2:
+            scale = config.model.init_scale / math.sqrt(shape[0])
+            params[name] = init_rng.standard_normal(shape) * scale
+        else:
+            params[name] = np.zeros(shape, dtype=np.float64)
+    lineage = Lineage(
+        dataset_version=dataset.version,
+        dataset_hash=dataset.content_hash,
+        model_version=config.model.version,
+        tokenizer_version=config.tokenizer_version,
+        stage_contract=config.stage,
+    )
+    return TrainState(
+        config=config,
+        lineage=lineage,
+        params=params,
+        m={k: np.zeros_like(a) for k, a in params.items()},
+        v={k: np.zeros_like(a) for k, a in params.items()},
+        step=0,
+        cursor=0,
+        rng_state=fresh_rng_state(config),
+        history={k: [] for k in HISTORY_KEYS},
+    )
+
+
+def weights_only(state: TrainState, dataset: Dataset) -> TrainState:
+    """Keep theta, reset everything else (moments, step, RNG, cursor, history).
+
+    This is what "restoring from weights" gives you. It reproduces the forward function,
+    not training: the next update already differs from the uninterrupted run.
+    """
+    fresh = init_state(state.config, dataset)
+    fresh.params = {k: a.copy() for k, a in state.params.items()}
+    return fresh
+
+
+def learning_rate(config: TrainConfig, t: int) -> float:
+    """Learning rate for update number ``t`` (1-based): linear warmup, then decay."""
+    opt = config.optimizer
+    if opt.warmup_steps and t <= opt.warmup_steps:
+        return opt.lr * t / opt.warmup_steps
+    progress = min(1.0, (t - opt.warmup_steps) / opt.decay_steps)
+    floor = opt.min_lr_ratio
+    if opt.decay == "constant":
+        factor = 1.0
+    elif opt.decay == "linear":
+        factor = 1.0 - (1.0 - floor) * progress
+    else:
+        factor = floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return opt.lr * factor
+
+
+def loss_and_grads(
+    params: dict[str, np.ndarray], xb: np.ndarray, yb: np.ndarray
+) -> tuple[float, dict[str, np.ndarray]]:
+    """Mean softmax cross-entropy of a batch and its gradient with respect to theta."""
+    batch = xb.shape[0]
+    hidden = "W1" in params
+    if hidden:
+        a1 = np.tanh(xb @ params["W1"] + params["b1"])
+        logits = a1 @ params["W2"] + params["b2"]
+    else:
+        logits = xb @ params["W"] + params["b"]
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    exp = np.exp(shifted)
+    denom = exp.sum(axis=1, keepdims=True)
+    rows = np.arange(batch)
+    loss = float(np.mean(np.log(denom[:, 0]) - shifted[rows, yb]))
+    dlogits = exp / denom
+    dlogits[rows, yb] -= 1.0
+    dlogits /= batch
+    if not hidden:
+        return loss, {"W": xb.T @ dlogits, "b": dlogits.sum(axis=0)}
+    dz1 = (dlogits @ params["W2"].T) * (1.0 - a1 * a1)
+    return loss, {
+        "W1": xb.T @ dz1,
+        "b1": dz1.sum(axis=0),
+        "W2": a1.T @ dlogits,
+        "b2": dlogits.sum(axis=0),
+    }
+
+
+def _update_in_place(state: TrainState, dataset: Dataset, rng: np.random.Generator) -> None:
+    config = state.config
+    opt = config.optimizer
+    idx = rng.integers(0, dataset.n_examples, size=config.batch_size)
+    loss, grads = loss_and_grads(state.params, dataset.x[idx], dataset.y[idx])
+    t = state.step + 1
+    lr = learning_rate(config, t)
+    bc1 = 1.0 - opt.beta1**t
+    bc2 = 1.0 - opt.beta2**t
+    for name, theta in state.params.items():
+        g = grads[name]
+        m = state.m[name]
+        v = state.v[name]
+        m *= opt.beta1
+        m += (1.0 - opt.beta1) * g
+        v *= opt.beta2
+        v += (1.0 - opt.beta2) * (g * g)
+        update = (m / bc1) / (np.sqrt(v / bc2) + opt.eps)
+        if opt.weight_decay:
+            update += opt.weight_decay * theta
+        theta -= lr * update
+    state.step = t
+    state.cursor += config.batch_size
+    state.history["loss"].append(loss)
+    state.history["lr"].append(lr)
+
+
+def train(
+    state: TrainState,
+    dataset: Dataset,
+    steps: int,
+    on_step: StepCallback | None = None,
+) -> TrainState:
+    """Apply ``steps`` updates and return the new state; ``state`` itself is not modified.
+
+    ``on_step`` sees the working state after each update (e.g. to checkpoint every K
+    steps); it must copy what it keeps, and may return True to stop early.
+    """
+    if steps < 0:
+        raise ConfigError("steps", expected=">= 0", found=steps)
+    work = state.copy()
+    rng = np.random.Generator(np.random.PCG64())
+    rng.bit_generator.state = work.rng_state
+    for _ in range(steps):
+        _update_in_place(work, dataset, rng)
+        work.rng_state = dict(rng.bit_generator.state)
+        if on_step is not None and on_step(work):
+            break
+    return work
+
+
+def advance(state: TrainState, dataset: Dataset) -> TrainState:
+    """F: one update. S_{t+1} = F(S_t, D_t)."""
+    return train(state, dataset, 1)
