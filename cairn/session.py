@@ -11,7 +11,8 @@ import hashlib
 from collections.abc import Callable
 from typing import Any
 
-from cairn.checkpoint.format import CommitResult, Limits, read_manifest
+from cairn.checkpoint.async_save import AsyncCheckpointer, SaveHandle
+from cairn.checkpoint.format import DEFAULT_LIMITS, CommitResult, Limits, read_manifest
 from cairn.checkpoint.manager import (
     ENV_SIGNER,
     latest_committed,
@@ -56,7 +57,7 @@ class TrainingSession:
         dataset: Dataset,
         *,
         signer: Any = ENV_SIGNER,
-        limits: Limits = Limits(),
+        limits: Limits = DEFAULT_LIMITS,
         write_options: dict[str, Any] | None = None,
     ) -> None:
         self.run_id = _check_run_id(run_id)
@@ -102,7 +103,7 @@ class TrainingSession:
             ref,
             run_config=config,
             dataset_hash=dataset.content_hash,
-            limits=kw.get("limits", Limits()),
+            limits=kw.get("limits", DEFAULT_LIMITS),
             signer=signer,
         )
         if weights_only_restore:
@@ -110,7 +111,9 @@ class TrainingSession:
         return cls(run_id or ref.run_id, target, state, dataset, **kw)
 
     @classmethod
-    def resume_latest(cls, run_id: str, store: Store | str, config: TrainConfig, **kw: Any) -> TrainingSession:
+    def resume_latest(
+        cls, run_id: str, store: Store | str, config: TrainConfig, **kw: Any
+    ) -> TrainingSession:
         """Continue from the run's last durable cursor, or start fresh when it has none."""
         store = open_store(store) if isinstance(store, str) else store
         session = cls.fresh(run_id, store, config, **kw)
@@ -149,31 +152,56 @@ class TrainingSession:
         steps: int,
         *,
         checkpoint_every: int | None = None,
+        async_save: bool = False,
         on_step: StepHook | None = None,
         on_checkpoint: CheckpointHook | None = None,
         checkpoint_at_end: bool = True,
     ) -> CommitResult | None:
         """Train ``steps`` more updates, committing every ``checkpoint_every`` steps and at the end.
 
-        ``on_step`` may return True to stop early (graceful stop: the end checkpoint still
-        happens). Returns the last commit, if any.
+        With ``async_save`` the periodic checkpoints are snapshotted and persisted in the
+        background (one in flight; the next waits for it). ``on_step`` may return True to stop
+        early (graceful stop: the end checkpoint still happens). Returns the last commit.
         """
         if checkpoint_every is not None and checkpoint_every <= 0:
             raise ConfigError("checkpoint_every", expected="> 0", found=checkpoint_every)
-        stop = False
+        saver = (
+            AsyncCheckpointer(self.store, self.run_id, signer=self.signer, **self.write_options)
+            if async_save
+            else None
+        )
+        pending: SaveHandle | None = None
 
-        def step_hook(work: TrainState) -> bool:
-            nonlocal stop
-            if checkpoint_every and work.step % checkpoint_every == 0:
-                result = save_training(self.store, self.run_id, work, signer=self.signer, **self.write_options)
+        def settle(work: TrainState) -> None:
+            nonlocal pending
+            if pending is not None:
+                result = pending.result()
+                pending = None
                 self._committed(work, result)
                 if on_checkpoint:
                     on_checkpoint(result)
-            if on_step is not None and on_step(work):
-                stop = True
-            return stop
 
-        self.state = train(self.state, self.dataset, steps, on_step=step_hook)
+        def step_hook(work: TrainState) -> bool:
+            nonlocal pending
+            if checkpoint_every and work.step % checkpoint_every == 0:
+                if saver is None:
+                    result = save_training(
+                        self.store, self.run_id, work, signer=self.signer, **self.write_options
+                    )
+                    self._committed(work, result)
+                    if on_checkpoint:
+                        on_checkpoint(result)
+                else:
+                    settle(work)  # the previous save's fingerprint becomes this one's parent
+                    pending = saver.save_async(work)
+            return bool(on_step is not None and on_step(work))
+
+        try:
+            self.state = train(self.state, self.dataset, steps, on_step=step_hook)
+            settle(self.state)
+        finally:
+            if saver is not None:
+                saver.close()
         last = self.last_commit
         if checkpoint_at_end and (last is None or last.manifest.step != self.state.step):
             last = self.checkpoint()

@@ -126,7 +126,10 @@ def cmd_ckpt_show(args: argparse.Namespace) -> int:
     print(f"run          {manifest.run_id}   step {manifest.step}   cursor {manifest.cursor}")
     print(f"fingerprint  {manifest.fingerprint}  (an identifier, not a signature)")
     print(f"signed       {'yes' if manifest.signature else 'no'}")
-    print(f"bytes        {manifest.total_bytes} in {len(manifest.tensors)} tensors, {len(manifest.shards)} shards")
+    print(
+        f"bytes        {manifest.total_bytes} in {len(manifest.tensors)} tensors, "
+        f"{len(manifest.shards)} shards"
+    )
     if lineage is not None:
         print(f"dataset      {lineage.dataset_version} {lineage.dataset_hash}")
         print(f"model        {lineage.model_version}   tokenizer {lineage.tokenizer_version}")
@@ -182,7 +185,11 @@ def cmd_ckpt_list(args: argparse.Namespace) -> int:
     store = open_store(args.store, **_store_args(args))
     refs = list_checkpoints(store, args.run)
     rows = [{"checkpoint": str(r), "run_id": r.run_id, "kind": r.kind.value, "step": r.step} for r in refs]
-    emit(args, {"store": store.url, "checkpoints": rows}, "\n".join(str(r) for r in refs) or "(no committed checkpoints)")
+    emit(
+        args,
+        {"store": store.url, "checkpoints": rows},
+        "\n".join(str(r) for r in refs) or "(no committed checkpoints)",
+    )
     return 0
 
 
@@ -204,7 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", required=True, help="directory or s3://bucket/prefix")
     p.add_argument("--checkpoint-every", type=int, help="commit a checkpoint every K steps")
     p.add_argument("--resume", metavar="CKPT", help="checkpoint reference to resume from")
-    p.add_argument("--weights-only", action="store_true", help="resume theta only (does NOT reproduce training)")
+    p.add_argument(
+        "--weights-only", action="store_true", help="resume theta only (does NOT reproduce training)"
+    )
     p.add_argument("--run-id", help="run id (default: derived from the config, or the resumed run's)")
     p.set_defaults(handler=cmd_train)
 

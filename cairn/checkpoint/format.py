@@ -56,9 +56,11 @@ from cairn.stores.base import Store
 
 __all__ = [
     "Limits",
+    "DEFAULT_LIMITS",
     "CheckpointContent",
     "CommitResult",
     "write_checkpoint",
+    "parse_manifest",
     "read_manifest",
     "read_tensors",
     "tensor_checksum",
@@ -77,6 +79,9 @@ class Limits:
     max_tensors: int = 4096
     max_total_bytes: int = 64 << 30
     max_ndim: int = 8
+
+
+DEFAULT_LIMITS = Limits()
 
 
 @dataclass
@@ -114,7 +119,7 @@ class CommitResult:
 
 
 def _as_le_contiguous(arr: np.ndarray) -> np.ndarray:
-    out = np.ascontiguousarray(arr)
+    out = arr if arr.flags.c_contiguous else arr.copy(order="C")  # keeps 0-d arrays 0-d
     if out.dtype.byteorder == ">":
         out = out.astype(out.dtype.newbyteorder("<"))
     if out.dtype.str not in ALLOWED_DTYPES:
@@ -128,7 +133,7 @@ def _byte_view(arr: np.ndarray) -> memoryview:
 
 def tensor_checksum(arr: np.ndarray) -> str:
     h = hashlib.sha256()
-    view = _byte_view(np.ascontiguousarray(arr))
+    view = _byte_view(arr if arr.flags.c_contiguous else arr.copy(order="C"))
     for start in range(0, len(view), HASH_CHUNK):
         h.update(view[start : start + HASH_CHUNK])
     return "sha256:" + h.hexdigest()
@@ -236,9 +241,14 @@ def write_checkpoint(
     )
     if signer is not None:
         manifest = manifest.model_copy(update={"signature": signer.sign(manifest.signed_payload())})
-    if store.put_if_absent(mkey, manifest.to_json_bytes()):
-        return CommitResult(ref=ref, manifest=manifest, created=True)
     orphans = [f"{prefix}/{s.key}" for s in shards]
+    if store.put_if_absent(mkey, manifest.to_json_bytes()):
+        # Trust, then verify: if a store ever ignored the condition and another writer's
+        # manifest replaced ours, the fingerprint comparison below still catches it.
+        committed = parse_manifest(store.read(mkey), str(ref))
+        if committed.writer.nonce == nonce:
+            return CommitResult(ref=ref, manifest=manifest, created=True)
+        return _converge(store, ref, mkey, fingerprint, orphan_keys=[])
     return _converge(store, ref, mkey, fingerprint, orphan_keys=orphans)
 
 
@@ -246,7 +256,7 @@ def _converge(
     store: Store, ref: CheckpointRef, mkey: str, fingerprint: str, orphan_keys: list[str]
 ) -> CommitResult:
     """Another writer committed this key first: identical content is success, else conflict."""
-    existing = _parse_manifest(store.read(mkey), str(ref))
+    existing = parse_manifest(store.read(mkey), str(ref))
     store.delete(orphan_keys)  # only this attempt's nonce-named shards: nobody else refers to them
     if existing.fingerprint != fingerprint:
         raise CheckpointConflictError(
@@ -259,7 +269,7 @@ def _converge(
     return CommitResult(ref=ref, manifest=existing, created=False)
 
 
-def _parse_manifest(raw: bytes, where: str) -> Manifest:
+def parse_manifest(raw: bytes, where: str) -> Manifest:
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -309,7 +319,10 @@ def _check_structure(manifest: Manifest, limits: Limits) -> None:
         want = math.prod(t.shape) * np.dtype(t.dtype).itemsize
         if t.length != want:
             raise TensorSpecError(
-                "byte length disagrees with dtype x shape", field=f"{where}.length", expected=want, found=t.length
+                "byte length disagrees with dtype x shape",
+                field=f"{where}.length",
+                expected=want,
+                found=t.length,
             )
         shard = shards.get(t.shard)
         if shard is None:
@@ -331,7 +344,7 @@ def read_manifest(
     ref: CheckpointRef,
     *,
     expect_kind: CheckpointKind | None,
-    limits: Limits = Limits(),
+    limits: Limits = DEFAULT_LIMITS,
     signer: Signer | None = None,
 ) -> Manifest:
     """Read and check a committed manifest: size, format, schema, kind, signature, layout, fingerprint."""
@@ -344,7 +357,7 @@ def read_manifest(
         ) from None
     if size > limits.max_manifest_bytes:
         raise SizeLimitError(field="manifest", expected=f"<= {limits.max_manifest_bytes} bytes", found=size)
-    manifest = _parse_manifest(store.read(key), str(ref))
+    manifest = parse_manifest(store.read(key), str(ref))
     if expect_kind is not None and manifest.kind != expect_kind:
         raise KindMismatchError(
             f"a {manifest.kind.value} checkpoint cannot be restored as {expect_kind.value} state",
@@ -358,7 +371,9 @@ def read_manifest(
         ("kind", ref.kind.value, manifest.kind.value),
     ):
         if want != found:
-            raise IntegrityError("manifest does not match its location", field=name, expected=want, found=found)
+            raise IntegrityError(
+                "manifest does not match its location", field=name, expected=want, found=found
+            )
     if signer is not None:
         signer.verify(manifest.signed_payload(), manifest.signature)
     _check_structure(manifest, limits)

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from cairn.checkpoint.format import (
+    DEFAULT_LIMITS,
     CheckpointContent,
     CommitResult,
     Limits,
@@ -92,7 +93,7 @@ def load_training(
     *,
     run_config: TrainConfig | None = None,
     dataset_hash: str | None = None,
-    limits: Limits = Limits(),
+    limits: Limits = DEFAULT_LIMITS,
     signer: Signer | None | _EnvSigner = ENV_SIGNER,
 ) -> tuple[TrainState, Manifest]:
     """Validate a training checkpoint completely and build a new TrainState from it.

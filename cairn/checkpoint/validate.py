@@ -105,10 +105,14 @@ def check_training_manifest(
             found=lineage.dataset_hash,
         )
     if lineage.model_version != config.model.version:
-        raise InvariantError(field="lineage.model_version", expected=config.model.version, found=lineage.model_version)
+        raise InvariantError(
+            field="lineage.model_version", expected=config.model.version, found=lineage.model_version
+        )
     problem = rng_state_problem(manifest.rng)
     if problem:
-        raise InvariantError("RNG state is malformed", field=problem[0], expected=problem[1], found=problem[2])
+        raise InvariantError(
+            "RNG state is malformed", field=problem[0], expected=problem[1], found=problem[2]
+        )
     if manifest.cursor != manifest.step * config.batch_size:
         raise InvariantError(
             "data cursor must equal step x batch_size",
@@ -128,6 +132,13 @@ def check_training_manifest(
         got_dtype, got_shape = have[name]
         if got_dtype != dtype:
             raise TensorSpecError(field=f"tensors[{name}].dtype", expected=dtype, found=got_dtype)
+        if got_shape != shape and name.startswith("history/"):
+            raise InvariantError(
+                "len(history) must equal step",
+                field=f"tensors[{name}].shape",
+                expected=list(shape),
+                found=list(got_shape),
+            )
         if got_shape != shape:
             raise TensorSpecError(field=f"tensors[{name}].shape", expected=list(shape), found=list(got_shape))
     return config
@@ -140,7 +151,10 @@ def check_training_arrays(arrays: Mapping[str, np.ndarray]) -> None:
         if not np.all(np.isfinite(arr)):
             bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
             raise NonFiniteError(
-                "tensor holds NaN or infinity", field=f"tensors[{name}]", expected="finite", found=f"{bad} non-finite"
+                "tensor holds NaN or infinity",
+                field=f"tensors[{name}]",
+                expected="finite",
+                found=f"{bad} non-finite",
             )
         if name.startswith("adam.v/") and np.any(arr < 0):
             raise InvariantError(

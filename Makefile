@@ -1,0 +1,32 @@
+# Two commands on a fresh machine with Python 3.11: `make demo`, `make test`.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test test-fast bench lint clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m workers.demo
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not drill"
+
+bench: $(STAMP)
+	$(PY) bench/bench_store.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check cairn workflows activities workers tests bench
+	$(VENV)/bin/mypy cairn
+
+clean:
+	rm -rf $(VENV) .cairn .pytest_cache .hypothesis

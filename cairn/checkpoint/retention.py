@@ -1,0 +1,139 @@
+"""Retention: keep the last N committed checkpoints plus pinned ones; collect the rest.
+
+Pinned = every ``keep_every`` steps, or named with ``pin`` (an object ``RUN/pins/NAME``
+holding the step). Deleted: older unpinned committed checkpoints (manifest first, so a
+checkpoint stops existing before its shards go), uncommitted prefixes older than the grace
+period (crashed writers), and shard files no manifest refers to (losing racers), also only
+after the grace period. Never deleted: the latest committed checkpoint, or anything younger
+than the grace period (it may be being written right now).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from cairn.checkpoint.format import parse_manifest
+from cairn.checkpoint.manifest import MANIFEST_NAME, RUN_ID_PATTERN, CheckpointKind, checkpoint_prefix
+from cairn.checkpoint.ref import CheckpointRef
+from cairn.errors import CheckpointError, ConfigError
+from cairn.stores.base import ObjectInfo, Store
+
+__all__ = ["RetentionPolicy", "GcPlan", "plan_gc", "collect_garbage", "pin", "pinned_steps"]
+
+_STEP_DIR = re.compile(r"^([^/]+)/([a-z]+)/(\d{12})/(.+)$")
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    keep_last: int = 3
+    keep_every: int | None = None
+    grace_seconds: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if self.keep_last < 1:
+            raise ConfigError(
+                "retention.keep_last", expected=">= 1 (the latest is always kept)", found=self.keep_last
+            )
+        if self.keep_every is not None and self.keep_every < 1:
+            raise ConfigError("retention.keep_every", expected=">= 1", found=self.keep_every)
+
+
+@dataclass
+class GcPlan:
+    keep: list[CheckpointRef] = field(default_factory=list)
+    delete: list[CheckpointRef] = field(default_factory=list)
+    orphans: list[str] = field(default_factory=list)
+    """Object keys of uncommitted prefixes and unreferenced shards past the grace period."""
+    deleted_bytes: int = 0
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "keep": [str(r) for r in self.keep],
+            "delete": [str(r) for r in self.delete],
+            "orphans": self.orphans,
+            "deleted_bytes": self.deleted_bytes,
+        }
+
+
+def pin(store: Store, ref: CheckpointRef, name: str) -> None:
+    """Pin a committed checkpoint under ``name`` so retention never collects it."""
+    if not RUN_ID_PATTERN.match(name):
+        raise ConfigError("pin name", expected=RUN_ID_PATTERN.pattern, found=name)
+    body = json.dumps({"kind": ref.kind.value, "step": ref.step}).encode()
+    store.write_object(f"{ref.run_id}/pins/{name}.json", [body])
+
+
+def pinned_steps(store: Store, run_id: str) -> dict[tuple[str, int], list[str]]:
+    pins: dict[tuple[str, int], list[str]] = defaultdict(list)
+    for info in store.list(f"{run_id}/pins/"):
+        try:
+            body = json.loads(store.read(info.key))
+            pins[(str(body["kind"]), int(body["step"]))].append(
+                info.key.rsplit("/", 1)[-1].removesuffix(".json")
+            )
+        except (ValueError, KeyError, TypeError):
+            continue
+    return pins
+
+
+def plan_gc(store: Store, run_id: str, policy: RetentionPolicy, now: float | None = None) -> GcPlan:
+    now = time.time() if now is None else now
+    by_prefix: dict[tuple[str, int], list[ObjectInfo]] = defaultdict(list)
+    for info in store.list(f"{run_id}/"):
+        match = _STEP_DIR.match(info.key)
+        if match and match.group(1) == run_id:
+            by_prefix[(match.group(2), int(match.group(3)))].append(info)
+    pins = pinned_steps(store, run_id)
+    plan = GcPlan()
+    committed: dict[str, list[int]] = defaultdict(list)
+    for (kind, step), objects in by_prefix.items():
+        if any(o.key.endswith("/" + MANIFEST_NAME) for o in objects):
+            committed[kind].append(step)
+        elif all(now - o.mtime > policy.grace_seconds for o in objects):
+            plan.orphans += [o.key for o in objects]  # a crashed writer's uncommitted prefix
+    for kind, steps in committed.items():
+        steps.sort()
+        keep = set(steps[-policy.keep_last :])
+        keep |= {s for s in steps if policy.keep_every and s % policy.keep_every == 0}
+        keep |= {s for s in steps if (kind, s) in pins}
+        for step in steps:
+            ref = CheckpointRef(store.url, run_id, CheckpointKind(kind), step)
+            (plan.keep if step in keep else plan.delete).append(ref)
+            if step in keep:
+                plan.orphans += _unreferenced_shards(store, ref, by_prefix[(kind, step)], now, policy)
+    plan.deleted_bytes = sum(
+        o.size
+        for (kind, step), objects in by_prefix.items()
+        for o in objects
+        if o.key in set(plan.orphans) or any(r.kind.value == kind and r.step == step for r in plan.delete)
+    )
+    return plan
+
+
+def _unreferenced_shards(
+    store: Store, ref: CheckpointRef, objects: list[ObjectInfo], now: float, policy: RetentionPolicy
+) -> list[str]:
+    try:
+        manifest = parse_manifest(store.read(f"{ref.prefix}/{MANIFEST_NAME}"), str(ref))
+    except CheckpointError:
+        return []  # an unreadable manifest is for `verify` to report, not for GC to act on
+    used = {f"{ref.prefix}/{s.key}" for s in manifest.shards} | {f"{ref.prefix}/{MANIFEST_NAME}"}
+    return [o.key for o in objects if o.key not in used and now - o.mtime > policy.grace_seconds]
+
+
+def collect_garbage(
+    store: Store, run_id: str, policy: RetentionPolicy, *, dry_run: bool = False, now: float | None = None
+) -> GcPlan:
+    plan = plan_gc(store, run_id, policy, now)
+    if dry_run:
+        return plan
+    for ref in plan.delete:
+        prefix = checkpoint_prefix(ref.run_id, ref.kind, ref.step)
+        store.delete([f"{prefix}/{MANIFEST_NAME}"])  # un-commit first
+        store.delete([o.key for o in store.list(prefix + "/")])
+    store.delete(plan.orphans)
+    return plan

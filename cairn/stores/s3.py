@@ -1,0 +1,264 @@
+"""S3-compatible store (AWS S3, SeaweedFS, MinIO) over boto3.
+
+- Credentials, region and endpoint come from boto3's standard chain (environment, profiles,
+  ``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_S3``); ``endpoint_url`` overrides it.
+- Large objects go up as multipart uploads: parts are cut from the stream as it arrives and
+  uploaded concurrently, with at most ``max_concurrency`` parts held in memory.
+- Reads are ranged GETs, issued concurrently and written straight into the caller's buffer.
+- The commit is ``PutObject`` with ``If-None-Match: *`` (create-if-absent).
+- Transient faults (5xx, throttling, connection resets) are retried by botocore's "standard"
+  retry mode; a failed multipart part is retried again here, and a failed upload is aborted.
+
+Every botocore error is translated to ``StorageError`` / ``ObjectNotFoundError`` in
+``_translate``, the one edge where third-party errors enter Cairn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from cairn.errors import ObjectNotFoundError, StorageError
+from cairn.stores.base import Chunk, ObjectInfo, Store
+
+__all__ = ["S3Store"]
+
+MiB = 1 << 20
+_NOT_FOUND = {"NoSuchKey", "404", "NotFound", "NoSuchBucket"}
+_PRECONDITION = {"PreconditionFailed", "412"}
+_CONFLICT = {"ConditionalRequestConflict", "409", "OperationAborted"}
+
+
+@contextlib.contextmanager
+def _translate(what: str) -> Iterator[None]:
+    try:
+        yield
+    except ClientError as exc:
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if code in _NOT_FOUND or status == 404:
+            raise ObjectNotFoundError(f"{what}: not found") from exc
+        raise StorageError(f"{what}: {code or status}: {exc}") from exc
+    except BotoCoreError as exc:
+        raise StorageError(f"{what}: {exc}") from exc
+
+
+class S3Store(Store):
+    """Objects under ``s3://bucket/prefix``; keys are relative to the prefix."""
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        client: Any = None,
+        part_size: int = 16 * MiB,
+        max_concurrency: int = 8,
+        part_attempts: int = 4,
+    ) -> None:
+        if part_size < 5 * MiB:
+            raise StorageError("part_size", expected=">= 5 MiB (S3 minimum)", found=part_size)
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        self.part_size = part_size
+        self.max_concurrency = max_concurrency
+        self.part_attempts = part_attempts
+        if client is None:
+            overridden = (
+                endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+            )
+            config = Config(
+                retries={"mode": "standard", "max_attempts": 8},
+                max_pool_connections=max(16, 2 * max_concurrency),
+                connect_timeout=10,
+                read_timeout=60,
+                # S3-compatible servers on an explicit endpoint want path-style addressing.
+                s3={"addressing_style": "path"} if overridden else None,
+            )
+            client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+        self.client = client
+        self._pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="cairn-s3")
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> S3Store:
+        rest = url.removeprefix("s3://")
+        bucket, _, prefix = rest.partition("/")
+        if not bucket:
+            raise StorageError(field="store", expected="s3://bucket[/prefix]", found=url)
+        return cls(bucket, prefix, **options)
+
+    def _key(self, key: str) -> str:
+        if not key or key.startswith("/") or ".." in key.split("/"):
+            raise StorageError(f"invalid object key {key!r}")
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    # -- writes -------------------------------------------------------------------------------
+    def write_object(self, key: str, chunks: Iterable[Chunk], size: int | None = None) -> None:
+        full = self._key(key)
+        if size is not None and size <= self.part_size:
+            body = b"".join(memoryview(c).cast("B") for c in chunks)
+            with _translate(f"put {self.url}/{key}"):
+                self.client.put_object(Bucket=self.bucket, Key=full, Body=body)
+            return
+        self._multipart(full, chunks, f"{self.url}/{key}")
+
+    def _parts(self, chunks: Iterable[Chunk]) -> Iterator[bytes]:
+        buf = bytearray()
+        for chunk in chunks:
+            view = memoryview(chunk).cast("B")
+            while view:
+                take = min(len(view), self.part_size - len(buf))
+                buf += view[:take]
+                view = view[take:]
+                if len(buf) == self.part_size:
+                    yield bytes(buf)
+                    buf = bytearray()
+        if buf:
+            yield bytes(buf)
+
+    def _upload_part(self, full: str, upload_id: str, number: int, body: bytes) -> dict[str, Any]:
+        for attempt in range(1, self.part_attempts + 1):
+            try:
+                resp = self.client.upload_part(
+                    Bucket=self.bucket, Key=full, UploadId=upload_id, PartNumber=number, Body=body
+                )
+                return {"PartNumber": number, "ETag": resp["ETag"]}
+            except (ClientError, BotoCoreError):
+                if attempt == self.part_attempts:
+                    raise
+                time.sleep(min(2.0, 0.1 * 2**attempt))
+        raise AssertionError("unreachable")
+
+    def _multipart(self, full: str, chunks: Iterable[Chunk], where: str) -> None:
+        with _translate(f"create multipart upload {where}"):
+            upload_id = self.client.create_multipart_upload(Bucket=self.bucket, Key=full)["UploadId"]
+        in_flight = threading.BoundedSemaphore(self.max_concurrency)
+        futures: list[Future[dict[str, Any]]] = []
+        try:
+            with _translate(f"upload {where}"):
+                for number, body in enumerate(self._parts(chunks), start=1):
+                    in_flight.acquire()  # backpressure: at most max_concurrency parts in memory
+                    fut = self._pool.submit(self._upload_part, full, upload_id, number, body)
+                    fut.add_done_callback(lambda _f: in_flight.release())
+                    futures.append(fut)
+                parts = [f.result() for f in futures]
+                if not parts:  # an empty object still needs one (empty) part
+                    parts = [self._upload_part(full, upload_id, 1, b"")]
+                self.client.complete_multipart_upload(
+                    Bucket=self.bucket, Key=full, UploadId=upload_id, MultipartUpload={"Parts": parts}
+                )
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            with contextlib.suppress(ClientError, BotoCoreError):
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id)
+            raise
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        full = self._key(key)
+        for attempt in range(1, 6):
+            try:
+                self.client.put_object(Bucket=self.bucket, Key=full, Body=data, IfNoneMatch="*")
+                return True
+            except ClientError as exc:
+                code = str(exc.response.get("Error", {}).get("Code", ""))
+                status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+                if code in _PRECONDITION or status == 412:
+                    return False
+                if (code in _CONFLICT or status == 409) and attempt < 5:
+                    time.sleep(0.05 * attempt)  # a concurrent conditional write is in progress
+                    continue
+                with _translate(f"commit {self.url}/{key}"):
+                    raise
+            except BotoCoreError as exc:
+                raise StorageError(f"commit {self.url}/{key}: {exc}") from exc
+        raise StorageError(f"commit {self.url}/{key}: conditional write kept conflicting")
+
+    # -- reads --------------------------------------------------------------------------------
+    def read(self, key: str) -> bytes:
+        with _translate(f"get {self.url}/{key}"):
+            body: bytes = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+            return body
+
+    def _read_range(self, full: str, offset: int, out: memoryview, where: str) -> None:
+        with _translate(f"get {where}"):
+            resp = self.client.get_object(
+                Bucket=self.bucket, Key=full, Range=f"bytes={offset}-{offset + len(out) - 1}"
+            )
+            data = resp["Body"].read()
+        if len(data) != len(out):
+            raise StorageError(
+                field=where, expected=f"{len(out)} bytes at {offset}", found=f"{len(data)} bytes"
+            )
+        out[:] = data
+
+    def read_into(self, key: str, offset: int, out: memoryview) -> None:
+        view = out.cast("B") if out.format != "B" else out
+        if not len(view):
+            return
+        full, where = self._key(key), f"{self.url}/{key}"
+        ranges = [
+            (start, min(len(view), start + self.part_size)) for start in range(0, len(view), self.part_size)
+        ]
+        if len(ranges) == 1:
+            self._read_range(full, offset, view, where)
+            return
+        futures = [self._pool.submit(self._read_range, full, offset + a, view[a:b], where) for a, b in ranges]
+        for f in futures:
+            f.result()
+
+    def size(self, key: str) -> int:
+        with _translate(f"head {self.url}/{key}"):
+            return int(self.client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"])
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        base = f"{self.prefix}/" if self.prefix else ""
+        paginator = self.client.get_paginator("list_objects_v2")
+        with _translate(f"list {self.url}/{prefix}"):
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=base + prefix):
+                for obj in page.get("Contents", []):
+                    yield ObjectInfo(
+                        key=obj["Key"][len(base) :],
+                        size=int(obj["Size"]),
+                        mtime=obj["LastModified"].timestamp(),
+                    )
+
+    def delete(self, keys: Iterable[str]) -> None:
+        batch: list[dict[str, str]] = []
+        for key in keys:
+            batch.append({"Key": self._key(key)})
+            if len(batch) == 1000:
+                self._delete_batch(batch)
+                batch = []
+        if batch:
+            self._delete_batch(batch)
+
+    def _delete_batch(self, batch: list[dict[str, str]]) -> None:
+        with _translate(f"delete from {self.url}"):
+            resp = self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+        errors = [e for e in resp.get("Errors", []) if e.get("Code") not in _NOT_FOUND]
+        if errors:
+            raise StorageError(f"delete from {self.url}: {errors[0].get('Code')}: {errors[0].get('Key')}")
+
+    def ensure_bucket(self) -> None:
+        """Create the bucket if it does not exist (dev stacks and tests)."""
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except ClientError:
+            with _translate(f"create bucket {self.bucket}"):
+                self.client.create_bucket(Bucket=self.bucket)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

