@@ -59,9 +59,7 @@ def _from_file(cfg: DatasetConfig) -> tuple[np.ndarray, np.ndarray]:
     if not path.is_file():
         raise ConfigError(f"data.path: dataset file not found: {path}")
     if path.stat().st_size > MAX_FILE_BYTES:
-        raise ConfigError(
-            "data.path", expected=f"<= {MAX_FILE_BYTES} bytes", found=f"{path.stat().st_size} bytes"
-        )
+        raise ConfigError("data.path", expected=f"<= {MAX_FILE_BYTES} bytes", found=f"{path.stat().st_size} bytes")
     try:
         # allow_pickle=False: a dataset file can never execute code on load.
         loaded = np.load(path, allow_pickle=False)

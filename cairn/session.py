@@ -93,9 +93,7 @@ class TrainingSession:
         signer = kw.get("signer", ENV_SIGNER)
         if config is None:
             # The checkpoint's own config (manifest only) tells which dataset to rebuild.
-            manifest = read_manifest(
-                source, ref, expect_kind=CheckpointKind.TRAINING, signer=resolve_signer(signer)
-            )
+            manifest = read_manifest(source, ref, expect_kind=CheckpointKind.TRAINING, signer=resolve_signer(signer))
             config = check_training_manifest(manifest)
         dataset = load_dataset(config.data)
         state, _ = load_training(
@@ -111,9 +109,7 @@ class TrainingSession:
         return cls(run_id or ref.run_id, target, state, dataset, **kw)
 
     @classmethod
-    def resume_latest(
-        cls, run_id: str, store: Store | str, config: TrainConfig, **kw: Any
-    ) -> TrainingSession:
+    def resume_latest(cls, run_id: str, store: Store | str, config: TrainConfig, **kw: Any) -> TrainingSession:
         """Continue from the run's last durable cursor, or start fresh when it has none."""
         store = open_store(store) if isinstance(store, str) else store
         session = cls.fresh(run_id, store, config, **kw)
@@ -166,9 +162,7 @@ class TrainingSession:
         if checkpoint_every is not None and checkpoint_every <= 0:
             raise ConfigError("checkpoint_every", expected="> 0", found=checkpoint_every)
         saver = (
-            AsyncCheckpointer(self.store, self.run_id, signer=self.signer, **self.write_options)
-            if async_save
-            else None
+            AsyncCheckpointer(self.store, self.run_id, signer=self.signer, **self.write_options) if async_save else None
         )
         pending: SaveHandle | None = None
 
@@ -185,9 +179,7 @@ class TrainingSession:
             nonlocal pending
             if checkpoint_every and work.step % checkpoint_every == 0:
                 if saver is None:
-                    result = save_training(
-                        self.store, self.run_id, work, signer=self.signer, **self.write_options
-                    )
+                    result = save_training(self.store, self.run_id, work, signer=self.signer, **self.write_options)
                     self._committed(work, result)
                     if on_checkpoint:
                         on_checkpoint(result)

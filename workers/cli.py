@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import traceback
@@ -25,6 +26,7 @@ from cairn.checkpoint import (
     read_tensors,
 )
 from cairn.checkpoint.compare import compare_states
+from cairn.checkpoint.retention import RetentionPolicy, collect_garbage, pin
 from cairn.config import load_config
 from cairn.errors import (
     CairnError,
@@ -53,13 +55,6 @@ def emit(args: argparse.Namespace, payload: dict[str, Any], text: str) -> None:
         print(text)
 
 
-def _store_args(args: argparse.Namespace) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    if getattr(args, "endpoint_url", None):
-        options["endpoint_url"] = args.endpoint_url
-    return options
-
-
 def _ref(text: str) -> CheckpointRef:
     return CheckpointRef.parse(text)
 
@@ -68,7 +63,7 @@ def _ref(text: str) -> CheckpointRef:
 def cmd_train(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    store = open_store(args.store, **_store_args(args))
+    store = open_store(args.store)
     config = load_config(args.config) if args.config else None
     if args.resume:
         ref = _ref(args.resume)
@@ -114,7 +109,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 # -- ckpt -------------------------------------------------------------------------------------
 def cmd_ckpt_show(args: argparse.Namespace) -> int:
     ref = _ref(args.checkpoint)
-    manifest = read_manifest(open_store(ref.store_url, **_store_args(args)), ref, expect_kind=None)
+    manifest = read_manifest(open_store(ref.store_url), ref, expect_kind=None)
     body = manifest.model_dump(mode="json")
     body["checkpoint"] = str(ref)
     if args.json:
@@ -126,10 +121,7 @@ def cmd_ckpt_show(args: argparse.Namespace) -> int:
     print(f"run          {manifest.run_id}   step {manifest.step}   cursor {manifest.cursor}")
     print(f"fingerprint  {manifest.fingerprint}  (an identifier, not a signature)")
     print(f"signed       {'yes' if manifest.signature else 'no'}")
-    print(
-        f"bytes        {manifest.total_bytes} in {len(manifest.tensors)} tensors, "
-        f"{len(manifest.shards)} shards"
-    )
+    print(f"bytes        {manifest.total_bytes} in {len(manifest.tensors)} tensors, {len(manifest.shards)} shards")
     if lineage is not None:
         print(f"dataset      {lineage.dataset_version} {lineage.dataset_hash}")
         print(f"model        {lineage.model_version}   tokenizer {lineage.tokenizer_version}")
@@ -142,7 +134,7 @@ def cmd_ckpt_show(args: argparse.Namespace) -> int:
 
 def cmd_ckpt_verify(args: argparse.Namespace) -> int:
     ref = _ref(args.checkpoint)
-    store = open_store(ref.store_url, **_store_args(args))
+    store = open_store(ref.store_url)
     if ref.kind == CheckpointKind.TRAINING:
         state, manifest = load_training(store, ref)
         detail = f"training state at step {state.step}, cursor {state.cursor}"
@@ -160,8 +152,8 @@ def cmd_ckpt_verify(args: argparse.Namespace) -> int:
 
 def cmd_ckpt_compare(args: argparse.Namespace) -> int:
     ref_a, ref_b = _ref(args.a), _ref(args.b)
-    state_a, man_a = load_training(open_store(ref_a.store_url, **_store_args(args)), ref_a)
-    state_b, man_b = load_training(open_store(ref_b.store_url, **_store_args(args)), ref_b)
+    state_a, man_a = load_training(open_store(ref_a.store_url), ref_a)
+    state_b, man_b = load_training(open_store(ref_b.store_url), ref_b)
     diffs = compare_states(state_a, state_b)
     payload = {
         "a": str(ref_a),
@@ -181,8 +173,31 @@ def cmd_ckpt_compare(args: argparse.Namespace) -> int:
     raise CommandFailed(1)
 
 
+def cmd_ckpt_gc(args: argparse.Namespace) -> int:
+    store = open_store(args.store)
+    policy = RetentionPolicy(keep_last=args.keep_last, keep_every=args.keep_every, grace_seconds=args.grace_seconds)
+    plan = collect_garbage(store, args.run, policy, dry_run=args.dry_run)
+    verb = "would delete" if args.dry_run else "deleted"
+    lines = [f"keep   {r}" for r in plan.keep] + [f"{verb} {r}" for r in plan.delete]
+    lines += [f"{verb} orphan {k}" for k in plan.orphans]
+    lines.append(
+        f"{verb} {len(plan.delete)} checkpoint(s), {len(plan.orphans)} orphan object(s), {plan.deleted_bytes} bytes"
+    )
+    emit(args, {"dry_run": args.dry_run, **plan.to_json()}, "\n".join(lines))
+    return 0
+
+
+def cmd_ckpt_pin(args: argparse.Namespace) -> int:
+    ref = _ref(args.checkpoint)
+    store = open_store(ref.store_url)
+    read_manifest(store, ref, expect_kind=None)  # only committed checkpoints can be pinned
+    pin(store, ref, args.name)
+    emit(args, {"checkpoint": str(ref), "pin": args.name}, f"pinned {ref} as {args.name!r}")
+    return 0
+
+
 def cmd_ckpt_list(args: argparse.Namespace) -> int:
-    store = open_store(args.store, **_store_args(args))
+    store = open_store(args.store)
     refs = list_checkpoints(store, args.run)
     rows = [{"checkpoint": str(r), "run_id": r.run_id, "kind": r.kind.value, "step": r.step} for r in refs]
     emit(
@@ -197,7 +212,10 @@ def cmd_ckpt_list(args: argparse.Namespace) -> int:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
-    p.add_argument("--endpoint-url", help="S3 endpoint for s3:// stores (else boto3's chain)")
+    p.add_argument(
+        "--endpoint-url",
+        help="S3 endpoint for s3:// stores (same as AWS_ENDPOINT_URL_S3; else boto3's chain)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -211,9 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", required=True, help="directory or s3://bucket/prefix")
     p.add_argument("--checkpoint-every", type=int, help="commit a checkpoint every K steps")
     p.add_argument("--resume", metavar="CKPT", help="checkpoint reference to resume from")
-    p.add_argument(
-        "--weights-only", action="store_true", help="resume theta only (does NOT reproduce training)"
-    )
+    p.add_argument("--weights-only", action="store_true", help="resume theta only (does NOT reproduce training)")
     p.add_argument("--run-id", help="run id (default: derived from the config, or the resumed run's)")
     p.set_defaults(handler=cmd_train)
 
@@ -237,6 +253,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("store")
     p.add_argument("--run", help="only this run id")
     p.set_defaults(handler=cmd_ckpt_list)
+    p = ckpt_sub.add_parser("gc", help="apply retention: keep the last N and pinned, delete the rest")
+    _common(p)
+    p.add_argument("store")
+    p.add_argument("--run", required=True, help="run id")
+    p.add_argument("--keep-last", type=int, default=3, help="committed checkpoints to keep (default 3)")
+    p.add_argument("--keep-every", type=int, help="also keep every M-th step")
+    p.add_argument("--grace-seconds", type=float, default=3600.0, help="age before orphans are collected")
+    p.add_argument("--dry-run", action="store_true", help="print the plan, delete nothing")
+    p.set_defaults(handler=cmd_ckpt_gc)
+    p = ckpt_sub.add_parser("pin", help="pin a checkpoint by name so gc keeps it")
+    _common(p)
+    p.add_argument("checkpoint")
+    p.add_argument("--name", required=True)
+    p.set_defaults(handler=cmd_ckpt_pin)
 
     for register in _EXTENSIONS:
         register(sub, _common)
@@ -261,6 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     _load_extensions()
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "endpoint_url", None):
+        os.environ["AWS_ENDPOINT_URL_S3"] = args.endpoint_url  # read by boto3 for every S3 client
     try:
         code: int = args.handler(args)
         return code

@@ -33,9 +33,7 @@ def compare(a: str, b: str) -> dict[str, object]:
 
 def seed_scenario(store: Path, config: Path) -> bool:
     print(f"store: {store}")
-    part = cairn(
-        "train", "--config", str(config), "--steps", "17", "--store", str(store), "--run-id", "demo-seed"
-    )
+    part = cairn("train", "--config", str(config), "--steps", "17", "--store", str(store), "--run-id", "demo-seed")
     print(f"1. trained 17 updates            -> {part['checkpoint']} (cursor {part['cursor']})")
     resumed = cairn("train", "--resume", str(part["checkpoint"]), "--steps", "23", "--store", str(store))
     print(f"2. fresh process: restore, +23   -> {resumed['checkpoint']} (cursor {resumed['cursor']})")

@@ -76,9 +76,7 @@ class AsyncCheckpointer:
 
         def persist() -> CommitResult:
             try:
-                return save_training(
-                    self.store, self.run_id, snapshot, signer=self.signer, **self.write_options
-                )
+                return save_training(self.store, self.run_id, snapshot, signer=self.signer, **self.write_options)
             except BaseException as exc:
                 with self._lock:
                     self._failure = self._failure or exc

@@ -82,9 +82,7 @@ def save_training(
         lineage=state.lineage,
         rng=state.rng_state,
     )
-    return write_checkpoint(
-        store, content, training_tensors(state), signer=resolve_signer(signer), **write_options
-    )
+    return write_checkpoint(store, content, training_tensors(state), signer=resolve_signer(signer), **write_options)
 
 
 def load_training(
@@ -146,9 +144,7 @@ def list_checkpoints(
     return sorted(refs, key=lambda r: (r.run_id, r.kind.value, r.step))
 
 
-def latest_committed(
-    store: Store, run_id: str, kind: CheckpointKind = CheckpointKind.TRAINING
-) -> CheckpointRef | None:
+def latest_committed(store: Store, run_id: str, kind: CheckpointKind = CheckpointKind.TRAINING) -> CheckpointRef | None:
     """The highest committed step of this run and kind: the last durable cursor."""
     refs = list_checkpoints(store, run_id, kind)
     return refs[-1] if refs else None

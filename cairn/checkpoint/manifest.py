@@ -38,6 +38,7 @@ __all__ = [
     "checkpoint_prefix",
     "manifest_key",
     "RUN_ID_PATTERN",
+    "CHECKSUM_PREFIX",
 ]
 
 FORMAT_NAME = "cairn-checkpoint"
@@ -45,6 +46,7 @@ FORMAT_VERSION = 1
 SUPPORTED_VERSIONS = frozenset({1})
 MANIFEST_NAME = "manifest.json"
 STEP_DIGITS = 12
+CHECKSUM_PREFIX = "blake3:"
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -68,7 +70,7 @@ class TensorEntry(_Model):
     shard: str = Field(description="shard key relative to the checkpoint prefix")
     offset: int = Field(ge=0)
     length: int = Field(ge=0)
-    checksum: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    checksum: str = Field(pattern=r"^blake3:[0-9a-f]{64}$")
 
 
 class ShardEntry(_Model):

@@ -58,9 +58,7 @@ class CheckpointRef:
                 field="checkpoint.kind", expected=[k.value for k in CheckpointKind], found=kind
             ) from None
         if len(step) != STEP_DIGITS or not step.isdigit():
-            raise CheckpointNotFoundError(
-                field="checkpoint.step", expected=f"{STEP_DIGITS} digits", found=step
-            )
+            raise CheckpointNotFoundError(field="checkpoint.step", expected=f"{STEP_DIGITS} digits", found=step)
         if store_url.endswith(":/") or store_url.endswith(":"):
             raise CheckpointNotFoundError(field="checkpoint", expected=expected, found=raw)
         return cls(store_url=store_url, run_id=run_id, kind=kind_enum, step=int(step))

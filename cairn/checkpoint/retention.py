@@ -35,9 +35,7 @@ class RetentionPolicy:
 
     def __post_init__(self) -> None:
         if self.keep_last < 1:
-            raise ConfigError(
-                "retention.keep_last", expected=">= 1 (the latest is always kept)", found=self.keep_last
-            )
+            raise ConfigError("retention.keep_last", expected=">= 1 (the latest is always kept)", found=self.keep_last)
         if self.keep_every is not None and self.keep_every < 1:
             raise ConfigError("retention.keep_every", expected=">= 1", found=self.keep_every)
 
@@ -72,9 +70,7 @@ def pinned_steps(store: Store, run_id: str) -> dict[tuple[str, int], list[str]]:
     for info in store.list(f"{run_id}/pins/"):
         try:
             body = json.loads(store.read(info.key))
-            pins[(str(body["kind"]), int(body["step"]))].append(
-                info.key.rsplit("/", 1)[-1].removesuffix(".json")
-            )
+            pins[(str(body["kind"]), int(body["step"]))].append(info.key.rsplit("/", 1)[-1].removesuffix(".json"))
         except (ValueError, KeyError, TypeError):
             continue
     return pins

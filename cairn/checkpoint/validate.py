@@ -105,14 +105,10 @@ def check_training_manifest(
             found=lineage.dataset_hash,
         )
     if lineage.model_version != config.model.version:
-        raise InvariantError(
-            field="lineage.model_version", expected=config.model.version, found=lineage.model_version
-        )
+        raise InvariantError(field="lineage.model_version", expected=config.model.version, found=lineage.model_version)
     problem = rng_state_problem(manifest.rng)
     if problem:
-        raise InvariantError(
-            "RNG state is malformed", field=problem[0], expected=problem[1], found=problem[2]
-        )
+        raise InvariantError("RNG state is malformed", field=problem[0], expected=problem[1], found=problem[2])
     if manifest.cursor != manifest.step * config.batch_size:
         raise InvariantError(
             "data cursor must equal step x batch_size",

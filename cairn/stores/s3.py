@@ -75,9 +75,7 @@ class S3Store(Store):
         self.max_concurrency = max_concurrency
         self.part_attempts = part_attempts
         if client is None:
-            overridden = (
-                endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-            )
+            overridden = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
             config = Config(
                 retries={"mode": "standard", "max_attempts": 8},
                 max_pool_connections=max(16, 2 * max_concurrency),
@@ -194,14 +192,10 @@ class S3Store(Store):
 
     def _read_range(self, full: str, offset: int, out: memoryview, where: str) -> None:
         with _translate(f"get {where}"):
-            resp = self.client.get_object(
-                Bucket=self.bucket, Key=full, Range=f"bytes={offset}-{offset + len(out) - 1}"
-            )
+            resp = self.client.get_object(Bucket=self.bucket, Key=full, Range=f"bytes={offset}-{offset + len(out) - 1}")
             data = resp["Body"].read()
         if len(data) != len(out):
-            raise StorageError(
-                field=where, expected=f"{len(out)} bytes at {offset}", found=f"{len(data)} bytes"
-            )
+            raise StorageError(field=where, expected=f"{len(out)} bytes at {offset}", found=f"{len(data)} bytes")
         out[:] = data
 
     def read_into(self, key: str, offset: int, out: memoryview) -> None:
@@ -209,9 +203,7 @@ class S3Store(Store):
         if not len(view):
             return
         full, where = self._key(key), f"{self.url}/{key}"
-        ranges = [
-            (start, min(len(view), start + self.part_size)) for start in range(0, len(view), self.part_size)
-        ]
+        ranges = [(start, min(len(view), start + self.part_size)) for start in range(0, len(view), self.part_size)]
         if len(ranges) == 1:
             self._read_range(full, offset, view, where)
             return

@@ -68,14 +68,10 @@ def test_train_json_and_ckpt_commands(tmp_path: Path, capsys: pytest.CaptureFixt
         ('{"model": {"hidden": "wide"}}', "model.hidden"),
     ],
 )
-def test_bad_config_is_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, needle: str
-) -> None:
+def test_bad_config_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, needle: str) -> None:
     cfg = tmp_path / "bad.json"
     cfg.write_text(content)
-    code, out, err = run(
-        capsys, "train", "--config", str(cfg), "--steps", "1", "--store", str(tmp_path / "s")
-    )
+    code, out, err = run(capsys, "train", "--config", str(cfg), "--steps", "1", "--store", str(tmp_path / "s"))
     assert code == 2 and out == ""
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("cairn: error: ConfigError") and needle in lines[0]

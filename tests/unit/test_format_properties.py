@@ -22,9 +22,7 @@ from cairn.stores import MemoryStore
 DTYPES = st.sampled_from([np.float64, np.float32, np.int64, np.int32, np.uint8, np.bool_])
 NAMES = st.text(alphabet="abcdefghij/._", min_size=1, max_size=12)
 
-arrays = DTYPES.flatmap(
-    lambda dt: hnp.arrays(dt, hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=6))
-)
+arrays = DTYPES.flatmap(lambda dt: hnp.arrays(dt, hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=6)))
 tensor_sets = st.dictionaries(NAMES, arrays, min_size=0, max_size=6)
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -114,12 +114,8 @@ def test_total_bytes_bound_refused_before_allocation(
     assert_refused(session, good, E.SizeLimitError, "total_bytes")
 
 
-def test_length_disagrees_with_shape(
-    session: TrainingSession, good: CheckpointRef, local_store: LocalStore
-) -> None:
-    rewrite_manifest(
-        local_store, good, lambda m: m["tensors"][0].update(length=m["tensors"][0]["length"] - 8)
-    )
+def test_length_disagrees_with_shape(session: TrainingSession, good: CheckpointRef, local_store: LocalStore) -> None:
+    rewrite_manifest(local_store, good, lambda m: m["tensors"][0].update(length=m["tensors"][0]["length"] - 8))
     assert_refused(session, good, E.TensorSpecError, "length")
 
 
