@@ -68,3 +68,33 @@ def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[object
         store = server.store(part_size=5 << 20, max_concurrency=4)
         yield store
         store.close()
+
+
+# -- Temporal ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TemporalServer:
+    address: str
+    process: ServerProcess
+
+
+@pytest.fixture(scope="session")
+def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TemporalServer]:
+    from workers.servers import temporal_command, wait_for_tcp
+
+    root = tmp_path_factory.mktemp("temporal")
+    port = free_port()
+    server = ServerProcess("temporal", temporal_command(port, None, root / "temporal.db"), root / "temporal.log")
+    server.start()
+    try:
+        wait_for_tcp("127.0.0.1", port, timeout=60, alive=server.alive)
+        yield TemporalServer(address=f"127.0.0.1:{port}", process=server)
+    except Exception:
+        print(server.log_tail())
+        raise
+    finally:
+        server.stop(grace=5.0)
+
+
+@pytest.fixture
+def task_queue() -> str:
+    return f"cairn-test-{uuid.uuid4().hex[:8]}"

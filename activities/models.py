@@ -1,0 +1,167 @@
+"""Inputs and results of the TrainingRun workflow and its activities.
+
+One pydantic model per workflow/activity input and result, so fields can be added without
+breaking running workflows or old callers. Every model is plain JSON: a run can be started
+from ``temporal workflow start --input-file examples/run.json`` or the Web UI's form. Payloads
+carry references (store URLs, checkpoint references, fingerprints), never arrays.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cairn.checkpoint.manifest import RUN_ID_PATTERN
+from cairn.config import TrainConfig
+
+__all__ = [
+    "DEFAULT_TASK_QUEUE",
+    "WORKFLOW_TYPE",
+    "CheckpointPolicy",
+    "RetentionSpec",
+    "EffectsSpec",
+    "RunCarry",
+    "TrainingRunInput",
+    "TrainSegmentInput",
+    "TrainSegmentResult",
+    "LatestCheckpointInput",
+    "LatestCheckpointResult",
+    "CollectInput",
+    "RunProgress",
+    "RunSummary",
+]
+
+DEFAULT_TASK_QUEUE = "cairn-training"
+WORKFLOW_TYPE = "TrainingRun"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CheckpointPolicy(_Model):
+    every: Annotated[int, Field(gt=0)] = 10
+    """Commit a full-state checkpoint every K steps (absolute step numbers, so every attempt
+    of a segment commits under the same idempotency keys)."""
+    mode: Literal["sync", "async"] = "sync"
+
+
+class RetentionSpec(_Model):
+    keep_last: Annotated[int, Field(ge=1)] = 3
+    keep_every: Annotated[int, Field(ge=1)] | None = None
+    grace_seconds: Annotated[float, Field(ge=0)] = 3600.0
+
+
+class EffectsSpec(_Model):
+    """External side effects of the run (reserve before, publish on success, release at end)."""
+
+    service_url: str
+    resource: str = "FILTER-A"
+    units: Annotated[int, Field(gt=0)] = 2
+    registry: str | None = None
+    """Store URL of the model registry that ``publish`` writes to (default: the run's store)."""
+
+
+class RunCarry(_Model):
+    """What a TrainingRun hands to itself across continue-as-new."""
+
+    step: int = 0
+    checkpoint: str | None = None
+    fingerprint: str | None = None
+    segments_done: int = 0
+    attempts: list[int] = Field(default_factory=list)
+    recomputed_steps: int = 0
+    continued_as_new: int = 0
+    loss: float | None = None
+    paused: bool = False
+    stop_requested: bool = False
+
+
+class TrainingRunInput(_Model):
+    run_id: Annotated[str, Field(pattern=RUN_ID_PATTERN.pattern)]
+    config: TrainConfig
+    total_steps: Annotated[int, Field(ge=0)]
+    store: str
+    steps_per_segment: Annotated[int, Field(gt=0)] = 50
+    checkpoint: CheckpointPolicy = CheckpointPolicy()
+    retention: RetentionSpec | None = RetentionSpec()
+    segments_per_run: Annotated[int, Field(gt=0)] = 20
+    """Continue-as-new after this many segments, so each run's history stays bounded."""
+    heartbeat_timeout_seconds: Annotated[float, Field(gt=0, le=300)] = 10.0
+    segment_timeout_seconds: Annotated[float, Field(gt=0)] = 3600.0
+    throttle_seconds_per_step: Annotated[float, Field(ge=0, le=10)] = 0.0
+    """Sleep after each step: pacing for demos and drills (simulates a heavier model)."""
+    effects: EffectsSpec | None = None
+    carry: RunCarry | None = None
+    """Internal: set by continue-as-new. Leave empty when starting a run."""
+
+
+class TrainSegmentInput(_Model):
+    run_id: str
+    config: TrainConfig
+    store: str
+    target_step: int
+    checkpoint_every: int
+    async_save: bool = False
+    throttle_seconds_per_step: float = 0.0
+    heartbeat_every_seconds: float = 1.0
+
+
+class TrainSegmentResult(_Model):
+    step: int
+    cursor: int
+    checkpoint: str
+    fingerprint: str
+    loss: float | None
+    attempt: int
+    resumed_from_step: int
+    recomputed_steps: int
+    """Steps a previous attempt had computed past its last committed checkpoint: redone here."""
+    stopped_early: bool = False
+
+
+class LatestCheckpointInput(_Model):
+    run_id: str
+    store: str
+
+
+class LatestCheckpointResult(_Model):
+    checkpoint: str | None
+    step: int
+    fingerprint: str | None
+    loss: float | None = None
+
+
+class CollectInput(_Model):
+    run_id: str
+    store: str
+    retention: RetentionSpec
+
+
+class RunProgress(_Model):
+    run_id: str
+    phase: Literal["starting", "training", "paused", "stopping", "reconciling", "finished", "cancelled", "failed"]
+    step: int
+    total: int
+    loss: float | None
+    checkpoint: str | None
+    attempts: list[int]
+    recomputed_steps: int
+    continued_as_new: int
+
+
+class RunSummary(_Model):
+    run_id: str
+    checkpoint: str | None
+    fingerprint: str | None
+    steps: int
+    total_steps: int
+    stopped_early: bool
+    attempts: list[int]
+    """Attempts per segment, in order (1 = no retry)."""
+    recomputed_steps: int
+    continued_as_new: int
+    loss: float | None
+    effects: dict[str, str] = Field(default_factory=dict)
+    """Effect name -> receipt id (issue 5: reservation, publish, release)."""

@@ -1,0 +1,307 @@
+"""TrainingRun on a real Temporal dev server: completion, crash resume, CLI start, control,
+continue-as-new and replay."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+
+from activities.models import RunSummary, TrainingRunInput
+from cairn.checkpoint import CheckpointRef, latest_committed, load_training
+from cairn.checkpoint.compare import compare_states
+from cairn.config import TrainConfig
+from cairn.session import TrainingSession
+from cairn.stores import LocalStore, MemoryStore
+from tests.conftest import REPO, small_config
+from tests.integration.conftest import TemporalServer
+from workers.client import connect
+from workers.servers import ServerProcess
+from workers.worker import WORKFLOWS, build_worker
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def client(temporal_server: TemporalServer) -> Client:
+    return await connect(temporal_server.address)
+
+
+def reference(config: TrainConfig, steps: int) -> TrainingSession:
+    session = TrainingSession.fresh("reference", MemoryStore(f"ref-{uuid.uuid4().hex}"), config)
+    session.run(steps)
+    return session
+
+
+def run_input(tmp_path: Path, **overrides: Any) -> TrainingRunInput:
+    body: dict[str, Any] = {
+        "run_id": f"run-{uuid.uuid4().hex[:8]}",
+        "config": small_config().model_dump(mode="json"),
+        "total_steps": 40,
+        "store": str(tmp_path / "store"),
+        "steps_per_segment": 15,
+        "checkpoint": {"every": 5},
+        "heartbeat_timeout_seconds": 3,
+    }
+    body.update(overrides)
+    return TrainingRunInput.model_validate(body)
+
+
+def assert_matches_reference(summary: RunSummary, config: TrainConfig) -> None:
+    assert summary.checkpoint is not None
+    ref = CheckpointRef.parse(summary.checkpoint)
+    state, manifest = load_training(LocalStore(ref.store_url), ref)
+    expected = reference(config, summary.steps)
+    assert compare_states(state, expected.state) == []
+    assert expected.last_commit is not None and manifest.fingerprint == expected.last_commit.manifest.fingerprint
+    assert summary.fingerprint == manifest.fingerprint
+
+
+async def test_run_completes_bit_identical(client: Client, task_queue: str, tmp_path: Path) -> None:
+    inp = run_input(tmp_path)
+    async with build_worker(client, task_queue):
+        summary = await client.execute_workflow(
+            "TrainingRun", inp, id=inp.run_id, task_queue=task_queue, result_type=RunSummary
+        )
+    assert summary.steps == 40 and not summary.stopped_early
+    assert summary.attempts == [1, 1, 1] and summary.recomputed_steps == 0
+    assert_matches_reference(summary, inp.config)
+
+
+def start_worker_process(address: str, task_queue: str, log: Path, env: dict[str, str] | None = None) -> ServerProcess:
+    argv = [sys.executable, "-m", "workers.worker", "--address", address, "--task-queue", task_queue]
+    proc = ServerProcess("worker", argv, log, env=env, cwd=REPO).start()
+    return proc
+
+
+async def activity_results(handle: WorkflowHandle[Any, Any]) -> list[dict[str, Any]]:
+    """Decoded results of every completed train_segment in this run's history."""
+    out = []
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            payloads = event.activity_task_completed_event_attributes.result.payloads
+            if payloads:
+                value = json.loads(payloads[0].data)
+                if isinstance(value, dict) and "resumed_from_step" in value:
+                    out.append(value)
+    return out
+
+
+@pytest.mark.drill
+async def test_sigkilled_worker_is_replaced_and_run_resumes(
+    client: Client, temporal_server: TemporalServer, task_queue: str, tmp_path: Path
+) -> None:
+    inp = run_input(tmp_path, total_steps=60, steps_per_segment=60, throttle_seconds_per_step=0.05)
+    store = LocalStore(inp.store)
+    first = start_worker_process(temporal_server.address, task_queue, tmp_path / "worker-a.log")
+    second: ServerProcess | None = None
+    try:
+        handle = await client.start_workflow("TrainingRun", inp, id=inp.run_id, task_queue=task_queue)
+        deadline = time.monotonic() + 60
+        while True:  # wait until the segment is well underway, with checkpoints committed
+            ref = latest_committed(store, inp.run_id)
+            if ref is not None and ref.step >= 12:
+                break
+            assert time.monotonic() < deadline, first.log_tail()
+            await asyncio.sleep(0.05)
+        os.killpg(first.pid, signal.SIGKILL)  # a lost machine: no cleanup, no completion
+        first.proc.wait(timeout=10)  # type: ignore[union-attr]
+        durable_at_kill = latest_committed(store, inp.run_id)
+        assert durable_at_kill is not None
+        second = start_worker_process(temporal_server.address, task_queue, tmp_path / "worker-b.log")
+        summary = RunSummary.model_validate(await asyncio.wait_for(handle.result(), timeout=120))
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+    assert summary.steps == 60 and summary.attempts[0] >= 2, summary
+    assert summary.recomputed_steps <= inp.checkpoint.every
+    [segment] = await activity_results(handle)
+    # The retry resumed from the last durable cursor — not the segment's start (0).
+    assert segment["resumed_from_step"] >= durable_at_kill.step >= 12
+    assert segment["attempt"] >= 2
+    assert_matches_reference(summary, inp.config)
+
+
+async def test_run_started_with_temporal_cli(client: Client, temporal_server: TemporalServer, task_queue: str) -> None:
+    """examples/run.json, unchanged, through `temporal workflow start --input-file`."""
+    from workers.servers import find_binary
+
+    workflow_id = f"cli-{uuid.uuid4().hex[:8]}"
+    async with build_worker(client, task_queue):
+        subprocess.run(
+            [
+                find_binary("temporal"),
+                "workflow",
+                "start",
+                "--type",
+                "TrainingRun",
+                "--task-queue",
+                task_queue,
+                "--workflow-id",
+                workflow_id,
+                "--input-file",
+                str(REPO / "examples" / "run.json"),
+                "--address",
+                temporal_server.address,
+            ],
+            check=True,
+            capture_output=True,
+            cwd=REPO,
+        )
+        result = await client.get_workflow_handle(workflow_id).result()
+    summary = RunSummary.model_validate(result)
+    example = json.loads((REPO / "examples" / "run.json").read_text())
+    assert summary.steps == example["total_steps"] and summary.run_id == example["run_id"]
+    assert_matches_reference(summary, TrainConfig.model_validate(example["config"]))
+
+
+async def wait_progress(handle: WorkflowHandle[Any, Any], predicate: Any, timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        progress = await handle.query("progress")
+        if predicate(progress):
+            return dict(progress)
+        assert time.monotonic() < deadline, progress
+        await asyncio.sleep(0.1)
+
+
+def control_input(tmp_path: Path, **kw: Any) -> TrainingRunInput:
+    # Checkpoints only at segment ends (every=1000), so a checkpoint anywhere else was made by
+    # the control action itself.
+    body: dict[str, Any] = {
+        "total_steps": 100,
+        "steps_per_segment": 50,
+        "checkpoint": {"every": 1000},
+        "throttle_seconds_per_step": 0.05,
+    }
+    body.update(kw)
+    return run_input(tmp_path, **body)
+
+
+async def test_pause_checkpoints_and_resume_completes(client: Client, task_queue: str, tmp_path: Path) -> None:
+    inp = control_input(tmp_path)
+    store = LocalStore(inp.store)
+    async with build_worker(client, task_queue):
+        handle = await client.start_workflow("TrainingRun", inp, id=inp.run_id, task_queue=task_queue)
+        await asyncio.sleep(1.0)
+        await handle.signal("pause")
+        paused = await wait_progress(handle, lambda p: p["phase"] == "paused")
+        step = paused["step"]
+        assert 0 < step < 50  # checkpointed mid-segment
+        assert latest_committed(store, inp.run_id).step == step  # type: ignore[union-attr]
+        await asyncio.sleep(1.0)
+        assert (await handle.query("progress"))["step"] == step  # really paused
+        await handle.signal("resume")
+        summary = RunSummary.model_validate(await handle.result())
+    assert summary.steps == 100 and not summary.stopped_early
+    assert_matches_reference(summary, inp.config)
+
+
+async def test_checkpoint_now_then_carry_on(client: Client, task_queue: str, tmp_path: Path) -> None:
+    inp = control_input(tmp_path)
+    store = LocalStore(inp.store)
+    async with build_worker(client, task_queue):
+        handle = await client.start_workflow("TrainingRun", inp, id=inp.run_id, task_queue=task_queue)
+        await asyncio.sleep(1.0)
+        await handle.signal("checkpoint_now")
+        summary = RunSummary.model_validate(await handle.result())
+    steps = [r.step for r in store_refs(store, inp.run_id)]
+    assert any(s not in (0, 50, 100) for s in steps), steps  # the extra, signalled checkpoint
+    assert summary.steps == 100
+    assert_matches_reference(summary, inp.config)
+
+
+def store_refs(store: LocalStore, run_id: str) -> list[CheckpointRef]:
+    from cairn.checkpoint import list_checkpoints
+
+    return list_checkpoints(store, run_id)
+
+
+async def test_stop_is_graceful(client: Client, task_queue: str, tmp_path: Path) -> None:
+    inp = control_input(tmp_path)
+    async with build_worker(client, task_queue):
+        handle = await client.start_workflow("TrainingRun", inp, id=inp.run_id, task_queue=task_queue)
+        await asyncio.sleep(1.0)
+        await handle.signal("stop")
+        summary = RunSummary.model_validate(await handle.result())
+    assert summary.stopped_early and 0 < summary.steps < 50
+    assert summary.checkpoint and summary.checkpoint.endswith(f"{summary.steps:012d}")
+    assert_matches_reference(summary, inp.config)
+
+
+async def test_cancel_checkpoints_before_stopping(client: Client, task_queue: str, tmp_path: Path) -> None:
+    inp = control_input(tmp_path)
+    store = LocalStore(inp.store)
+    async with build_worker(client, task_queue):
+        handle = await client.start_workflow("TrainingRun", inp, id=inp.run_id, task_queue=task_queue)
+        await asyncio.sleep(1.0)
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+    latest = latest_committed(store, inp.run_id)
+    assert latest is not None and 0 < latest.step < 50  # committed at cancellation, mid-segment
+    state, _ = load_training(store, latest)
+    assert compare_states(state, reference(inp.config, latest.step).state) == []
+
+
+async def test_long_run_continues_as_new_with_bounded_history(client: Client, task_queue: str, tmp_path: Path) -> None:
+    inp = run_input(tmp_path, total_steps=36, steps_per_segment=3, segments_per_run=3, checkpoint={"every": 3})
+    async with build_worker(client, task_queue):
+        handle = await client.start_workflow("TrainingRun", inp, id=inp.run_id, task_queue=task_queue)
+        summary = RunSummary.model_validate(await handle.result())
+        lengths = await history_lengths(client, inp.run_id, handle.first_execution_run_id)  # type: ignore[arg-type]
+    assert summary.steps == 36 and summary.continued_as_new == 3
+    assert len(lengths) == 4
+    # Per run: at most segments_per_run segments, each a bounded number of events.
+    bound = 20 * inp.segments_per_run + 20
+    assert max(lengths) <= bound, lengths
+    assert_matches_reference(summary, inp.config)
+
+
+async def history_lengths(client: Client, workflow_id: str, first_run_id: str) -> list[int]:
+    lengths = []
+    run_id: str | None = first_run_id
+    while run_id:
+        handle = client.get_workflow_handle(workflow_id, run_id=run_id)
+        events = [e async for e in handle.fetch_history_events()]
+        lengths.append(len(events))
+        last = events[-1]
+        run_id = None
+        if last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
+            run_id = last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+    return lengths
+
+
+async def test_replay_recorded_histories(client: Client, task_queue: str, tmp_path: Path) -> None:
+    """Histories recorded on the real server replay deterministically with the SDK's Replayer."""
+    inp = control_input(tmp_path, steps_per_segment=20, total_steps=40, segments_per_run=1)
+    async with build_worker(client, task_queue):
+        handle = await client.start_workflow("TrainingRun", inp, id=inp.run_id, task_queue=task_queue)
+        await asyncio.sleep(0.6)
+        await handle.signal("checkpoint_now")
+        await handle.signal("pause")
+        await wait_progress(handle, lambda p: p["phase"] == "paused")
+        await handle.signal("resume")
+        await handle.result()
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
+    histories = client.list_workflows(f"WorkflowId = '{inp.run_id}'")
+    count = 0
+    async for history in histories.map_histories():
+        result = await replayer.replay_workflow(history, raise_on_replay_failure=True)
+        assert result.replay_failure is None
+        count += 1
+    assert count >= 2  # continued-as-new at least once: several runs replayed

@@ -1,0 +1,37 @@
+"""Connecting to Temporal with the settings the `temporal` CLI uses.
+
+Address, namespace, TLS and API key come from flags, else the environment variables and
+config file the CLI reads (``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``, ``TEMPORAL_TLS_*``,
+``TEMPORAL_API_KEY``, ``TEMPORAL_PROFILE``), via ``temporalio.envconfig``. Every client uses the
+pydantic data converter.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.envconfig import ClientConfig
+
+__all__ = ["connect", "add_connection_args"]
+
+DEFAULT_ADDRESS = "127.0.0.1:7233"
+
+
+def add_connection_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--address", help=f"Temporal frontend host:port (env TEMPORAL_ADDRESS; default {DEFAULT_ADDRESS})")
+    p.add_argument("--namespace", help="Temporal namespace (env TEMPORAL_NAMESPACE; default 'default')")
+
+
+async def connect(address: str | None = None, namespace: str | None = None) -> Client:
+    config: dict[str, Any] = dict(ClientConfig.load_client_connect_config())
+    if address:
+        config["target_host"] = address
+    config.setdefault("target_host", DEFAULT_ADDRESS)
+    if not config.get("target_host"):
+        config["target_host"] = DEFAULT_ADDRESS
+    if namespace:
+        config["namespace"] = namespace
+    return await Client.connect(**config, data_converter=pydantic_data_converter)

@@ -1,0 +1,222 @@
+"""The TrainingRun workflow: deterministic orchestration of a durable training run.
+
+It drives training as a sequence of ``train_segment`` activities and holds only references
+(store URL, checkpoint reference, fingerprint) — never arrays. Every segment resumes from the
+run's last committed checkpoint, so a lost worker costs at most the steps since that commit.
+
+Control: query ``progress``; signals ``pause``, ``resume``, ``stop`` (graceful: checkpoint now,
+then finish) and ``checkpoint_now``. Pause, stop and checkpoint-now interrupt the running
+segment by cancelling it; the activity commits a checkpoint at its current step before it
+reports back. Cancelling the workflow does the same before the run ends. After
+``segments_per_run`` segments (or when the server suggests it) the run continues-as-new, so
+history stays bounded however long the run is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.models import (
+        CollectInput,
+        LatestCheckpointInput,
+        LatestCheckpointResult,
+        RunCarry,
+        RunProgress,
+        RunSummary,
+        TrainingRunInput,
+        TrainSegmentInput,
+        TrainSegmentResult,
+    )
+    from activities.training import collect_checkpoints, latest_checkpoint, train_segment
+
+__all__ = ["TrainingRun"]
+
+SEGMENT_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=0,  # unlimited: storage trouble heals; corrupt state is non-retryable
+)
+SHORT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10))
+
+
+@workflow.defn(name="TrainingRun")
+class TrainingRun:
+    def __init__(self) -> None:
+        self._inp: TrainingRunInput | None = None
+        self._carry = RunCarry()
+        self._phase = "starting"
+        self._checkpoint_now = False
+
+    # -- control ------------------------------------------------------------------------------
+    @workflow.query
+    def progress(self) -> RunProgress:
+        inp = self._inp
+        return RunProgress(
+            run_id=inp.run_id if inp else "",
+            phase=self._phase,  # type: ignore[arg-type]
+            step=self._carry.step,
+            total=inp.total_steps if inp else 0,
+            loss=self._carry.loss,
+            checkpoint=self._carry.checkpoint,
+            attempts=list(self._carry.attempts),
+            recomputed_steps=self._carry.recomputed_steps,
+            continued_as_new=self._carry.continued_as_new,
+        )
+
+    @workflow.signal
+    def pause(self) -> None:
+        """Checkpoint the running segment and wait for ``resume``."""
+        self._carry.paused = True
+
+    @workflow.signal
+    def resume(self) -> None:
+        self._carry.paused = False
+
+    @workflow.signal
+    def stop(self) -> None:
+        """Graceful stop: checkpoint now, then finish with the current state."""
+        self._carry.stop_requested = True
+
+    @workflow.signal
+    def checkpoint_now(self) -> None:
+        """Commit a checkpoint at the current step, then carry on."""
+        self._checkpoint_now = True
+
+    def _interrupt_requested(self) -> bool:
+        return self._carry.paused or self._carry.stop_requested or self._checkpoint_now
+
+    # -- the run --------------------------------------------------------------------------------
+    @workflow.run
+    async def run(self, inp: TrainingRunInput) -> RunSummary:
+        self._inp = inp
+        if inp.carry is not None:
+            self._carry = inp.carry.model_copy(deep=True)
+        else:
+            await self._adopt_durable_cursor(inp)
+        segments_this_run = 0
+        try:
+            while self._carry.step < inp.total_steps and not self._carry.stop_requested:
+                if self._carry.paused:
+                    self._phase = "paused"
+                    await workflow.wait_condition(lambda: not self._carry.paused or self._carry.stop_requested)
+                    continue
+                if segments_this_run >= inp.segments_per_run or workflow.info().is_continue_as_new_suggested():
+                    self._continue_as_new(inp)
+                self._phase = "training"
+                await self._run_segment(inp)
+                segments_this_run += 1
+                if inp.retention is not None:
+                    await workflow.execute_activity(
+                        collect_checkpoints,
+                        CollectInput(run_id=inp.run_id, store=inp.store, retention=inp.retention),
+                        start_to_close_timeout=timedelta(minutes=5),
+                        retry_policy=SHORT_RETRY,
+                    )
+        except asyncio.CancelledError:
+            self._phase = "cancelled"
+            raise
+        if self._carry.checkpoint is None:  # total_steps == 0: the origin is the result
+            await self._run_segment(inp, target=0)
+        self._phase = "finished"
+        return self._summary(inp)
+
+    async def _adopt_durable_cursor(self, inp: TrainingRunInput) -> None:
+        """A run id that already has committed checkpoints continues from the latest one
+        (e.g. a workflow restarted after it was terminated): never from scratch."""
+        latest: LatestCheckpointResult = await workflow.execute_activity(
+            latest_checkpoint,
+            LatestCheckpointInput(run_id=inp.run_id, store=inp.store),
+            start_to_close_timeout=timedelta(minutes=2),
+            retry_policy=SHORT_RETRY,
+        )
+        if latest.step > inp.total_steps:
+            raise ApplicationError(
+                f"run {inp.run_id} already has a committed checkpoint at step {latest.step}, "
+                f"past total_steps={inp.total_steps}",
+                type="InvariantError",
+                non_retryable=True,
+            )
+        self._carry = RunCarry(step=latest.step, checkpoint=latest.checkpoint, fingerprint=latest.fingerprint)
+
+    def _summary(self, inp: TrainingRunInput) -> RunSummary:
+        return RunSummary(
+            run_id=inp.run_id,
+            checkpoint=self._carry.checkpoint,
+            fingerprint=self._carry.fingerprint,
+            steps=self._carry.step,
+            total_steps=inp.total_steps,
+            stopped_early=self._carry.step < inp.total_steps,
+            attempts=list(self._carry.attempts),
+            recomputed_steps=self._carry.recomputed_steps,
+            continued_as_new=self._carry.continued_as_new,
+            loss=self._carry.loss,
+        )
+
+    def _continue_as_new(self, inp: TrainingRunInput) -> None:
+        carry = self._carry.model_copy(update={"continued_as_new": self._carry.continued_as_new + 1})
+        workflow.continue_as_new(inp.model_copy(update={"carry": carry}))
+
+    async def _run_segment(self, inp: TrainingRunInput, target: int | None = None) -> None:
+        if target is None:
+            target = min(self._carry.step + inp.steps_per_segment, inp.total_steps)
+        self._checkpoint_now = False
+        handle = workflow.start_activity(
+            train_segment,
+            TrainSegmentInput(
+                run_id=inp.run_id,
+                config=inp.config,
+                store=inp.store,
+                target_step=target,
+                checkpoint_every=inp.checkpoint.every,
+                async_save=inp.checkpoint.mode == "async",
+                throttle_seconds_per_step=inp.throttle_seconds_per_step,
+                heartbeat_every_seconds=min(1.0, inp.heartbeat_timeout_seconds / 4),
+            ),
+            start_to_close_timeout=timedelta(seconds=inp.segment_timeout_seconds),
+            heartbeat_timeout=timedelta(seconds=inp.heartbeat_timeout_seconds),
+            retry_policy=SEGMENT_RETRY,
+            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+        )
+        try:
+            await workflow.wait_condition(lambda: handle.done() or self._interrupt_requested())
+        except asyncio.CancelledError:
+            # The workflow is being cancelled: let the segment checkpoint before we stop.
+            handle.cancel()
+            await self._settle(inp, handle)
+            raise
+        if not handle.done():
+            self._phase = "stopping" if self._carry.stop_requested else "training"
+            handle.cancel()
+        await self._settle(inp, handle)
+
+    async def _settle(self, inp: TrainingRunInput, handle: workflow.ActivityHandle[TrainSegmentResult]) -> None:
+        """Record the segment's outcome; after an interruption, read the last durable cursor."""
+        try:
+            result = await handle
+        except ActivityError as err:
+            if not isinstance(err.cause, CancelledError):
+                raise
+            latest: LatestCheckpointResult = await workflow.execute_activity(
+                latest_checkpoint,
+                LatestCheckpointInput(run_id=inp.run_id, store=inp.store),
+                start_to_close_timeout=timedelta(minutes=2),
+                retry_policy=SHORT_RETRY,
+            )
+            self._carry.attempts.append(1)
+            self._carry.step = latest.step
+            self._carry.checkpoint = latest.checkpoint
+            self._carry.fingerprint = latest.fingerprint
+            return
+        self._carry.attempts.append(result.attempt)
+        self._carry.recomputed_steps += result.recomputed_steps
+        self._carry.step = result.step
+        self._carry.checkpoint = result.checkpoint
+        self._carry.fingerprint = result.fingerprint
+        self._carry.loss = result.loss
