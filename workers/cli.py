@@ -1,7 +1,8 @@
 """The ``cairn`` command line.
 
-Exit codes: 0 success; 1 a checkpoint was refused, or ``compare`` found differences;
-2 bad input (usage, config, reference); 3 storage failure; 4 an external effect failed.
+Exit codes: 0 success; 1 a checkpoint was refused, ``compare`` found differences, or a run
+failed; 2 bad input (usage, config, reference); 3 storage failure; 4 an external effect failed;
+5 Temporal unreachable or refused the request.
 Errors print one line on stderr (``cairn: error: ...``); ``--debug`` adds the traceback.
 ``--json`` prints exactly one JSON object on stdout.
 """
@@ -268,16 +269,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", required=True)
     p.set_defaults(handler=cmd_ckpt_pin)
 
-    for register in _EXTENSIONS:
-        register(sub, _common)
+    # Temporal-facing commands (worker, run, dev) live beside the worker they drive.
+    from workers import devstack, run_commands
+
+    run_commands.register(sub, _common)
+    devstack.register(sub, _common)
     return parser
 
 
-# Other modules (run, worker, dev) add their subcommands here.
-_EXTENSIONS: list[Callable[[Any, Callable[[argparse.ArgumentParser], None]], None]] = []
-
-
 def exit_code_for(exc: CairnError) -> int:
+    explicit = getattr(exc, "exit_code", None)
+    if isinstance(explicit, int):
+        return explicit
     if isinstance(exc, CheckpointError):
         return 1
     if isinstance(exc, StorageError):
@@ -288,9 +291,19 @@ def exit_code_for(exc: CairnError) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    _load_extensions()
     parser = build_parser()
     args = parser.parse_args(argv)
+    code = _dispatch(args)
+    if getattr(args, "exit_hard", False) and argv is None:
+        # The Temporal client's native threads can abort CPython's finalization
+        # (temporalio/sdk-python#300): a short-lived client command skips teardown.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     if getattr(args, "endpoint_url", None):
         os.environ["AWS_ENDPOINT_URL_S3"] = args.endpoint_url  # read by boto3 for every S3 client
     try:
@@ -306,21 +319,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("cairn: interrupted", file=sys.stderr)
         return 130
-
-
-def _load_extensions() -> None:
-    if _EXTENSIONS:
-        return
-    import importlib
-
-    for name in ("workers.run_commands", "workers.devstack"):
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue
-        _EXTENSIONS.append(module.register)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,273 @@
+"""``cairn dev up | down | status``: the local stack, in the background.
+
+Starts a Temporal dev server (persistent SQLite file, Web UI), a SeaweedFS S3 server, the
+reservation service (when available) and one worker. Logs, pid files and ``stack.json`` live
+under the state folder (default ``.cairn/``). A second ``up`` is a no-op; ``down`` stops only
+what ``up`` started (it checks each pid's command line before signalling it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from workers.servers import (
+    ServerProcess,
+    find_binary,
+    seaweedfs_command,
+    stop_pid,
+    temporal_command,
+    wait_for_http,
+    wait_for_tcp,
+)
+
+__all__ = ["register", "StackConfig", "stack_up", "stack_down", "stack_status", "stack_env"]
+
+S3_BUCKET = "cairn"
+
+
+@dataclass
+class StackConfig:
+    state_dir: Path
+    temporal_port: int = 7233
+    ui_port: int = 8233
+    s3_port: int = 8333
+    service_port: int = 8377
+    task_queue: str = "cairn-training"
+    worker: bool = True
+
+    @property
+    def temporal_address(self) -> str:
+        return f"127.0.0.1:{self.temporal_port}"
+
+    @property
+    def s3_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.s3_port}"
+
+    @property
+    def service_url(self) -> str:
+        return f"http://127.0.0.1:{self.service_port}"
+
+
+def stack_env(cfg: StackConfig) -> dict[str, str]:
+    """Environment for processes (and users) talking to this stack."""
+    return {
+        "TEMPORAL_ADDRESS": cfg.temporal_address,
+        "AWS_ENDPOINT_URL_S3": cfg.s3_endpoint,
+        "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "cairn-dev"),
+        "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "cairn-dev-secret"),
+        "AWS_DEFAULT_REGION": os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+        "CAIRN_RESERVATION_URL": cfg.service_url,
+    }
+
+
+def _pid_file(cfg: StackConfig, name: str) -> Path:
+    return cfg.state_dir / "pids" / f"{name}.pid"
+
+
+def _running(cfg: StackConfig, name: str) -> int | None:
+    """The pid recorded for ``name`` if that process is alive and is the one we started."""
+    path = _pid_file(cfg, name)
+    try:
+        record = json.loads(path.read_text())
+        pid, marker = int(record["pid"]), str(record["marker"])
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except (OSError, ValueError, KeyError):
+        return None
+    return pid if marker in cmdline else None
+
+
+def _services(cfg: StackConfig) -> list[tuple[str, list[str], Callable[[ServerProcess], None], str]]:
+    """(name, argv, wait-until-ready, marker found in its command line)."""
+    data = cfg.state_dir / "seaweedfs"
+    data.mkdir(parents=True, exist_ok=True)
+    services: list[tuple[str, list[str], Callable[[ServerProcess], None], str]] = [
+        (
+            "temporal",
+            temporal_command(cfg.temporal_port, cfg.ui_port, cfg.state_dir / "temporal.db"),
+            lambda p: wait_for_tcp("127.0.0.1", cfg.temporal_port, 90, p.alive),
+            f"--port {cfg.temporal_port}",
+        ),
+        (
+            "seaweedfs",
+            seaweedfs_command(data, cfg.s3_port),
+            lambda p: wait_for_http(cfg.s3_endpoint + "/", 90, p.alive),
+            f"-s3.port={cfg.s3_port}",
+        ),
+    ]
+    if _has_reservation_service():
+        services.append(
+            (
+                "reservation",
+                [
+                    sys.executable,
+                    "-m",
+                    "workers.reservation_service",
+                    "--port",
+                    str(cfg.service_port),
+                    "--db",
+                    str(cfg.state_dir / "reservations.db"),
+                ],
+                lambda p: wait_for_http(cfg.service_url + "/health", 30, p.alive),
+                f"--port {cfg.service_port}",
+            )
+        )
+    if cfg.worker:
+        services.append(
+            (
+                "worker",
+                [
+                    sys.executable,
+                    "-m",
+                    "workers.worker",
+                    "--address",
+                    cfg.temporal_address,
+                    "--task-queue",
+                    cfg.task_queue,
+                ],
+                lambda p: None,
+                f"--task-queue {cfg.task_queue}",
+            )
+        )
+    return services
+
+
+def _has_reservation_service() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("workers.reservation_service") is not None
+
+
+def stack_up(cfg: StackConfig, echo: Callable[[str], None] = print) -> dict[str, Any]:
+    cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    (cfg.state_dir / "pids").mkdir(exist_ok=True)
+    env = stack_env(cfg)
+    repo = Path(__file__).resolve().parents[1]
+    for name, argv, ready, marker in _services(cfg):
+        pid = _running(cfg, name)
+        if pid is not None:
+            echo(f"{name:<12} already running (pid {pid})")
+            continue
+        proc = ServerProcess(name, argv, cfg.state_dir / "logs" / f"{name}.log", env=env, cwd=repo).start()
+        try:
+            ready(proc)
+        except (TimeoutError, RuntimeError) as exc:
+            proc.stop()
+            raise RuntimeError(f"{name} did not come up: {exc}\n{proc.log_tail(15)}") from exc
+        _pid_file(cfg, name).write_text(json.dumps({"pid": proc.pid, "marker": marker, "argv": argv}))
+        echo(f"{name:<12} started (pid {proc.pid}), log {proc.log_path}")
+        if name == "seaweedfs":
+            _ensure_bucket(cfg)
+    info = {
+        "temporal": cfg.temporal_address,
+        "web_ui": f"http://127.0.0.1:{cfg.ui_port}",
+        "s3_endpoint": cfg.s3_endpoint,
+        "s3_store": f"s3://{S3_BUCKET}/runs",
+        "reservation_service": cfg.service_url if _has_reservation_service() else None,
+        "task_queue": cfg.task_queue,
+        "state_dir": str(cfg.state_dir),
+        "env": env,
+        "config": {k: str(v) for k, v in asdict(cfg).items()},
+    }
+    (cfg.state_dir / "stack.json").write_text(json.dumps(info, indent=1))
+    return info
+
+
+def _ensure_bucket(cfg: StackConfig) -> None:
+    from cairn.stores.s3 import S3Store
+
+    env = stack_env(cfg)
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
+        os.environ.setdefault(key, env[key])
+    S3Store(S3_BUCKET, endpoint_url=cfg.s3_endpoint).ensure_bucket()
+
+
+def stack_down(cfg: StackConfig, echo: Callable[[str], None] = print) -> None:
+    for name in ("worker", "reservation", "seaweedfs", "temporal"):
+        pid = _running(cfg, name)
+        if pid is None:
+            if _pid_file(cfg, name).exists():
+                echo(f"{name:<12} not running (stale pid file removed)")
+                _pid_file(cfg, name).unlink()
+            continue
+        # The worker gets time to checkpoint running segments; SeaweedFS is slow on SIGTERM.
+        stop_pid(pid, grace={"worker": 35.0, "seaweedfs": 2.0}.get(name, 5.0))
+        _pid_file(cfg, name).unlink(missing_ok=True)
+        echo(f"{name:<12} stopped (pid {pid})")
+
+
+def stack_status(cfg: StackConfig) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in ("temporal", "seaweedfs", "reservation", "worker"):
+        pid = _running(cfg, name)
+        out[name] = {"running": pid is not None, "pid": pid, "log": str(cfg.state_dir / "logs" / f"{name}.log")}
+    return out
+
+
+def _cfg(args: argparse.Namespace) -> StackConfig:
+    return StackConfig(
+        state_dir=Path(args.state_dir).resolve(),
+        temporal_port=args.temporal_port,
+        ui_port=args.ui_port,
+        s3_port=args.s3_port,
+        service_port=args.service_port,
+        worker=not args.no_worker,
+    )
+
+
+def _up(args: argparse.Namespace) -> int:
+    find_binary("temporal"), find_binary("weed")
+    info = stack_up(_cfg(args), echo=(lambda s: None) if args.json else print)
+    if args.json:
+        print(json.dumps(info, sort_keys=True))
+        return 0
+    print(f"\nTemporal   {info['temporal']}   Web UI {info['web_ui']}")
+    print(f"S3         {info['s3_endpoint']}  (store {info['s3_store']})")
+    if info["reservation_service"]:
+        print(f"Service    {info['reservation_service']}")
+    print("To use the stack from this shell:")
+    for k, v in info["env"].items():
+        print(f"  export {k}={v}")
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    stack_down(_cfg(args), echo=(lambda s: None) if args.json else print)
+    if args.json:
+        print(json.dumps({"down": True}))
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    status = stack_status(_cfg(args))
+    if args.json:
+        print(json.dumps(status, sort_keys=True))
+    else:
+        for name, s in status.items():
+            print(f"{name:<12} {'running (pid ' + str(s['pid']) + ')' if s['running'] else 'stopped'}")
+    return 0 if any(s["running"] for s in status.values()) else 1
+
+
+def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
+    dev = sub.add_parser("dev", help="the local stack: Temporal + Web UI, SeaweedFS, service, worker")
+    dev_sub = dev.add_subparsers(dest="dev_command", required=True)
+    for name, fn, help_text in (
+        ("up", _up, "start the stack in the background (a second up is a no-op)"),
+        ("down", _down, "stop what up started"),
+        ("status", _status, "show what is running"),
+    ):
+        p = dev_sub.add_parser(name, help=help_text)
+        common(p)
+        p.add_argument("--state-dir", default=".cairn", help="logs, pid files, data (default .cairn)")
+        p.add_argument("--temporal-port", type=int, default=7233)
+        p.add_argument("--ui-port", type=int, default=8233)
+        p.add_argument("--s3-port", type=int, default=8333)
+        p.add_argument("--service-port", type=int, default=8377)
+        p.add_argument("--no-worker", action="store_true", help="do not start a worker")
+        p.set_defaults(handler=fn)
