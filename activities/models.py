@@ -28,6 +28,10 @@ __all__ = [
     "LatestCheckpointInput",
     "LatestCheckpointResult",
     "CollectInput",
+    "EffectInput",
+    "EffectReceipt",
+    "DecisionInput",
+    "RunInfo",
     "RunProgress",
     "RunSummary",
 ]
@@ -61,6 +65,9 @@ class EffectsSpec(_Model):
     units: Annotated[int, Field(gt=0)] = 2
     registry: str | None = None
     """Store URL of the model registry that ``publish`` writes to (default: the run's store)."""
+    timeout_seconds: Annotated[float, Field(gt=0, le=600)] = 15.0
+    """Start-to-close timeout of each effect activity: how soon a worker that died mid-effect
+    is given up on and the effect retried (with the same key) elsewhere."""
 
 
 class RunCarry(_Model):
@@ -76,6 +83,14 @@ class RunCarry(_Model):
     loss: float | None = None
     paused: bool = False
     stop_requested: bool = False
+    reservation: EffectReceipt | None = None
+    effects: dict[str, str] = Field(default_factory=dict)
+    resume_from: str | None = None
+    """A checkpoint the next segment must resume from (set by a rollback)."""
+    rollbacks: int = 0
+
+    def stopped_early(self, inp: TrainingRunInput) -> bool:
+        return self.step < inp.total_steps
 
 
 class TrainingRunInput(_Model):
@@ -102,6 +117,8 @@ class TrainSegmentInput(_Model):
     config: TrainConfig
     store: str
     target_step: int
+    resume_from: str | None = None
+    """Resume from this checkpoint instead of the latest committed one (a rollback)."""
     checkpoint_every: int
     async_save: bool = False
     throttle_seconds_per_step: float = 0.0
@@ -124,6 +141,8 @@ class TrainSegmentResult(_Model):
 class LatestCheckpointInput(_Model):
     run_id: str
     store: str
+    at_or_before: int | None = None
+    """Only consider checkpoints at or before this step (a rollback target)."""
 
 
 class LatestCheckpointResult(_Model):
@@ -137,6 +156,39 @@ class CollectInput(_Model):
     run_id: str
     store: str
     retention: RetentionSpec
+
+
+class EffectInput(_Model):
+    run_id: str
+    store: str
+    effects: EffectsSpec
+    checkpoint: str | None = None
+    fingerprint: str | None = None
+    reservation_id: str | None = None
+    reason: str = "completed"
+
+
+class EffectReceipt(_Model):
+    effect: str
+    key: str
+    receipt: str
+    replayed: bool = False
+    """The journal (or the service) already held this key's outcome: nothing was redone."""
+    reconciled: bool = False
+    """The outcome was unknown (a pending intent) and was learnt by asking the service."""
+
+
+class DecisionInput(_Model):
+    run_id: str
+    store: str
+    decision: str
+    detail: dict[str, object] = Field(default_factory=dict)
+
+
+class RunInfo(_Model):
+    run_id: str
+    store: str
+    registry: str | None = None
 
 
 class RunProgress(_Model):
@@ -165,3 +217,6 @@ class RunSummary(_Model):
     loss: float | None
     effects: dict[str, str] = Field(default_factory=dict)
     """Effect name -> receipt id (issue 5: reservation, publish, release)."""
+
+
+RunCarry.model_rebuild()

@@ -26,10 +26,10 @@ from activities.models import (
     TrainSegmentInput,
     TrainSegmentResult,
 )
-from cairn.checkpoint import latest_committed, read_manifest
+from cairn.checkpoint import CheckpointKind, CheckpointRef, latest_committed, list_checkpoints, read_manifest
 from cairn.checkpoint.format import CommitResult
 from cairn.checkpoint.retention import RetentionPolicy, collect_garbage
-from cairn.errors import CairnError, CheckpointError, StorageError
+from cairn.errors import CairnError, StorageError
 from cairn.session import TrainingSession
 from cairn.state import TrainState
 from cairn.stores import open_store
@@ -39,7 +39,7 @@ __all__ = ["train_segment", "latest_checkpoint", "collect_checkpoints", "TRAININ
 
 def as_application_error(exc: CairnError) -> ApplicationError:
     """Corrupt or incompatible state never heals on retry; storage trouble may."""
-    retryable = isinstance(exc, StorageError) and not isinstance(exc, CheckpointError)
+    retryable = isinstance(exc, StorageError) or bool(getattr(exc, "retryable", False))
     return ApplicationError(str(exc), type=exc.type_name, non_retryable=not retryable)
 
 
@@ -98,7 +98,11 @@ def train_segment(inp: TrainSegmentInput) -> TrainSegmentResult:
 
 def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSegmentResult, str]:
     store = open_store(inp.store)
-    session = TrainingSession.resume_latest(inp.run_id, store, inp.config)
+    if inp.resume_from is not None:  # a rollback: this older checkpoint, not the latest
+        session = TrainingSession.fresh(inp.run_id, store, inp.config)
+        session.restore(CheckpointRef.parse(inp.resume_from))
+    else:
+        session = TrainingSession.resume_latest(inp.run_id, store, inp.config)
     resumed = session.state.step
     reached_before = _previous_reach(info)
     recomputed = max(0, (reached_before or 0) - resumed) if info.attempt > 1 else 0
@@ -167,7 +171,13 @@ def latest_checkpoint(inp: LatestCheckpointInput) -> LatestCheckpointResult:
     """The run's last durable cursor (after an interrupted segment)."""
     with activity_errors():
         store = open_store(inp.store)
-        ref = latest_committed(store, inp.run_id)
+        if inp.at_or_before is None:
+            ref = latest_committed(store, inp.run_id)
+        else:
+            refs = [
+                r for r in list_checkpoints(store, inp.run_id, CheckpointKind.TRAINING) if r.step <= inp.at_or_before
+            ]
+            ref = refs[-1] if refs else None
         if ref is None:
             return LatestCheckpointResult(checkpoint=None, step=0, fingerprint=None)
         manifest = read_manifest(store, ref, expect_kind=None)

@@ -173,9 +173,10 @@ def report(name: str, r: dict[str, float]) -> dict[str, float]:
     out = dict(r)
     for op in ("save", "restore"):
         out[f"{op}_ratio"] = r[f"floor_{op}_s"] / r[f"ours_{op}_s"]
+        floor_s, ours_s = r[f"floor_{op}_s"], r[f"ours_{op}_s"]
         print(
-            f"{name:<6} {op:<8} {int(r['bytes']):>11} B  floor {r[f'floor_{op}_s']:7.3f}s {mb / r[f'floor_{op}_s']:8.1f} MB/s"
-            f"   ours {r[f'ours_{op}_s']:7.3f}s {mb / r[f'ours_{op}_s']:8.1f} MB/s   ratio {out[f'{op}_ratio']:.2f}x"
+            f"{name:<6} {op:<8} {int(r['bytes']):>11} B  floor {floor_s:7.3f}s {mb / floor_s:8.1f} MB/s"
+            f"   ours {ours_s:7.3f}s {mb / ours_s:8.1f} MB/s   ratio {out[f'{op}_ratio']:.2f}x"
         )
     return out
 

@@ -167,6 +167,26 @@ async def _watch(args: argparse.Namespace, client: Client) -> int:
     return await _show_result(args, client, args.workflow_id)
 
 
+async def _journal(args: argparse.Namespace, client: Client) -> int:
+    from activities.models import RunInfo
+    from cairn.effects import load_journal
+    from cairn.stores import open_store
+
+    info = RunInfo.model_validate(await client.get_workflow_handle(args.workflow_id).query("info"))
+    journal = load_journal(open_store(info.store), info.run_id)
+    payload = {"workflow_id": args.workflow_id, **journal.model_dump(mode="json")}
+    lines = [f"journal of run {info.run_id} (version {journal.version}, store {info.store})"]
+    for i, e in enumerate(journal.entries, 1):
+        receipt = f" -> {e.receipt}" if e.receipt else ""
+        detail = f"  {json.dumps(e.detail, sort_keys=True)}" if e.detail else ""
+        lines.append(f"{i:>3}. {e.kind:<11} {e.effect:<8} key={e.key}{receipt}{detail}")
+    pending = journal.pending_intents()
+    if pending:
+        lines.append(f"pending intents (outcome unknown until reconciled with the service): {[e.key for e in pending]}")
+    _print(args, payload, "\n".join(lines))
+    return 0
+
+
 def _signal(name: str) -> Callable[[argparse.Namespace, Client], Any]:
     async def send(args: argparse.Namespace, client: Client) -> int:
         await client.get_workflow_handle(args.workflow_id).signal(name)
@@ -174,6 +194,12 @@ def _signal(name: str) -> Callable[[argparse.Namespace, Client], Any]:
         return 0
 
     return send
+
+
+async def _rollback(args: argparse.Namespace, client: Client) -> int:
+    await client.get_workflow_handle(args.workflow_id).signal("rollback", args.step)
+    _print(args, {"workflow_id": args.workflow_id, "rollback": args.step}, f"sent rollback to step {args.step}")
+    return 0
 
 
 async def _cancel(args: argparse.Namespace, client: Client) -> int:
@@ -223,9 +249,13 @@ def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> Non
         ("resume", "resume a paused run", _signal("resume")),
         ("stop", "graceful stop: checkpoint now, then finish", _signal("stop")),
         ("checkpoint", "commit a checkpoint now and carry on", _signal("checkpoint_now")),
+        ("rollback", "restore training to the checkpoint at (or before) STEP; effects stay", _rollback),
         ("cancel", "cancel the run (the running segment checkpoints first)", _cancel),
+        ("journal", "print the run's effect journal (intents, observations, decisions)", _journal),
     ):
         p = leaf(name, help_text, fn)
         p.add_argument("workflow_id", metavar="ID")
+        if name == "rollback":
+            p.add_argument("step", type=int)
         if name == "watch":
             p.add_argument("--interval", type=float, default=0.5, help="seconds between progress queries")

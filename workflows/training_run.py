@@ -20,13 +20,19 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+from temporalio.workflow import ContinueAsNewError
 
 with workflow.unsafe.imports_passed_through():
+    from activities.effects import publish_checkpoint, record_decision, release_capacity, reserve_capacity
     from activities.models import (
         CollectInput,
+        DecisionInput,
+        EffectInput,
+        EffectReceipt,
         LatestCheckpointInput,
         LatestCheckpointResult,
         RunCarry,
+        RunInfo,
         RunProgress,
         RunSummary,
         TrainingRunInput,
@@ -53,6 +59,7 @@ class TrainingRun:
         self._carry = RunCarry()
         self._phase = "starting"
         self._checkpoint_now = False
+        self._rollback_to: int | None = None
 
     # -- control ------------------------------------------------------------------------------
     @workflow.query
@@ -69,6 +76,20 @@ class TrainingRun:
             recomputed_steps=self._carry.recomputed_steps,
             continued_as_new=self._carry.continued_as_new,
         )
+
+    @workflow.query
+    def info(self) -> RunInfo:
+        inp = self._inp
+        if inp is None:
+            return RunInfo(run_id="", store="")
+        registry = inp.effects.registry if inp.effects else None
+        return RunInfo(run_id=inp.run_id, store=inp.store, registry=registry)
+
+    @workflow.signal
+    def rollback(self, step: int) -> None:
+        """Restore training to the committed checkpoint at ``step`` and continue from there.
+        External effects are not undone: the journal records that."""
+        self._rollback_to = step
 
     @workflow.signal
     def pause(self) -> None:
@@ -90,7 +111,7 @@ class TrainingRun:
         self._checkpoint_now = True
 
     def _interrupt_requested(self) -> bool:
-        return self._carry.paused or self._carry.stop_requested or self._checkpoint_now
+        return self._carry.paused or self._carry.stop_requested or self._checkpoint_now or self._rollback_to is not None
 
     # -- the run --------------------------------------------------------------------------------
     @workflow.run
@@ -100,32 +121,116 @@ class TrainingRun:
             self._carry = inp.carry.model_copy(deep=True)
         else:
             await self._adopt_durable_cursor(inp)
-        segments_this_run = 0
+        if inp.effects is not None and self._carry.reservation is None:
+            self._carry.reservation = await self._effect(reserve_capacity, "reserve", inp)
+            self._carry.effects["reserve"] = self._carry.reservation.receipt
         try:
-            while self._carry.step < inp.total_steps and not self._carry.stop_requested:
-                if self._carry.paused:
-                    self._phase = "paused"
-                    await workflow.wait_condition(lambda: not self._carry.paused or self._carry.stop_requested)
-                    continue
-                if segments_this_run >= inp.segments_per_run or workflow.info().is_continue_as_new_suggested():
-                    self._continue_as_new(inp)
-                self._phase = "training"
-                await self._run_segment(inp)
-                segments_this_run += 1
-                if inp.retention is not None:
-                    await workflow.execute_activity(
-                        collect_checkpoints,
-                        CollectInput(run_id=inp.run_id, store=inp.store, retention=inp.retention),
-                        start_to_close_timeout=timedelta(minutes=5),
-                        retry_policy=SHORT_RETRY,
-                    )
+            await self._train(inp)
+        except ContinueAsNewError:
+            raise  # the reservation travels in the carry; nothing to compensate
         except asyncio.CancelledError:
+            # Cancelled: the running segment already checkpointed; compensate, then stop.
             self._phase = "cancelled"
+            await self._release(inp, reason="cancelled")
             raise
-        if self._carry.checkpoint is None:  # total_steps == 0: the origin is the result
-            await self._run_segment(inp, target=0)
+        except Exception:
+            self._phase = "failed"
+            await self._release(inp, reason="failed")
+            raise
+        if inp.effects is not None and not self._carry.stopped_early(inp):
+            receipt = await self._effect(publish_checkpoint, "publish", inp)
+            self._carry.effects["publish"] = receipt.receipt
+        await self._release(inp, reason="completed")
         self._phase = "finished"
         return self._summary(inp)
+
+    async def _train(self, inp: TrainingRunInput) -> None:
+        segments_this_run = 0
+        while (self._carry.step < inp.total_steps or self._rollback_to is not None) and not self._carry.stop_requested:
+            if self._carry.paused:
+                self._phase = "paused"
+                await workflow.wait_condition(lambda: not self._carry.paused or self._carry.stop_requested)
+                continue
+            if self._rollback_to is not None:
+                await self._apply_rollback(inp)
+                continue
+            if segments_this_run >= inp.segments_per_run or workflow.info().is_continue_as_new_suggested():
+                self._continue_as_new(inp)
+            self._phase = "training"
+            await self._run_segment(inp)
+            segments_this_run += 1
+            if inp.retention is not None:
+                await workflow.execute_activity(
+                    collect_checkpoints,
+                    CollectInput(run_id=inp.run_id, store=inp.store, retention=inp.retention),
+                    start_to_close_timeout=timedelta(minutes=5),
+                    retry_policy=SHORT_RETRY,
+                )
+        if self._carry.checkpoint is None:  # total_steps == 0: the origin is the result
+            await self._run_segment(inp, target=0)
+
+    async def _effect(self, fn: object, activity_id: str, inp: TrainingRunInput, **extra: object) -> EffectReceipt:
+        """Run an effect activity under a fixed activity id: its idempotency key is
+        (workflow id, activity id), the same for every attempt and across continue-as-new."""
+        assert inp.effects is not None
+        receipt: EffectReceipt = await workflow.execute_activity(
+            fn,  # type: ignore[arg-type]
+            EffectInput(
+                run_id=inp.run_id,
+                store=inp.store,
+                effects=inp.effects,
+                checkpoint=self._carry.checkpoint,
+                fingerprint=self._carry.fingerprint,
+                reservation_id=self._carry.reservation.receipt if self._carry.reservation else None,
+                **extra,  # type: ignore[arg-type]
+            ),
+            activity_id=activity_id,
+            start_to_close_timeout=timedelta(seconds=inp.effects.timeout_seconds),
+            retry_policy=SHORT_RETRY,
+        )
+        return receipt
+
+    async def _release(self, inp: TrainingRunInput, reason: str) -> None:
+        if inp.effects is None or self._carry.reservation is None or "release" in self._carry.effects:
+            return
+        receipt = await self._effect(release_capacity, "release", inp, reason=reason)
+        self._carry.effects["release"] = receipt.receipt
+
+    async def _apply_rollback(self, inp: TrainingRunInput) -> None:
+        wanted = self._rollback_to
+        self._rollback_to = None
+        assert wanted is not None
+        found: LatestCheckpointResult = await workflow.execute_activity(
+            latest_checkpoint,
+            LatestCheckpointInput(run_id=inp.run_id, store=inp.store, at_or_before=min(wanted, self._carry.step)),
+            start_to_close_timeout=timedelta(minutes=2),
+            retry_policy=SHORT_RETRY,
+        )
+        detail: dict[str, object] = {"from_step": self._carry.step, "requested_step": wanted}
+        if found.checkpoint is None:
+            detail["refused"] = f"no committed checkpoint at or before step {wanted} (retention may have removed it)"
+        else:
+            detail.update(to_step=found.step, checkpoint=found.checkpoint)
+            if self._carry.reservation is not None:
+                detail["reservation"] = self._carry.reservation.receipt
+                detail["note"] = (
+                    f"training state restored to step {found.step}; reservation "
+                    f"{self._carry.reservation.receipt} is NOT returned: restoring a checkpoint never undoes "
+                    "an external effect"
+                )
+        await workflow.execute_activity(
+            record_decision,
+            DecisionInput(run_id=inp.run_id, store=inp.store, decision="rollback", detail=detail),
+            activity_id=f"rollback-{self._carry.rollbacks}",
+            start_to_close_timeout=timedelta(minutes=2),
+            retry_policy=SHORT_RETRY,
+        )
+        self._carry.rollbacks += 1
+        if found.checkpoint is not None:
+            self._carry.step = found.step
+            self._carry.checkpoint = found.checkpoint
+            self._carry.fingerprint = found.fingerprint
+            self._carry.resume_from = found.checkpoint
 
     async def _adopt_durable_cursor(self, inp: TrainingRunInput) -> None:
         """A run id that already has committed checkpoints continues from the latest one
@@ -157,6 +262,7 @@ class TrainingRun:
             recomputed_steps=self._carry.recomputed_steps,
             continued_as_new=self._carry.continued_as_new,
             loss=self._carry.loss,
+            effects=dict(self._carry.effects),
         )
 
     def _continue_as_new(self, inp: TrainingRunInput) -> None:
@@ -167,6 +273,7 @@ class TrainingRun:
         if target is None:
             target = min(self._carry.step + inp.steps_per_segment, inp.total_steps)
         self._checkpoint_now = False
+        resume_from, self._carry.resume_from = self._carry.resume_from, None
         handle = workflow.start_activity(
             train_segment,
             TrainSegmentInput(
@@ -174,6 +281,7 @@ class TrainingRun:
                 config=inp.config,
                 store=inp.store,
                 target_step=target,
+                resume_from=resume_from,
                 checkpoint_every=inp.checkpoint.every,
                 async_save=inp.checkpoint.mode == "async",
                 throttle_seconds_per_step=inp.throttle_seconds_per_step,

@@ -98,3 +98,24 @@ def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tempor
 @pytest.fixture
 def task_queue() -> str:
     return f"cairn-test-{uuid.uuid4().hex[:8]}"
+
+
+# -- the reservation service --------------------------------------------------------------------
+@dataclass(frozen=True)
+class ReservationServer:
+    url: str
+
+
+@pytest.fixture
+def reservation_service(tmp_path: Path) -> Iterator[ReservationServer]:
+    """A fresh service (fresh SQLite file, so ids start at reservation-1) over real HTTP."""
+    import threading
+
+    from workers.reservation_service import serve
+
+    server = serve(0, tmp_path / "reservations.db", {"FILTER-A": 8})
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield ReservationServer(url=f"http://127.0.0.1:{server.server_address[1]}")
+    server.shutdown()
+    server.server_close()

@@ -1,0 +1,55 @@
+"""The model registry: publishing a checkpoint reference by conditional write.
+
+An entry is ``registry/{run_id}/{sha256(key)[:24]}.json`` in a store; its name derives from the
+publish effect's idempotency key, and it is created with create-if-absent. A retried publish
+finds its own entry and returns it; the same key with a different body is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from pydantic import BaseModel, ConfigDict
+
+from cairn.errors import IdempotencyConflictError
+from cairn.stores.base import Store
+
+__all__ = ["PublishedModel", "publish_model", "published_entries"]
+
+
+class PublishedModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_id: str
+    checkpoint: str
+    fingerprint: str
+    key: str
+
+
+def _entry_key(run_id: str, key: str) -> str:
+    return f"registry/{run_id}/{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+
+
+def publish_model(store: Store, entry: PublishedModel) -> tuple[str, bool]:
+    """Write the entry once; returns (registry key, created)."""
+    path = _entry_key(entry.run_id, entry.key)
+    body = entry.model_dump_json().encode()
+    if store.put_if_absent(path, body):
+        return path, True
+    existing = PublishedModel.model_validate(json.loads(store.read(path)))
+    if existing != entry:
+        raise IdempotencyConflictError(
+            "publish key already used for another checkpoint",
+            field="registry",
+            expected=existing.checkpoint,
+            found=entry.checkpoint,
+        )
+    return path, False
+
+
+def published_entries(store: Store, run_id: str) -> list[PublishedModel]:
+    out = []
+    for info in store.list(f"registry/{run_id}/"):
+        out.append(PublishedModel.model_validate(json.loads(store.read(info.key))))
+    return out
