@@ -23,7 +23,7 @@ from cairn.checkpoint.format import (
 from cairn.checkpoint.manifest import MANIFEST_NAME, CheckpointKind, Manifest
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.signing import Signer, signer_from_env
-from cairn.checkpoint.validate import check_training_arrays, check_training_manifest
+from cairn.checkpoint.validate import check_training_manifest, check_training_values
 from cairn.config import TrainConfig
 from cairn.state import HISTORY_KEYS, TrainState
 from cairn.stores.base import Store
@@ -102,8 +102,7 @@ def load_training(
         store, ref, expect_kind=CheckpointKind.TRAINING, limits=limits, signer=resolve_signer(signer)
     )
     config = check_training_manifest(manifest, run_config=run_config, dataset_hash=dataset_hash)
-    arrays = read_tensors(store, ref, manifest)
-    check_training_arrays(arrays)
+    arrays = read_tensors(store, ref, manifest, value_check=check_training_values)
     assert manifest.lineage is not None and manifest.rng is not None  # checked above
     group: dict[str, dict[str, np.ndarray]] = {"theta": {}, "adam.m": {}, "adam.v": {}}
     for name, arr in arrays.items():

@@ -89,7 +89,7 @@ class WriterInfo(_Model):
 
 
 class Manifest(_Model):
-    format: Literal["cairn-checkpoint"] = FORMAT_NAME
+    format: Literal["cairn-checkpoint"] = "cairn-checkpoint"
     format_version: int = FORMAT_VERSION
     kind: CheckpointKind
     run_id: str = Field(pattern=RUN_ID_PATTERN.pattern)

@@ -36,6 +36,7 @@ __all__ = [
     "expected_tensors",
     "check_training_manifest",
     "check_training_arrays",
+    "check_training_values",
     "check_config_compatible",
 ]
 
@@ -140,22 +141,22 @@ def check_training_manifest(
     return config
 
 
+def check_training_values(name: str, values: np.ndarray) -> None:
+    """Value rules for (a chunk of) one tensor: finite everywhere, Adam's v >= 0."""
+    # A sum over values with any NaN/inf is NaN/inf: one cheap pass proves the common case;
+    # the exact (allocating) test runs only when the sum is not finite (or overflowed).
+    if not np.isfinite(values.sum()) and not np.isfinite(values).all():
+        bad = int(values.size - np.count_nonzero(np.isfinite(values)))
+        raise NonFiniteError(
+            "tensor holds NaN or infinity", field=f"tensors[{name}]", expected="finite", found=f"{bad} non-finite"
+        )
+    if name.startswith("adam.v/") and values.size and values.min() < 0:
+        raise InvariantError(
+            "Adam second moment must be >= 0", field=f"tensors[{name}]", expected=">= 0", found=float(values.min())
+        )
+
+
 def check_training_arrays(arrays: Mapping[str, np.ndarray]) -> None:
-    """Value rules on the loaded tensors: finite everywhere, second moments non-negative."""
+    """The value rules over whole tensors (``load_training`` applies them chunk by chunk)."""
     for name in sorted(arrays):
-        arr = arrays[name]
-        if not np.all(np.isfinite(arr)):
-            bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
-            raise NonFiniteError(
-                "tensor holds NaN or infinity",
-                field=f"tensors[{name}]",
-                expected="finite",
-                found=f"{bad} non-finite",
-            )
-        if name.startswith("adam.v/") and np.any(arr < 0):
-            raise InvariantError(
-                "Adam second moment must be >= 0",
-                field=f"tensors[{name}]",
-                expected=">= 0",
-                found=float(arr.min()),
-            )
+        check_training_values(name, arrays[name])

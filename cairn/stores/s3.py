@@ -15,6 +15,7 @@ Every botocore error is translated to ``StorageError`` / ``ObjectNotFoundError``
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import os
 import threading
@@ -228,7 +229,7 @@ class S3Store(Store):
                     )
 
     def delete(self, keys: Iterable[str]) -> None:
-        batch: list[dict[str, str]] = []
+        batch: builtins.list[dict[str, str]] = []
         for key in keys:
             batch.append({"Key": self._key(key)})
             if len(batch) == 1000:
@@ -237,7 +238,7 @@ class S3Store(Store):
         if batch:
             self._delete_batch(batch)
 
-    def _delete_batch(self, batch: list[dict[str, str]]) -> None:
+    def _delete_batch(self, batch: builtins.list[dict[str, str]]) -> None:
         with _translate(f"delete from {self.url}"):
             resp = self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
         errors = [e for e in resp.get("Errors", []) if e.get("Code") not in _NOT_FOUND]

@@ -132,10 +132,9 @@ def test_ckpt_commands_on_s3(seaweedfs: S3Server, tmp_path: Path) -> None:
     listed = json.loads(cairn("ckpt", "list", store, "--run", "s3run", "--json", env=env).stdout)
     assert [c["step"] for c in listed["checkpoints"]] == [4, 8, 12]
     assert json.loads(cairn("ckpt", "show", out["checkpoint"], "--json", env=env).stdout)["cursor"] == 24
-    resumed = json.loads(
-        cairn("train", "--resume", f"{store}/s3run/training/000000000004", "--steps", "8", "--store", str(tmp_path / "l"),
-              "--json", env=env).stdout
-    )  # fmt: skip
+    start = f"{store}/s3run/training/000000000004"
+    local = str(tmp_path / "local")
+    resumed = json.loads(cairn("train", "--resume", start, "--steps", "8", "--store", local, "--json", env=env).stdout)
     same = cairn("ckpt", "compare", resumed["checkpoint"], out["checkpoint"], env=env)
     assert same.returncode == 0
     gc = json.loads(cairn("ckpt", "gc", store, "--run", "s3run", "--keep-last", "1", "--json", env=env).stdout)
