@@ -61,6 +61,10 @@ __all__ = [
     "CheckpointContent",
     "CommitResult",
     "write_checkpoint",
+    "write_shards",
+    "commit_manifest",
+    "new_save_nonce",
+    "RankShards",
     "parse_manifest",
     "read_manifest",
     "read_tensors",
@@ -198,33 +202,60 @@ def _write_shard(
     return ShardEntry(key=plan.key, rank=rank, bytes=plan.nbytes), entries
 
 
-def write_checkpoint(
+@dataclass(frozen=True)
+class RankShards:
+    """What one writer (rank) wrote: its shard files and the index of its tensors."""
+
+    rank: int
+    shards: list[ShardEntry]
+    tensors: list[TensorEntry]
+
+
+def new_save_nonce() -> str:
+    """One per save attempt, shared by all its ranks: names the attempt's shard files."""
+    return uuid.uuid4().hex[:16]
+
+
+def write_shards(
     store: Store,
     content: CheckpointContent,
     tensors: Mapping[str, np.ndarray],
     *,
-    signer: Signer | None = None,
+    nonce: str,
+    rank: int = 0,
     shard_bytes: int = 64 << 20,
     max_workers: int = 4,
-    rank: int = 0,
-) -> CommitResult:
-    """Write shards, then commit the manifest under the (run, kind, step) idempotency key."""
+) -> RankShards:
+    """Phase 1, run by every rank for its own tensors: stream them out as shard files.
+
+    Shards are named ``NONCE/rankRRR-NNNN.bin`` under the checkpoint prefix, so ranks never
+    collide and a losing attempt never overwrites the winner's bytes.
+    """
     arrays = {name: _as_le_contiguous(a) for name, a in tensors.items()}
     prefix = CheckpointRef("", content.run_id, content.kind, content.step).prefix
-    mkey = manifest_key(content.run_id, content.kind, content.step)
-    ref = CheckpointRef(store.url, content.run_id, content.kind, content.step)
-
-    if store.exists(mkey):
-        # A retry (or a stale writer) of a committed step: compare, don't rewrite.
-        index = [(n, a.dtype.str, list(a.shape), tensor_checksum(a)) for n, a in sorted(arrays.items())]
-        return _converge(store, ref, mkey, content.fingerprint(index), orphan_keys=[])
-
-    nonce = uuid.uuid4().hex[:16]
     plans = _plan_shards(arrays, nonce, rank, shard_bytes)
     with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(plans)))) as pool:
         results = list(pool.map(lambda p: _write_shard(store, prefix, p, arrays, rank), plans))
-    shards = [s for s, _ in results]
-    entries = sorted((e for _, es in results for e in es), key=lambda e: e.name)
+    return RankShards(rank=rank, shards=[s for s, _ in results], tensors=[e for _, es in results for e in es])
+
+
+def commit_manifest(
+    store: Store,
+    content: CheckpointContent,
+    ranks: list[RankShards],
+    *,
+    nonce: str,
+    signer: Signer | None = None,
+) -> CommitResult:
+    """Phase 2, run once (by the coordinator) after every rank's shards are durable:
+    commit one manifest listing all of them, by create-if-absent. This is the commit."""
+    mkey = manifest_key(content.run_id, content.kind, content.step)
+    ref = CheckpointRef(store.url, content.run_id, content.kind, content.step)
+    entries = sorted((e for r in ranks for e in r.tensors), key=lambda e: e.name)
+    names = [e.name for e in entries]
+    if len(set(names)) != len(names):
+        raise TensorSpecError("two ranks wrote the same tensor", field="tensors", found=sorted(names))
+    shards = [s for r in sorted(ranks, key=lambda r: r.rank) for s in r.shards]
     fingerprint = content.fingerprint([(e.name, e.dtype, e.shape, e.checksum) for e in entries])
     manifest = Manifest(
         kind=content.kind,
@@ -239,11 +270,13 @@ def write_checkpoint(
         shards=shards,
         total_bytes=sum(e.length for e in entries),
         fingerprint=fingerprint,
-        writer=WriterInfo(nonce=nonce, created_at=datetime.now(UTC).isoformat(timespec="seconds")),
+        writer=WriterInfo(
+            nonce=nonce, ranks=max(1, len(ranks)), created_at=datetime.now(UTC).isoformat(timespec="seconds")
+        ),
     )
     if signer is not None:
         manifest = manifest.model_copy(update={"signature": signer.sign(manifest.signed_payload())})
-    orphans = [f"{prefix}/{s.key}" for s in shards]
+    orphans = [f"{ref.prefix}/{s.key}" for s in shards]
     if store.put_if_absent(mkey, manifest.to_json_bytes()):
         # Trust, then verify: if a store ever ignored the condition and another writer's
         # manifest replaced ours, the fingerprint comparison below still catches it.
@@ -252,6 +285,28 @@ def write_checkpoint(
             return CommitResult(ref=ref, manifest=manifest, created=True)
         return _converge(store, ref, mkey, fingerprint, orphan_keys=[])
     return _converge(store, ref, mkey, fingerprint, orphan_keys=orphans)
+
+
+def write_checkpoint(
+    store: Store,
+    content: CheckpointContent,
+    tensors: Mapping[str, np.ndarray],
+    *,
+    signer: Signer | None = None,
+    shard_bytes: int = 64 << 20,
+    max_workers: int = 4,
+) -> CommitResult:
+    """Single-writer save: shards, then the manifest, under the (run, kind, step) key."""
+    mkey = manifest_key(content.run_id, content.kind, content.step)
+    if store.exists(mkey):
+        # A retry (or a stale writer) of a committed step: compare, don't rewrite.
+        arrays = {name: _as_le_contiguous(a) for name, a in tensors.items()}
+        index = [(n, a.dtype.str, list(a.shape), tensor_checksum(a)) for n, a in sorted(arrays.items())]
+        ref = CheckpointRef(store.url, content.run_id, content.kind, content.step)
+        return _converge(store, ref, mkey, content.fingerprint(index), orphan_keys=[])
+    nonce = new_save_nonce()
+    rank0 = write_shards(store, content, tensors, nonce=nonce, shard_bytes=shard_bytes, max_workers=max_workers)
+    return commit_manifest(store, content, [rank0], nonce=nonce, signer=signer)
 
 
 def _converge(store: Store, ref: CheckpointRef, mkey: str, fingerprint: str, orphan_keys: list[str]) -> CommitResult:

@@ -305,3 +305,36 @@ async def test_replay_recorded_histories(client: Client, task_queue: str, tmp_pa
         assert result.replay_failure is None
         count += 1
     assert count >= 2  # continued-as-new at least once: several runs replayed
+
+
+@pytest.mark.drill
+async def test_sigterm_worker_checkpoints_and_hands_back(
+    client: Client, temporal_server: TemporalServer, task_queue: str, tmp_path: Path
+) -> None:
+    """Graceful shutdown: the running segment commits a checkpoint at its current step (not a
+    multiple of checkpoint.every) and another worker finishes the run, bit-identical."""
+    inp = run_input(
+        tmp_path, total_steps=80, steps_per_segment=80, checkpoint={"every": 1000}, throttle_seconds_per_step=0.04
+    )
+    store = LocalStore(inp.store)
+    first = start_worker_process(temporal_server.address, task_queue, tmp_path / "worker-a.log")
+    second: ServerProcess | None = None
+    try:
+        handle = await client.start_workflow("TrainingRun", inp, id=inp.run_id, task_queue=task_queue)
+        await wait_progress(handle, lambda p: p["phase"] == "training")
+        await asyncio.sleep(1.5)
+        os.kill(first.pid, signal.SIGTERM)
+        assert first.proc is not None
+        await asyncio.get_running_loop().run_in_executor(None, first.proc.wait, 60)
+        handed_back = latest_committed(store, inp.run_id)
+        assert handed_back is not None and 0 < handed_back.step < 80, first.log_tail()
+        second = start_worker_process(temporal_server.address, task_queue, tmp_path / "worker-b.log")
+        summary = RunSummary.model_validate(await asyncio.wait_for(handle.result(), timeout=120))
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+    assert summary.attempts == [2] and summary.steps == 80
+    [segment] = await activity_results(handle)
+    assert segment["resumed_from_step"] == handed_back.step
+    assert_matches_reference(summary, inp.config)

@@ -94,3 +94,29 @@ def test_any_manifest_corruption_is_refused(tensors: dict[str, np.ndarray], data
 
 def _only_writer_changed(a: dict[str, object], b: dict[str, object]) -> bool:
     return {k: v for k, v in a.items() if k != "writer"} == {k: v for k, v in b.items() if k != "writer"}
+
+
+def test_several_writers_one_manifest() -> None:
+    """Each rank writes its own shard files; one manifest lists them all; loads as one."""
+    from cairn.checkpoint.format import commit_manifest, new_save_nonce, write_shards
+
+    store = MemoryStore()
+    content = CheckpointContent(kind=CheckpointKind.INFERENCE, run_id="ranks", step=1)
+    per_rank = {r: {f"layer{r}/w": np.full((4, 3), r, dtype=np.float64)} for r in range(3)}
+    nonce = new_save_nonce()
+    written = [write_shards(store, content, per_rank[r], nonce=nonce, rank=r) for r in range(3)]
+    result = commit_manifest(store, content, written, nonce=nonce)
+    assert result.created and result.manifest.writer.ranks == 3
+    assert sorted(s.rank for s in result.manifest.shards) == [0, 1, 2]
+    loaded = read_tensors(store, result.ref, read_manifest(store, result.ref, expect_kind=None))
+    assert {k: float(v[0, 0]) for k, v in loaded.items()} == {"layer0/w": 0.0, "layer1/w": 1.0, "layer2/w": 2.0}
+    # Two ranks claiming the same tensor is refused before anything is committed.
+    other = CheckpointContent(kind=CheckpointKind.INFERENCE, run_id="ranks", step=2)
+    clash = [write_shards(store, other, per_rank[0], nonce="x", rank=r) for r in range(2)]
+    try:
+        commit_manifest(store, other, clash, nonce="x")
+    except E.TensorSpecError:
+        pass
+    else:
+        raise AssertionError("duplicate tensor across ranks was committed")
+    assert not store.exists("ranks/inference/000000000002/manifest.json")
