@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cairn.checkpoint import CheckpointContent, CheckpointKind, CheckpointRef, write_checkpoint
-from cairn.checkpoint.manager import training_tensors
+from cairn.checkpoint import CheckpointRef, write_checkpoint
+from cairn.checkpoint.manager import training_content, training_tensors
 from cairn.checkpoint.manifest import compute_fingerprint
 from cairn.config import TrainConfig
 from cairn.state import TrainState
@@ -42,21 +42,6 @@ def memory_store() -> MemoryStore:
     return MemoryStore()
 
 
-def training_content(run_id: str, state: TrainState, **changes: Any) -> CheckpointContent:
-    content = CheckpointContent(
-        kind=CheckpointKind.TRAINING,
-        run_id=run_id,
-        step=state.step,
-        cursor=state.cursor,
-        config=state.config.model_dump(mode="json"),
-        lineage=state.lineage,
-        rng=state.rng_state,
-    )
-    for key, value in changes.items():
-        setattr(content, key, value)
-    return content
-
-
 def write_broken(
     store: Store,
     run_id: str,
@@ -69,7 +54,10 @@ def write_broken(
     arrays = {k: np.array(v, copy=True) for k, v in training_tensors(state).items()}
     if tensors is not None:
         tensors(arrays)
-    return write_checkpoint(store, training_content(run_id, state, **content_changes), arrays).ref
+    content = training_content(run_id, state)
+    for key, value in content_changes.items():
+        setattr(content, key, value)
+    return write_checkpoint(store, content, arrays).ref
 
 
 def rewrite_manifest(

@@ -30,6 +30,7 @@ from cairn.stores.base import Store
 
 __all__ = [
     "training_tensors",
+    "training_content",
     "save_training",
     "load_training",
     "list_checkpoints",
@@ -62,6 +63,19 @@ def training_tensors(state: TrainState) -> dict[str, np.ndarray]:
     for key in HISTORY_KEYS:
         tensors[f"history/{key}"] = np.asarray(state.history[key], dtype=np.float64)
     return tensors
+
+
+def training_content(run_id: str, state: TrainState) -> CheckpointContent:
+    """Everything but the tensors of a training checkpoint of ``state``."""
+    return CheckpointContent(
+        kind=CheckpointKind.TRAINING,
+        run_id=run_id,
+        step=state.step,
+        cursor=state.cursor,
+        config=state.config.model_dump(mode="json"),
+        lineage=state.lineage,
+        rng=state.rng_state,
+    )
 
 
 def save_training(

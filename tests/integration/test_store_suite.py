@@ -69,20 +69,20 @@ def test_training_round_trip_and_latest(any_store: Store, config: TrainConfig) -
     assert compare_states(state, session.state) == []
 
 
-class _CrashBeforeCommit:
-    """A store whose commit never happens: the writer 'dies' after writing its shards."""
+class _Faulty:
+    """A store whose named operations fail (e.g. the commit: the writer 'dies' after its shards)."""
 
-    def __init__(self, inner: Store) -> None:
+    def __init__(self, inner: Store, failing: str) -> None:
         self.inner = inner
+        self.failing = failing
 
     def __getattr__(self, name: str) -> Any:
+        if name == self.failing:
+            raise E.StorageError(f"injected: {name} fails")
         return getattr(self.inner, name)
 
     def exists(self, key: str) -> bool:
         return self.inner.exists(key)
-
-    def put_if_absent(self, key: str, data: bytes) -> bool:
-        raise E.StorageError("killed before commit")
 
 
 def test_torn_checkpoint_is_invisible_and_collected(any_store: Store, config: TrainConfig) -> None:
@@ -90,7 +90,7 @@ def test_torn_checkpoint_is_invisible_and_collected(any_store: Store, config: Tr
     session.run(4)
     session.run(3, checkpoint_at_end=False)
     with pytest.raises(E.StorageError):
-        save_training(_CrashBeforeCommit(any_store), "torn", session.state)  # type: ignore[arg-type]
+        save_training(_Faulty(any_store, "put_if_absent"), "torn", session.state)  # type: ignore[arg-type]
     assert any(o.key.startswith("torn/training/000000000007/") for o in any_store.list("torn/"))
     ref = latest_committed(any_store, "torn")
     assert ref is not None and ref.step == 4  # the half-written step 7 does not exist for readers
@@ -182,25 +182,11 @@ def test_async_save_snapshots_before_returning(any_store: Store, config: TrainCo
     assert compare_states(state, expected) == []
 
 
-class _FailingWrites:
-    def __init__(self, inner: Store) -> None:
-        self.inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def exists(self, key: str) -> bool:
-        return self.inner.exists(key)
-
-    def write_object(self, *args: Any, **kwargs: Any) -> None:
-        raise E.StorageError("disk on fire")
-
-
 def test_failed_async_save_is_reported_and_never_advances_latest(any_store: Store, config: TrainConfig) -> None:
     session = TrainingSession.fresh("afail", any_store, config)
     session.run(2)
     session.run(2, checkpoint_at_end=False)
-    saver = AsyncCheckpointer(_FailingWrites(any_store), "afail")  # type: ignore[arg-type]
+    saver = AsyncCheckpointer(_Faulty(any_store, "write_object"), "afail")  # type: ignore[arg-type]
     handle = saver.save_async(session.state)
     with pytest.raises(E.StorageError):
         handle.result(timeout=60)

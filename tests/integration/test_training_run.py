@@ -21,7 +21,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from activities.models import RunSummary, TrainingRunInput
-from cairn.checkpoint import CheckpointRef, latest_committed, load_training
+from cairn.checkpoint import CheckpointRef, latest_committed, list_checkpoints, load_training
 from cairn.checkpoint.compare import compare_states
 from cairn.config import TrainConfig
 from cairn.session import TrainingSession
@@ -179,6 +179,15 @@ async def wait_progress(handle: WorkflowHandle[Any, Any], predicate: Any, timeou
         await asyncio.sleep(0.1)
 
 
+async def segment_underway(store: LocalStore, run_id: str, seconds: float = 1.0) -> None:
+    """Wait until the first segment has started (its step-0 checkpoint exists), then a bit."""
+    deadline = time.monotonic() + 60
+    while latest_committed(store, run_id) is None:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(seconds)
+
+
 def control_input(tmp_path: Path, **kw: Any) -> TrainingRunInput:
     # Checkpoints only at segment ends (every=1000), so a checkpoint anywhere else was made by
     # the control action itself.
@@ -197,7 +206,7 @@ async def test_pause_checkpoints_and_resume_completes(client: Client, task_queue
     store = LocalStore(inp.store)
     async with build_worker(client, task_queue):
         handle = await client.start_workflow("TrainingRun", inp, id=inp.run_id, task_queue=task_queue)
-        await asyncio.sleep(1.0)
+        await segment_underway(LocalStore(inp.store), inp.run_id)
         await handle.signal("pause")
         paused = await wait_progress(handle, lambda p: p["phase"] == "paused")
         step = paused["step"]
@@ -216,26 +225,20 @@ async def test_checkpoint_now_then_carry_on(client: Client, task_queue: str, tmp
     store = LocalStore(inp.store)
     async with build_worker(client, task_queue):
         handle = await client.start_workflow("TrainingRun", inp, id=inp.run_id, task_queue=task_queue)
-        await asyncio.sleep(1.0)
+        await segment_underway(LocalStore(inp.store), inp.run_id)
         await handle.signal("checkpoint_now")
         summary = RunSummary.model_validate(await handle.result())
-    steps = [r.step for r in store_refs(store, inp.run_id)]
+    steps = [r.step for r in list_checkpoints(store, inp.run_id)]
     assert any(s not in (0, 50, 100) for s in steps), steps  # the extra, signalled checkpoint
     assert summary.steps == 100
     assert_matches_reference(summary, inp.config)
-
-
-def store_refs(store: LocalStore, run_id: str) -> list[CheckpointRef]:
-    from cairn.checkpoint import list_checkpoints
-
-    return list_checkpoints(store, run_id)
 
 
 async def test_stop_is_graceful(client: Client, task_queue: str, tmp_path: Path) -> None:
     inp = control_input(tmp_path)
     async with build_worker(client, task_queue):
         handle = await client.start_workflow("TrainingRun", inp, id=inp.run_id, task_queue=task_queue)
-        await asyncio.sleep(1.0)
+        await segment_underway(LocalStore(inp.store), inp.run_id)
         await handle.signal("stop")
         summary = RunSummary.model_validate(await handle.result())
     assert summary.stopped_early and 0 < summary.steps < 50
@@ -248,7 +251,7 @@ async def test_cancel_checkpoints_before_stopping(client: Client, task_queue: st
     store = LocalStore(inp.store)
     async with build_worker(client, task_queue):
         handle = await client.start_workflow("TrainingRun", inp, id=inp.run_id, task_queue=task_queue)
-        await asyncio.sleep(1.0)
+        await segment_underway(LocalStore(inp.store), inp.run_id)
         await handle.cancel()
         with pytest.raises(WorkflowFailureError):
             await handle.result()
