@@ -122,7 +122,9 @@ class TrainSegmentInput(_Model):
     checkpoint_every: int
     async_save: bool = False
     throttle_seconds_per_step: float = 0.0
-    heartbeat_every_seconds: float = 1.0
+    heartbeat_every_seconds: float = 0.2
+    """Local bound on heartbeat calls; the SDK further throttles what goes over the network
+    (about once a second), so the server's view of a segment's step is at most ~1 s stale."""
 
 
 class TrainSegmentResult(_Model):
@@ -134,7 +136,9 @@ class TrainSegmentResult(_Model):
     attempt: int
     resumed_from_step: int
     recomputed_steps: int
-    """Steps a previous attempt had computed past its last committed checkpoint: redone here."""
+    """Steps a previous attempt had computed past its last committed checkpoint, redone here,
+    as known from its last heartbeat the server received: a lower bound (heartbeats are ~1 s
+    stale at most); the upper bound is the checkpoint interval."""
     stopped_early: bool = False
 
 
