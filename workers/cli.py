@@ -25,6 +25,7 @@ from cairn.checkpoint import (
     load_training,
     read_manifest,
     read_tensors,
+    signer_from_env,
 )
 from cairn.checkpoint.compare import compare_states
 from cairn.checkpoint.retention import RetentionPolicy, collect_garbage, pin
@@ -140,7 +141,7 @@ def cmd_ckpt_verify(args: argparse.Namespace) -> int:
         state, manifest = load_training(store, ref)
         detail = f"training state at step {state.step}, cursor {state.cursor}"
     else:
-        manifest = read_manifest(store, ref, expect_kind=ref.kind)
+        manifest = read_manifest(store, ref, expect_kind=ref.kind, signer=signer_from_env())
         read_tensors(store, ref, manifest)
         detail = f"{ref.kind.value} checkpoint"
     emit(

@@ -311,6 +311,9 @@ class TrainingRun:
         except ActivityError as err:
             if not isinstance(err.cause, CancelledError):
                 raise
+            # Interrupted (pause/stop/checkpoint-now/cancel): it committed before reporting.
+            # After a rollback "latest" may be a checkpoint from before the rollback; training
+            # is deterministic, so it holds the very state the replay would have reached.
             latest: LatestCheckpointResult = await workflow.execute_activity(
                 latest_checkpoint,
                 LatestCheckpointInput(run_id=inp.run_id, store=inp.store),

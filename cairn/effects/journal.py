@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from cairn.checkpoint.format import CheckpointContent, read_manifest, write_checkpoint
 from cairn.checkpoint.manager import latest_committed
 from cairn.checkpoint.manifest import CheckpointKind
+from cairn.checkpoint.signing import signer_from_env
 from cairn.errors import CheckpointConflictError, StorageError
 from cairn.stores.base import Store
 
@@ -61,7 +62,7 @@ def load_journal(store: Store, run_id: str) -> Journal:
     ref = latest_committed(store, run_id, CheckpointKind.JOURNAL)
     if ref is None:
         return Journal(run_id=run_id)
-    manifest = read_manifest(store, ref, expect_kind=CheckpointKind.JOURNAL)
+    manifest = read_manifest(store, ref, expect_kind=CheckpointKind.JOURNAL, signer=signer_from_env())
     entries = [JournalEntry.model_validate(e) for e in manifest.meta.get("entries", [])]
     return Journal(run_id=run_id, version=ref.step, entries=entries)
 
@@ -80,7 +81,7 @@ def append_entry(store: Store, run_id: str, entry: JournalEntry, attempts: int =
             meta={"entries": [e.model_dump(mode="json") for e in entries]},
         )
         try:
-            write_checkpoint(store, content, {}, signer=None)
+            write_checkpoint(store, content, {}, signer=signer_from_env())
         except CheckpointConflictError:
             continue  # another writer appended first: re-read and try again
         return Journal(run_id=run_id, version=journal.version + 1, entries=entries)
