@@ -87,15 +87,7 @@ def save_training(
     **write_options: Any,
 ) -> CommitResult:
     """Commit the full training state under (run_id, training, step)."""
-    content = CheckpointContent(
-        kind=CheckpointKind.TRAINING,
-        run_id=run_id,
-        step=state.step,
-        cursor=state.cursor,
-        config=state.config.model_dump(mode="json"),
-        lineage=state.lineage,
-        rng=state.rng_state,
-    )
+    content = training_content(run_id, state)
     return write_checkpoint(store, content, training_tensors(state), signer=resolve_signer(signer), **write_options)
 
 
