@@ -115,7 +115,7 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
     beats = _Heartbeater(inp.heartbeat_every_seconds, resumed, info.attempt)
     if resumed == 0:
         session.checkpoint()  # step 0 is a checkpoint too: the run's origin is durable
-    beats.details["checkpoint"] = _latest_ref(store, inp.run_id)
+    beats.details["checkpoint"] = str(session.durable_ref) if session.durable_ref else None
     beats.beat(force=True)
     interrupted = ""
 
@@ -159,11 +159,6 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
         stopped_early=bool(interrupted),
     )
     return result, interrupted
-
-
-def _latest_ref(store: Any, run_id: str) -> str | None:
-    ref = latest_committed(store, run_id)
-    return None if ref is None else str(ref)
 
 
 @activity.defn(name="latest_checkpoint")

@@ -68,6 +68,7 @@ class TrainingSession:
         self.limits = limits
         self.write_options = write_options or {}
         self.last_commit: CommitResult | None = None
+        self.restored_from: CheckpointRef | None = None
 
     # -- construction -------------------------------------------------------------------
     @classmethod
@@ -131,12 +132,18 @@ class TrainingSession:
             signer=self.signer,
         )
         self.state = state
+        self.restored_from = ref
 
     def checkpoint(self) -> CommitResult:
         """Commit the current state (idempotent per step)."""
         result = save_training(self.store, self.run_id, self.state, signer=self.signer, **self.write_options)
         self._committed(self.state, result)
         return result
+
+    @property
+    def durable_ref(self) -> CheckpointRef | None:
+        """The checkpoint the current state last committed to or was restored from."""
+        return self.last_commit.ref if self.last_commit is not None else self.restored_from
 
     def _committed(self, state: TrainState, result: CommitResult) -> None:
         state.lineage = state.lineage.model_copy(update={"parent": result.manifest.fingerprint})

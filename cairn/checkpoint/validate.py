@@ -14,7 +14,6 @@ fingerprint) live in ``cairn.checkpoint.format``; this module adds what makes th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -35,7 +34,6 @@ __all__ = [
     "IDENTITY_FIELDS",
     "expected_tensors",
     "check_training_manifest",
-    "check_training_arrays",
     "check_training_values",
     "check_config_compatible",
 ]
@@ -154,9 +152,3 @@ def check_training_values(name: str, values: np.ndarray) -> None:
         raise InvariantError(
             "Adam second moment must be >= 0", field=f"tensors[{name}]", expected=">= 0", found=float(values.min())
         )
-
-
-def check_training_arrays(arrays: Mapping[str, np.ndarray]) -> None:
-    """The value rules over whole tensors (``load_training`` applies them chunk by chunk)."""
-    for name in sorted(arrays):
-        check_training_values(name, arrays[name])

@@ -61,11 +61,7 @@ class MemoryStore(Store):
             for key in keys:
                 self._objects.pop(key, None)
 
-    # Test-only helpers: reach in to corrupt or age objects.
+    # Test-only helper: reach in to corrupt an object.
     def corrupt(self, key: str, data: bytes) -> None:
         with self._lock:
             self._objects[key] = (data, self._objects[key][1])
-
-    def set_mtime(self, key: str, mtime: float) -> None:
-        with self._lock:
-            self._objects[key] = (self._objects[key][0], mtime)

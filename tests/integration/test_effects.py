@@ -18,9 +18,13 @@ from cairn import errors as E
 from cairn.effects import ReservationClient, load_journal, published_entries
 from cairn.effects.keys import DROP_KEY_ENV
 from cairn.stores import LocalStore
-from tests.conftest import small_config
 from tests.integration.conftest import ReservationServer, TemporalServer
-from tests.integration.test_training_run import assert_matches_reference, start_worker_process, wait_progress
+from tests.integration.test_training_run import (
+    assert_matches_reference,
+    run_input,
+    start_worker_process,
+    wait_progress,
+)
 from workers.client import connect
 from workers.servers import ServerProcess
 from workers.worker import build_worker
@@ -36,17 +40,13 @@ async def client(temporal_server: TemporalServer) -> Client:
 def effects_input(tmp_path: Path, service: ReservationServer, **overrides: Any) -> TrainingRunInput:
     body: dict[str, Any] = {
         "run_id": f"fx-{uuid.uuid4().hex[:8]}",
-        "config": small_config().model_dump(mode="json"),
         "total_steps": 60,
-        "store": str(tmp_path / "store"),
         "steps_per_segment": 30,
-        "checkpoint": {"every": 5},
-        "heartbeat_timeout_seconds": 3,
         "throttle_seconds_per_step": 0.03,
         "effects": {"service_url": service.url, "resource": "FILTER-A", "units": 2, "timeout_seconds": 4},
     }
     body.update(overrides)
-    return TrainingRunInput.model_validate(body)
+    return run_input(tmp_path, **body)
 
 
 # -- the service on its own -----------------------------------------------------------------------
