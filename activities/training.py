@@ -39,8 +39,7 @@ __all__ = ["train_segment", "latest_checkpoint", "collect_checkpoints", "TRAININ
 
 def as_application_error(exc: CairnError) -> ApplicationError:
     """Corrupt or incompatible state never heals on retry; storage trouble may."""
-    retryable = isinstance(exc, StorageError) or bool(getattr(exc, "retryable", False))
-    return ApplicationError(str(exc), type=exc.type_name, non_retryable=not retryable)
+    return ApplicationError(str(exc), type=exc.type_name, non_retryable=not exc.retryable)
 
 
 @contextmanager

@@ -3,10 +3,16 @@
 Every error a user can meet is one of these; the message names the field and the
 expected vs found value, so a refused import says exactly why::
 
-    CairnError
-     ├── ConfigError                  a trainer/run config is malformed or unusable
-     ├── StorageError                 the store could not be read or written (retryable)
-     │    └── ObjectNotFoundError     a key the caller named does not exist
+    CairnError                                                     retryable  exit
+     ├── ConfigError                  a trainer/run config, input or path is malformed   no    2
+     │    ├── ReferenceSyntaxError      a checkpoint reference is not STORE/RUN/KIND/STEP   no    2
+     │    ├── StoreIdentityError        this store is not the one the run was started on     no    2
+     │    └── RunOwnershipError         another workflow already trains this run id         no    2
+     ├── StorageError                 the store could not be read or written               yes   3
+     │    └── ObjectNotFoundError     a key the caller named does not exist                yes   3
+     ├── InvalidObjectError           an object in the store is malformed (not a regular   no    1
+     │                                file, a symlink out of the store, a bad key): same bytes, same verdict
+     ├── TrainingDivergedError        training produced NaN/inf: nothing is committed       no    1
      ├── CheckpointError              a checkpoint is refused (never retryable: same bytes, same verdict)
      │    ├── CheckpointNotFoundError   no committed manifest at that reference
      │    ├── ManifestError             manifest is not valid JSON / does not match the schema
@@ -20,16 +26,19 @@ expected vs found value, so a refused import says exactly why::
      │    ├── IncompatibleConfigError   checkpoint belongs to a different model/dataset/version
      │    ├── SignatureError            signing key configured and the signature is missing/invalid
      │    └── CheckpointConflictError   same idempotency key, different content (non-determinism)
-     └── EffectError                  an external side effect was refused or could not be confirmed
-          └── IdempotencyConflictError  same idempotency key, different request body
+     ├── EffectError                  an external side effect was refused                 no    4
+     │    ├── EffectUnavailableError    the service could not be reached (outcome unknown)  yes   4
+     │    └── IdempotencyConflictError  same idempotency key, different request body        no    4
+     └── TemporalUnavailableError     the Temporal frontend is unreachable or refused      yes   5
 
-``StorageError`` is the only family worth retrying: checkpoint errors describe bytes that
-will not change on a second read.
+Policy is declared on the classes (``retryable``, ``exit_code``), never probed: the activity
+edge reads ``retryable`` to build a Temporal ``ApplicationError``; the CLI reads ``exit_code``.
+Checkpoint errors describe bytes that will not change on a second read, so they never retry.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = [
     "CairnError",
@@ -50,13 +59,27 @@ __all__ = [
     "SignatureError",
     "CheckpointConflictError",
     "EffectError",
+    "EffectUnavailableError",
     "IdempotencyConflictError",
+    "InvalidObjectError",
+    "ReferenceSyntaxError",
+    "RunOwnershipError",
+    "StoreIdentityError",
+    "TemporalUnavailableError",
+    "TrainingDivergedError",
+    "one_line",
 ]
 
 
 def _short(value: Any, limit: int = 120) -> str:
     text = repr(value) if not isinstance(value, str) else value
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return one_line(text, limit)
+
+
+def one_line(text: str, limit: int = 400) -> str:
+    """``text`` on one line, at most ``limit`` characters: what a user or a UI headline sees."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 class CairnError(Exception):
@@ -64,7 +87,13 @@ class CairnError(Exception):
 
     ``field``, ``expected`` and ``found`` are kept as attributes so scripts (and the
     activity edge, which turns them into Temporal application errors) need not parse text.
+    ``ConfigError("steps", expected=..., found=...)`` (no ``field=``) names the field ``steps``.
     """
+
+    retryable: ClassVar[bool] = False
+    """Whether trying the same operation again may succeed (Temporal retries only these)."""
+    exit_code: ClassVar[int] = 2
+    """The ``cairn`` command's exit status for this error (see the README's table)."""
 
     def __init__(
         self,
@@ -74,6 +103,8 @@ class CairnError(Exception):
         expected: Any = None,
         found: Any = None,
     ) -> None:
+        if field is None and message is not None and (expected is not None or found is not None):
+            field, message = message, None  # ConfigError("steps", expected=..., found=...)
         self.field = field
         self.expected = expected
         self.found = found
@@ -83,7 +114,7 @@ class CairnError(Exception):
             message = f"{field}: {message} (expected {_short(expected)}, found {_short(found)})"
         elif field is not None:
             message = f"{field}: {message}"
-        super().__init__(message)
+        super().__init__(one_line(message, 2000))
 
     @property
     def type_name(self) -> str:
@@ -94,16 +125,47 @@ class ConfigError(CairnError):
     """A configuration file or value is malformed or unusable."""
 
 
+class ReferenceSyntaxError(ConfigError):
+    """A checkpoint reference is not of the form ``STORE/RUN_ID/KIND/STEP``."""
+
+
+class StoreIdentityError(ConfigError):
+    """The store opened here is not the store the run was started on (e.g. a relative or
+    local path that resolves to another directory on another host)."""
+
+
+class RunOwnershipError(ConfigError):
+    """Another workflow already trains this run id in this store: two writers would interleave."""
+
+
 class StorageError(CairnError):
     """The store failed to read or write. Transient by nature: callers may retry."""
+
+    retryable = True
+    exit_code = 3
 
 
 class ObjectNotFoundError(StorageError):
     """The named object does not exist in the store."""
 
 
+class InvalidObjectError(CairnError):
+    """An object in the store is malformed: not a regular file, a symlink leaving the store,
+    a key with '..', NUL or newline. Content, not transport: a retry reads the same thing."""
+
+    exit_code = 1
+
+
+class TrainingDivergedError(CairnError):
+    """Training produced a non-finite value (loss, parameter or moment); nothing was committed."""
+
+    exit_code = 1
+
+
 class CheckpointError(CairnError):
     """A checkpoint was refused. Deterministic: re-reading the same bytes gives the same verdict."""
+
+    exit_code = 1
 
 
 class CheckpointNotFoundError(CheckpointError):
@@ -157,6 +219,21 @@ class CheckpointConflictError(CheckpointError):
 class EffectError(CairnError):
     """An external side effect was refused, or its outcome could not be established."""
 
+    exit_code = 4
+
+
+class EffectUnavailableError(EffectError):
+    """The service could not be reached or failed (5xx): the outcome is unknown; retry with the same key."""
+
+    retryable = True
+
 
 class IdempotencyConflictError(EffectError):
     """The service already holds this idempotency key for a different request body."""
+
+
+class TemporalUnavailableError(CairnError):
+    """The Temporal frontend could not be reached or refused the request."""
+
+    retryable = True
+    exit_code = 5

@@ -278,19 +278,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def exit_code_for(exc: CairnError) -> int:
-    explicit = getattr(exc, "exit_code", None)
-    if isinstance(explicit, int):
-        return explicit
-    if isinstance(exc, CheckpointError):
-        return 1
-    if isinstance(exc, StorageError):
-        return 3
-    if isinstance(exc, EffectError):
-        return 4
-    return 2
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -316,7 +303,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.debug:
             traceback.print_exc()
         print(f"cairn: error: {exc.type_name}: {exc}", file=sys.stderr)
-        return exit_code_for(exc)
+        return exc.exit_code
     except KeyboardInterrupt:
         print("cairn: interrupted", file=sys.stderr)
         return 130

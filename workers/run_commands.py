@@ -15,16 +15,10 @@ from temporalio.service import RPCError
 
 from activities.models import DEFAULT_TASK_QUEUE, WORKFLOW_TYPE, RunProgress, RunSummary, TrainingRunInput
 from cairn.config import config_error_from
-from cairn.errors import CairnError, ConfigError
+from cairn.errors import ConfigError, TemporalUnavailableError
 from workers.client import add_connection_args, connect
 
 __all__ = ["register", "load_run_input", "live_step"]
-
-
-class TemporalUnavailableError(CairnError):
-    """The Temporal frontend could not be reached or refused the request."""
-
-    exit_code = 5
 
 
 def load_run_input(path: str) -> TrainingRunInput:

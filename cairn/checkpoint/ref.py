@@ -16,7 +16,7 @@ from cairn.checkpoint.manifest import (
     CheckpointKind,
     checkpoint_prefix,
 )
-from cairn.errors import CheckpointNotFoundError
+from cairn.errors import ReferenceSyntaxError
 
 __all__ = ["CheckpointRef"]
 
@@ -39,26 +39,28 @@ class CheckpointRef:
     def parse(cls, text: str) -> CheckpointRef:
         """Parse ``STORE/RUN_ID/KIND/STEP`` (a trailing ``/manifest.json`` is accepted)."""
         raw = text.strip()
+        if "\0" in raw or "\n" in raw:
+            raise ReferenceSyntaxError("NUL or newline in a checkpoint reference", field="checkpoint", found=raw)
         body = raw.rstrip("/")
         if body.endswith("/" + MANIFEST_NAME):
             body = body[: -len(MANIFEST_NAME) - 1]
         parts = body.rsplit("/", 3)
         expected = "STORE/RUN_ID/KIND/STEP, e.g. runs/demo/training/000000000040"
         if len(parts) != 4 or not parts[0]:
-            raise CheckpointNotFoundError(field="checkpoint", expected=expected, found=raw)
+            raise ReferenceSyntaxError(field="checkpoint", expected=expected, found=raw)
         store_url, run_id, kind, step = parts
         if not RUN_ID_PATTERN.match(run_id):
-            raise CheckpointNotFoundError(
+            raise ReferenceSyntaxError(
                 "not a valid run id", field="checkpoint.run_id", expected=expected, found=run_id
             )
         try:
             kind_enum = CheckpointKind(kind)
         except ValueError:
-            raise CheckpointNotFoundError(
+            raise ReferenceSyntaxError(
                 field="checkpoint.kind", expected=[k.value for k in CheckpointKind], found=kind
             ) from None
-        if len(step) != STEP_DIGITS or not step.isdigit():
-            raise CheckpointNotFoundError(field="checkpoint.step", expected=f"{STEP_DIGITS} digits", found=step)
+        if len(step) != STEP_DIGITS or not step.isascii() or not step.isdigit():
+            raise ReferenceSyntaxError(field="checkpoint.step", expected=f"{STEP_DIGITS} digits", found=step)
         if store_url.endswith(":/") or store_url.endswith(":"):
-            raise CheckpointNotFoundError(field="checkpoint", expected=expected, found=raw)
+            raise ReferenceSyntaxError(field="checkpoint", expected=expected, found=raw)
         return cls(store_url=store_url, run_id=run_id, kind=kind_enum, step=int(step))

@@ -15,15 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from cairn.errors import EffectError, IdempotencyConflictError
+from cairn.errors import EffectError, EffectUnavailableError, IdempotencyConflictError
 
 __all__ = ["ReservationClient", "Reservation", "EffectUnavailableError"]
-
-
-class EffectUnavailableError(EffectError):
-    """The service could not be reached or failed (5xx): the outcome is unknown; retry with the same key."""
-
-    retryable = True
 
 
 @dataclass(frozen=True)
