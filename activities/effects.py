@@ -13,7 +13,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities import faults
 from activities.models import DecisionInput, EffectInput, EffectReceipt
-from activities.training import activity_errors
+from activities.training import activity_errors, open_run_store
 from cairn.effects import (
     JournalEntry,
     PublishedModel,
@@ -33,9 +33,9 @@ def _key() -> str:
     return effect_key(info.workflow_id, info.activity_id)
 
 
-def _begin(store_url: str, run_id: str, effect: str, key: str, detail: dict[str, object]) -> tuple[str | None, bool]:
+def _begin(inp: EffectInput, effect: str, key: str, detail: dict[str, object]) -> tuple[str | None, bool]:
     """Journal the intent. Returns (receipt already observed, intent was pending)."""
-    store = open_store(store_url)
+    store, run_id = open_run_store(inp.store, inp.store_id), inp.run_id
     journal = load_journal(store, run_id)
     receipt = journal.receipt_for(key)
     if receipt is not None:
@@ -59,7 +59,7 @@ def reserve_capacity(inp: EffectInput) -> EffectReceipt:
     key = _key()
     spec = inp.effects
     with activity_errors():
-        known, pending = _begin(inp.store, inp.run_id, "reserve", key, {"resource": spec.resource, "units": spec.units})
+        known, pending = _begin(inp, "reserve", key, {"resource": spec.resource, "units": spec.units})
         if known is not None:
             return EffectReceipt(effect="reserve", key=key, receipt=known, replayed=True)
         client = ReservationClient(spec.service_url)
@@ -83,7 +83,7 @@ def publish_checkpoint(inp: EffectInput) -> EffectReceipt:
     with activity_errors():
         if inp.checkpoint is None or inp.fingerprint is None:
             raise ApplicationError("publish needs the final checkpoint and fingerprint", non_retryable=True)
-        known, _pending = _begin(inp.store, inp.run_id, "publish", key, {"checkpoint": inp.checkpoint})
+        known, _pending = _begin(inp, "publish", key, {"checkpoint": inp.checkpoint})
         if known is not None:
             return EffectReceipt(effect="publish", key=key, receipt=known, replayed=True)
         # The registry write is itself keyed and conditional: re-sending is the reconciliation.
@@ -102,7 +102,7 @@ def release_capacity(inp: EffectInput) -> EffectReceipt:
         if inp.reservation_id is None:
             raise ApplicationError("release needs the reservation id", non_retryable=True)
         known, _pending = _begin(
-            inp.store, inp.run_id, "release", key, {"reservation": inp.reservation_id, "reason": inp.reason}
+            inp, "release", key, {"reservation": inp.reservation_id, "reason": inp.reason}
         )
         if known is not None:
             return EffectReceipt(effect="release", key=key, receipt=known, replayed=True)
@@ -118,7 +118,7 @@ def record_decision(inp: DecisionInput) -> int:
     """Journal a workflow decision (e.g. a rollback and what it does not undo)."""
     with activity_errors():
         entry = JournalEntry(kind="decision", effect=inp.decision, key=_key(), detail=dict(inp.detail))
-        return append_entry(open_store(inp.store), inp.run_id, entry).version
+        return append_entry(open_run_store(inp.store, inp.store_id), inp.run_id, entry).version
 
 
 EFFECT_ACTIVITIES = [reserve_capacity, publish_checkpoint, release_capacity, record_decision]

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from cairn.checkpoint.manifest import RUN_ID_PATTERN
 from cairn.config import TrainConfig
+from cairn.runs import store_url_problem
 
 __all__ = [
     "DEFAULT_TASK_QUEUE",
@@ -25,6 +26,8 @@ __all__ = [
     "TrainingRunInput",
     "TrainSegmentInput",
     "TrainSegmentResult",
+    "OpenRunInput",
+    "OpenRunResult",
     "LatestCheckpointInput",
     "LatestCheckpointResult",
     "CollectInput",
@@ -70,14 +73,25 @@ class EffectsSpec(_Model):
     is given up on and the effect retried (with the same key) elsewhere."""
 
 
+ATTEMPTS_WINDOW = 32
+"""How many recent segments' attempt counts a run carries (counters cover the rest)."""
+
+
 class RunCarry(_Model):
-    """What a TrainingRun hands to itself across continue-as-new."""
+    """What a TrainingRun hands to itself across continue-as-new. Bounded: counters and a
+    fixed window, never a list that grows with the run."""
 
     step: int = 0
     checkpoint: str | None = None
     fingerprint: str | None = None
-    segments_done: int = 0
+    store_id: str | None = None
+    """Identity of the store the run started on (``cairn.runs``); every activity checks it."""
+    segments: int = 0
+    """Segments finished (completed or interrupted after committing) over the whole run."""
+    retried_segments: int = 0
+    """Segments that needed more than one attempt."""
     attempts: list[int] = Field(default_factory=list)
+    """Attempts of the last ``ATTEMPTS_WINDOW`` segments, oldest first."""
     recomputed_steps: int = 0
     continued_as_new: int = 0
     loss: float | None = None
@@ -89,15 +103,23 @@ class RunCarry(_Model):
     """A checkpoint the next segment must resume from (set by a rollback)."""
     rollbacks: int = 0
 
-    def stopped_early(self, inp: TrainingRunInput) -> bool:
-        return self.step < inp.total_steps
+    @field_validator("attempts")
+    @classmethod
+    def _bounded_window(cls, value: list[int]) -> list[int]:
+        return value[-ATTEMPTS_WINDOW:]
+
+    def record_segment(self, attempt: int) -> None:
+        self.segments += 1
+        self.retried_segments += int(attempt > 1)
+        self.attempts = [*self.attempts, attempt][-ATTEMPTS_WINDOW:]
 
 
 class TrainingRunInput(_Model):
     run_id: Annotated[str, Field(pattern=RUN_ID_PATTERN.pattern)]
     config: TrainConfig
-    total_steps: Annotated[int, Field(ge=0)]
+    total_steps: Annotated[int, Field(ge=0, le=10**12)]
     store: str
+    """Absolute path or ``s3://bucket/prefix`` (``cairn run start`` resolves relative paths)."""
     steps_per_segment: Annotated[int, Field(gt=0)] = 50
     checkpoint: CheckpointPolicy = CheckpointPolicy()
     retention: RetentionSpec | None = RetentionSpec()
@@ -111,11 +133,35 @@ class TrainingRunInput(_Model):
     carry: RunCarry | None = None
     """Internal: set by continue-as-new. Leave empty when starting a run."""
 
+    @field_validator("store")
+    @classmethod
+    def _store_is_absolute(cls, value: str) -> str:
+        problem = store_url_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+
+class OpenRunInput(_Model):
+    run_id: str
+    store: str
+    workflow_id: str
+    store_id: str | None = None
+    """Known after continue-as-new: the store must still be that one."""
+
+
+class OpenRunResult(_Model):
+    store_id: str
+    checkpoint: str | None
+    step: int
+    fingerprint: str | None
+
 
 class TrainSegmentInput(_Model):
     run_id: str
     config: TrainConfig
     store: str
+    store_id: str | None = None
     target_step: int
     resume_from: str | None = None
     """Resume from this checkpoint instead of the latest committed one (a rollback)."""
@@ -136,15 +182,15 @@ class TrainSegmentResult(_Model):
     attempt: int
     resumed_from_step: int
     recomputed_steps: int
-    """Steps a previous attempt had computed past its last committed checkpoint, redone here,
-    as known from its last heartbeat the server received: a lower bound (heartbeats are ~1 s
-    stale at most); the upper bound is the checkpoint interval."""
-    stopped_early: bool = False
+    """Steps previous attempts had computed past the checkpoint this attempt resumed from,
+    redone here: the furthest step any earlier attempt reported (its last heartbeat, at most
+    ``HEARTBEAT_THROTTLE`` stale, or the checkpoints it committed) minus the resume step."""
 
 
 class LatestCheckpointInput(_Model):
     run_id: str
     store: str
+    store_id: str | None = None
     at_or_before: int | None = None
     """Only consider checkpoints at or before this step (a rollback target)."""
 
@@ -159,12 +205,14 @@ class LatestCheckpointResult(_Model):
 class CollectInput(_Model):
     run_id: str
     store: str
+    store_id: str | None = None
     retention: RetentionSpec
 
 
 class EffectInput(_Model):
     run_id: str
     store: str
+    store_id: str | None = None
     effects: EffectsSpec
     checkpoint: str | None = None
     fingerprint: str | None = None
@@ -185,6 +233,7 @@ class EffectReceipt(_Model):
 class DecisionInput(_Model):
     run_id: str
     store: str
+    store_id: str | None = None
     decision: str
     detail: dict[str, object] = Field(default_factory=dict)
 
@@ -197,12 +246,15 @@ class RunInfo(_Model):
 
 class RunProgress(_Model):
     run_id: str
-    phase: Literal["starting", "training", "paused", "stopping", "reconciling", "finished", "cancelled", "failed"]
+    phase: Literal["starting", "training", "paused", "stopping", "finished", "cancelled", "failed"]
     step: int
     total: int
     loss: float | None
     checkpoint: str | None
     attempts: list[int]
+    """Attempts of the most recent segments (bounded window)."""
+    segments: int = 0
+    retried_segments: int = 0
     recomputed_steps: int
     continued_as_new: int
 
@@ -215,7 +267,9 @@ class RunSummary(_Model):
     total_steps: int
     stopped_early: bool
     attempts: list[int]
-    """Attempts per segment, in order (1 = no retry)."""
+    """Attempts of the most recent segments, in order (1 = no retry; a bounded window)."""
+    segments: int = 0
+    retried_segments: int = 0
     recomputed_steps: int
     continued_as_new: int
     loss: float | None

@@ -6,40 +6,75 @@ segment's target step, committing checkpoints under absolute-step idempotency ke
 heartbeats its progress. A retried attempt (on this or another worker) does the same, so it
 converges on the same committed checkpoints; a stale attempt that is still running commits
 identical bytes (or is caught by the fingerprint check if the run were non-deterministic).
+
+Every activity heartbeats from a background thread while it works (restoring, training,
+saving, listing, collecting), so a killed worker is noticed within the heartbeat timeout
+whatever phase it died in. Every activity first checks that the store is the run's store.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import logging
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError, CancelledError
+from temporalio.client import WorkflowExecutionStatus
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities import faults
 from activities.models import (
     CollectInput,
     LatestCheckpointInput,
     LatestCheckpointResult,
+    OpenRunInput,
+    OpenRunResult,
     TrainSegmentInput,
     TrainSegmentResult,
 )
 from cairn.checkpoint import CheckpointKind, CheckpointRef, latest_committed, list_checkpoints, read_manifest
 from cairn.checkpoint.format import CommitResult
 from cairn.checkpoint.retention import RetentionPolicy, collect_garbage
-from cairn.errors import CairnError, StorageError
+from cairn.errors import CairnError, one_line
+from cairn.runs import claim_run, require_store_identity, store_identity
 from cairn.session import TrainingSession
 from cairn.state import TrainState
 from cairn.stores import open_store
+from cairn.stores.base import Store
 
-__all__ = ["train_segment", "latest_checkpoint", "collect_checkpoints", "TRAINING_ACTIVITIES", "as_application_error"]
+__all__ = [
+    "train_segment",
+    "open_run",
+    "latest_checkpoint",
+    "collect_checkpoints",
+    "TRAINING_ACTIVITIES",
+    "as_application_error",
+    "activity_errors",
+    "open_run_store",
+    "Heartbeater",
+    "INTERRUPTED",
+]
+
+log = logging.getLogger("cairn.activity")
+
+INTERRUPTED = "SegmentInterrupted"
+"""Error type of a segment that stopped early on request (pause, stop, checkpoint-now,
+cancel) after committing a checkpoint; its details carry the attempt and recomputed steps."""
 
 
 def as_application_error(exc: CairnError) -> ApplicationError:
-    """Corrupt or incompatible state never heals on retry; storage trouble may."""
-    return ApplicationError(str(exc), type=exc.type_name, non_retryable=not exc.retryable)
+    """The concise typed failure Temporal shows (one line; the policy declared on the class).
+
+    Raised ``from None`` by ``activity_errors``: the cause chain (e.g. botocore's) stays in the
+    worker log, not in the failure, whose headline must stay readable in ``describe`` and the UI.
+    """
+    return ApplicationError(one_line(str(exc)), type=exc.type_name, non_retryable=not exc.retryable)
 
 
 @contextmanager
@@ -47,34 +82,69 @@ def activity_errors() -> Iterator[None]:
     try:
         yield
     except CairnError as exc:
-        raise as_application_error(exc) from exc
+        info = activity.info()
+        log.warning(
+            "%s attempt %d failed: %s: %s", info.activity_type, info.attempt, exc.type_name, exc, exc_info=exc.retryable
+        )
+        raise as_application_error(exc) from None
 
 
-class _Heartbeater:
-    """Heartbeats (step, last committed checkpoint) at most every ``interval`` seconds,
-    and at once whenever a checkpoint commits."""
+class Heartbeater:
+    """Heartbeats ``details`` every ``interval`` seconds from a background thread, whatever the
+    activity's own thread is doing (a long restore or save included), and at once on ``beat``.
 
-    def __init__(self, interval: float, resumed: int, attempt: int) -> None:
+    The SDK throttles what reaches the server (the worker's heartbeat throttle interval), so
+    the server's view is at most that stale.
+    """
+
+    def __init__(self, interval: float, **details: Any) -> None:
         self.interval = interval
-        self.last = 0.0
-        self.details: dict[str, Any] = {"step": resumed, "checkpoint": None, "attempt": attempt, "loss": None}
+        self._details = dict(details)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._context = contextvars.copy_context()  # the activity's context, for another thread
+        self._thread = threading.Thread(target=self._loop, name="cairn-heartbeat", daemon=True)
 
-    def beat(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if force or now - self.last >= self.interval:
-            self.last = now
-            activity.heartbeat(dict(self.details))
+    def update(self, **fields: Any) -> None:
+        with self._lock:
+            self._details.update(fields)
+
+    def details(self) -> dict[str, Any]:
+        with self._lock:
+            return dict(self._details)
+
+    def beat(self) -> None:
+        activity.heartbeat(self.details())
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._context.run(activity.heartbeat, self.details())
+
+    def __enter__(self) -> Heartbeater:
+        activity.heartbeat(self.details())
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def open_run_store(url: str, store_id: str | None) -> Store:
+    """Open the run's store and check it is the one the run started on."""
+    store = open_store(url)
+    require_store_identity(store, store_id)
+    return store
 
 
 def _previous_reach(info: activity.Info) -> int | None:
-    """The step a previous attempt had reached, from its last heartbeat."""
+    """The furthest step an earlier attempt reported, from its last heartbeat."""
     details = info.heartbeat_details
-    if not details:
+    if not details or not isinstance(details[0], dict):
         return None
-    first = details[0]
-    if isinstance(first, dict) and isinstance(first.get("step"), int):
-        return int(first["step"])
-    return None
+    reached = [details[0].get(k) for k in ("step", "committed_step")]
+    steps = [int(s) for s in reached if isinstance(s, int) and not isinstance(s, bool)]
+    return max(steps) if steps else None
 
 
 @activity.defn(name="train_segment")
@@ -86,85 +156,167 @@ def train_segment(inp: TrainSegmentInput) -> TrainSegmentResult:
     with activity.shield_thread_cancel_exception(), activity_errors():
         result, why = _train_segment(inp, info)
     if why == "worker-shutdown":
+        log.info("run %s: worker shutting down; handed back at step %d", inp.run_id, result.step)
         raise ApplicationError(
             f"worker shutting down at step {result.step} (checkpoint {result.checkpoint} committed)",
+            {"attempt": result.attempt, "step": result.step},
             type="WorkerShutdown",
+            category=ApplicationErrorCategory.BENIGN,  # expected: no WARNING traceback in the log
         )
     if why == "cancelled":
-        raise CancelledError(f"segment cancelled at step {result.step} after committing {result.checkpoint}")
+        log.info("run %s: segment interrupted on request at step %d", inp.run_id, result.step)
+        raise ApplicationError(
+            f"segment interrupted on request at step {result.step} after committing {result.checkpoint}",
+            {"attempt": result.attempt, "recomputed_steps": result.recomputed_steps, "step": result.step},
+            type=INTERRUPTED,
+            non_retryable=True,
+            category=ApplicationErrorCategory.BENIGN,
+        )
     return result
 
 
 def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSegmentResult, str]:
-    store = open_store(inp.store)
-    if inp.resume_from is not None:  # a rollback: this older checkpoint, not the latest
-        session = TrainingSession.fresh(inp.run_id, store, inp.config)
-        session.restore(CheckpointRef.parse(inp.resume_from))
-    else:
-        session = TrainingSession.resume_latest(inp.run_id, store, inp.config)
-    resumed = session.state.step
-    reached_before = _previous_reach(info)
-    recomputed = max(0, (reached_before or 0) - resumed) if info.attempt > 1 else 0
-    if resumed > inp.target_step:
-        raise ApplicationError(
-            f"latest committed step {resumed} is past this segment's target {inp.target_step}",
-            type="InvariantError",
-            non_retryable=True,
+    beats = Heartbeater(inp.heartbeat_every_seconds, step=None, checkpoint=None, attempt=info.attempt, loss=None)
+    with beats:
+        log.info(
+            "run %s: segment to step %d, attempt %d (workflow %s)",
+            inp.run_id,
+            inp.target_step,
+            info.attempt,
+            info.workflow_id,
         )
-    beats = _Heartbeater(inp.heartbeat_every_seconds, resumed, info.attempt)
-    if resumed == 0:
-        session.checkpoint()  # step 0 is a checkpoint too: the run's origin is durable
-    beats.details["checkpoint"] = str(session.durable_ref) if session.durable_ref else None
-    beats.beat(force=True)
-    interrupted = ""
+        store = open_run_store(inp.store, inp.store_id)
+        if inp.resume_from is not None:  # a rollback: this older checkpoint, not the latest
+            session = TrainingSession.fresh(inp.run_id, store, inp.config)
+            session.restore(CheckpointRef.parse(inp.resume_from))
+        else:
+            session = TrainingSession.resume_latest(inp.run_id, store, inp.config)
+        resumed = session.state.step
+        reached_before = _previous_reach(info)
+        recomputed = max(0, (reached_before or 0) - resumed) if info.attempt > 1 else 0
+        log.info(
+            "run %s: resumed from step %d (%s)%s",
+            inp.run_id,
+            resumed,
+            session.restored_from or "fresh start",
+            f"; an earlier attempt had reached step {reached_before}" if reached_before is not None else "",
+        )
+        if resumed > inp.target_step:
+            raise ApplicationError(
+                f"latest committed step {resumed} is past this segment's target {inp.target_step}",
+                type="InvariantError",
+                non_retryable=True,
+            )
+        beats.update(step=resumed)
+        if resumed == 0:
+            session.checkpoint()  # step 0 is a checkpoint too: the run's origin is durable
+        durable = session.durable_ref
+        beats.update(checkpoint=str(durable) if durable else None, committed_step=resumed)
+        interrupted = ""
 
-    def on_step(state: TrainState) -> bool:
-        nonlocal interrupted
-        beats.details["step"] = state.step
-        beats.details["loss"] = state.history["loss"][-1]
-        faults.maybe_crash("mid-segment", step=state.step)
-        if inp.throttle_seconds_per_step:
-            time.sleep(inp.throttle_seconds_per_step)
-        beats.beat()
-        if activity.is_cancelled():
-            interrupted = "cancelled"
-        elif activity.is_worker_shutdown():
-            interrupted = "worker-shutdown"
-        return bool(interrupted)
+        def on_step(state: TrainState) -> bool:
+            nonlocal interrupted
+            beats.update(step=state.step, loss=state.history["loss"][-1])
+            faults.maybe_crash("mid-segment", step=state.step)
+            if inp.throttle_seconds_per_step:
+                time.sleep(inp.throttle_seconds_per_step)
+            if activity.is_cancelled():
+                interrupted = "cancelled"
+            elif activity.is_worker_shutdown():
+                interrupted = "worker-shutdown"
+            return bool(interrupted)
 
-    def on_checkpoint(result: CommitResult) -> None:
-        beats.details["checkpoint"] = str(result.ref)
-        beats.beat(force=True)
+        def on_checkpoint(result: CommitResult) -> None:
+            beats.update(checkpoint=str(result.ref), committed_step=result.ref.step)
+            beats.beat()
+            log.info(
+                "run %s: committed step %d%s (%s)",
+                inp.run_id,
+                result.ref.step,
+                "" if result.created else " (identical, already committed)",
+                result.manifest.fingerprint[:19],
+            )
 
-    last = session.run(
-        inp.target_step - resumed,
-        checkpoint_every=inp.checkpoint_every,
-        async_save=inp.async_save,
-        on_step=on_step,
-        on_checkpoint=on_checkpoint,
-    )
-    assert last is not None
-    beats.beat(force=True)
-    state = session.state
-    result = TrainSegmentResult(
-        step=state.step,
-        cursor=state.cursor,
-        checkpoint=str(last.ref),
-        fingerprint=last.manifest.fingerprint,
-        loss=state.history["loss"][-1] if state.history["loss"] else None,
-        attempt=info.attempt,
-        resumed_from_step=resumed,
-        recomputed_steps=recomputed,
-        stopped_early=bool(interrupted),
-    )
+        last = session.run(
+            inp.target_step - resumed,
+            checkpoint_every=inp.checkpoint_every,
+            async_save=inp.async_save,
+            on_step=on_step,
+            on_checkpoint=on_checkpoint,
+        )
+        assert last is not None
+        state = session.state
+        loss = state.history["loss"][-1] if state.history["loss"] else None
+        log.info(
+            "run %s: segment ended at step %d, loss %s, checkpoint %s%s",
+            inp.run_id,
+            state.step,
+            "-" if loss is None else f"{loss:.6f}",
+            last.ref,
+            f", recomputed {recomputed} step(s)" if recomputed else "",
+        )
+        result = TrainSegmentResult(
+            step=state.step,
+            cursor=state.cursor,
+            checkpoint=str(last.ref),
+            fingerprint=last.manifest.fingerprint,
+            loss=loss,
+            attempt=info.attempt,
+            resumed_from_step=resumed,
+            recomputed_steps=recomputed,
+        )
     return result, interrupted
+
+
+@activity.defn(name="open_run")
+async def open_run(inp: OpenRunInput) -> OpenRunResult:
+    """The run's first activity: the store's identity (created on first use), the run's owner
+    (this workflow, or a refusal while another workflow still trains the run id), and the last
+    durable cursor to continue from."""
+    client = activity.client()
+    loop = asyncio.get_running_loop()
+
+    async def running(workflow_id: str) -> bool:
+        try:
+            desc = await client.get_workflow_handle(workflow_id).describe()
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                return False
+            raise
+        return desc.status == WorkflowExecutionStatus.RUNNING
+
+    def owner_running(workflow_id: str) -> bool:
+        return asyncio.run_coroutine_threadsafe(running(workflow_id), loop).result(timeout=30)
+
+    def work() -> OpenRunResult:
+        with activity_errors():
+            store = open_store(inp.store)
+            faults.maybe_crash("in-activity", tag="open_run")
+            if inp.store_id is not None:
+                require_store_identity(store, inp.store_id)
+            store_id = store_identity(store, create=True)
+            assert store_id is not None
+            claim_run(store, inp.run_id, inp.workflow_id, store_id, owner_running=owner_running)
+            ref = latest_committed(store, inp.run_id)
+            if ref is None:
+                return OpenRunResult(store_id=store_id, checkpoint=None, step=0, fingerprint=None)
+            manifest = read_manifest(store, ref, expect_kind=None)
+            fingerprint = manifest.fingerprint
+            return OpenRunResult(store_id=store_id, checkpoint=str(ref), step=ref.step, fingerprint=fingerprint)
+
+    task = asyncio.ensure_future(asyncio.to_thread(work))  # to_thread carries the activity's context
+    while not task.done():
+        activity.heartbeat({"phase": "open"})
+        await asyncio.wait({task}, timeout=1.0)
+    return task.result()
 
 
 @activity.defn(name="latest_checkpoint")
 def latest_checkpoint(inp: LatestCheckpointInput) -> LatestCheckpointResult:
-    """The run's last durable cursor (after an interrupted segment)."""
-    with activity_errors():
-        store = open_store(inp.store)
+    """The run's last durable cursor (after an interrupted segment, or a rollback target)."""
+    with activity_errors(), Heartbeater(1.0, phase="listing"):
+        store = open_run_store(inp.store, inp.store_id)
+        faults.maybe_crash("in-activity", tag="latest_checkpoint")
         if inp.at_or_before is None:
             ref = latest_committed(store, inp.run_id)
         else:
@@ -181,10 +333,20 @@ def latest_checkpoint(inp: LatestCheckpointInput) -> LatestCheckpointResult:
 @activity.defn(name="collect_checkpoints")
 def collect_checkpoints(inp: CollectInput) -> int:
     """Apply retention; returns how many checkpoints were deleted."""
-    with activity_errors():
+    with activity_errors(), Heartbeater(1.0, phase="collecting"):
+        store = open_run_store(inp.store, inp.store_id)
+        faults.maybe_crash("in-activity", tag="collect_checkpoints")
         spec = inp.retention
         policy = RetentionPolicy(keep_last=spec.keep_last, keep_every=spec.keep_every, grace_seconds=spec.grace_seconds)
-        return len(collect_garbage(open_store(inp.store), inp.run_id, policy).delete)
+        plan = collect_garbage(store, inp.run_id, policy)
+        if plan.delete or plan.orphans:
+            log.info(
+                "run %s: retention deleted %d checkpoint(s), %d orphan object(s)",
+                inp.run_id,
+                len(plan.delete),
+                len(plan.orphans),
+            )
+        return len(plan.delete)
 
 
-TRAINING_ACTIVITIES = [train_segment, latest_checkpoint, collect_checkpoints]
+TRAINING_ACTIVITIES = [train_segment, open_run, latest_checkpoint, collect_checkpoints]

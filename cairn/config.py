@@ -2,17 +2,31 @@
 
 Every field that changes the arithmetic lives here, so a checkpoint that carries its
 config carries everything needed to continue bit for bit. Unknown fields are refused
-(a typo must not silently fall back to a default).
+(a typo must not silently fall back to a default; the error suggests the closest valid name).
+
+Values are refused before anything is allocated or computed when they cannot make sense:
+
+- every float is finite (no NaN/inf), and ``optimizer.lr <= 10``, ``optimizer.eps <= 1``,
+  ``optimizer.weight_decay <= 10``, ``model.init_scale <= 1000``, ``data.noise <= 1e6``;
+- seeds are integers in ``[0, 2**63)``;
+- the model has at most ``MAX_PARAMETERS`` (2**27) parameters: theta, Adam's m and v and a
+  gradient are float64 copies of it, so ~4 GiB at the bound (a 65536 x 65536 layer is refused);
+- a synthetic dataset has at most ``MAX_DATASET_ELEMENTS`` (2**28, 2 GiB of float64) values
+  in ``x`` (10**7 examples x 65536 features is refused);
+- a batch's widest activation (``batch_size x max(n_features, hidden, n_classes)``) has at
+  most ``MAX_BATCH_ELEMENTS`` (2**26, 512 MiB) values.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from cairn.bounded_json import load_json_file
 from cairn.errors import ConfigError
 
 __all__ = [
@@ -23,10 +37,20 @@ __all__ = [
     "load_config",
     "parse_config",
     "config_error_from",
+    "MAX_PARAMETERS",
+    "MAX_DATASET_ELEMENTS",
+    "MAX_BATCH_ELEMENTS",
 ]
 
+MAX_PARAMETERS = 1 << 27
+"""Parameter count bound: theta, m, v and a gradient at 1 GiB of float64 each."""
+MAX_DATASET_ELEMENTS = 1 << 28
+"""Synthetic ``x`` bound: n_examples x n_features values (2 GiB of float64)."""
+MAX_BATCH_ELEMENTS = 1 << 26
+"""Widest per-batch matrix bound: batch_size x max(n_features, hidden, n_classes) (512 MiB)."""
+
 PositiveInt = Annotated[int, Field(gt=0)]
-NonNegFloat = Annotated[float, Field(ge=0.0)]
+Seed = Annotated[int, Field(ge=0, lt=1 << 63)]
 
 
 class _Strict(BaseModel):
@@ -38,7 +62,7 @@ class ModelConfig(_Strict):
 
     kind: Literal["mlp"] = "mlp"
     hidden: Annotated[int, Field(ge=0, le=65536)] = 32
-    init_scale: Annotated[float, Field(gt=0.0)] = 1.0
+    init_scale: Annotated[float, Field(gt=0.0, le=1000.0, allow_inf_nan=False)] = 1.0
     version: str = "mlp-v1"
 
 
@@ -51,11 +75,11 @@ class DatasetConfig(_Strict):
 
     source: Literal["synthetic", "file"] = "synthetic"
     path: str | None = None
-    seed: int = 0
+    seed: Seed = 0
     n_examples: Annotated[int, Field(gt=1, le=10_000_000)] = 512
     n_features: Annotated[int, Field(gt=0, le=65536)] = 8
     n_classes: Annotated[int, Field(gt=1, le=4096)] = 3
-    noise: NonNegFloat = 0.5
+    noise: Annotated[float, Field(ge=0.0, le=1e6, allow_inf_nan=False)] = 0.5
     version: str = "synthetic-v1"
 
     @model_validator(mode="after")
@@ -64,6 +88,13 @@ class DatasetConfig(_Strict):
             raise ValueError("path is required when source is 'file'")
         if self.source == "synthetic" and self.path:
             raise ValueError("path is only allowed when source is 'file'")
+        elements = self.n_examples * self.n_features
+        if self.source == "synthetic" and elements > MAX_DATASET_ELEMENTS:
+            raise ValueError(
+                "synthetic dataset too large: n_examples x n_features = "
+                f"{self.n_examples} x {self.n_features} values ({elements * 8 / 2**30:.1f} GiB of float64) "
+                f"(expected <= {MAX_DATASET_ELEMENTS}, found {elements})"
+            )
         return self
 
 
@@ -71,21 +102,21 @@ class OptimizerConfig(_Strict):
     """Adam with bias correction, decoupled weight decay and a warmup + decay schedule."""
 
     kind: Literal["adam"] = "adam"
-    lr: Annotated[float, Field(gt=0.0)] = 0.01
-    beta1: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
-    beta2: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.999
-    eps: Annotated[float, Field(gt=0.0)] = 1e-8
-    weight_decay: NonNegFloat = 0.0
+    lr: Annotated[float, Field(gt=0.0, le=10.0, allow_inf_nan=False)] = 0.01
+    beta1: Annotated[float, Field(ge=0.0, lt=1.0, allow_inf_nan=False)] = 0.9
+    beta2: Annotated[float, Field(ge=0.0, lt=1.0, allow_inf_nan=False)] = 0.999
+    eps: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)] = 1e-8
+    weight_decay: Annotated[float, Field(ge=0.0, le=10.0, allow_inf_nan=False)] = 0.0
     warmup_steps: Annotated[int, Field(ge=0)] = 0
     decay: Literal["constant", "linear", "cosine"] = "cosine"
     decay_steps: PositiveInt = 1000
-    min_lr_ratio: Annotated[float, Field(ge=0.0, le=1.0)] = 0.1
+    min_lr_ratio: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] = 0.1
 
 
 class TrainConfig(_Strict):
     """Everything that defines a training run's arithmetic."""
 
-    seed: int = 0
+    seed: Seed = 0
     batch_size: Annotated[int, Field(gt=0, le=1_000_000)] = 2
     model: ModelConfig = ModelConfig()
     data: DatasetConfig = DatasetConfig()
@@ -93,19 +124,92 @@ class TrainConfig(_Strict):
     tokenizer_version: str = "none"
     stage: str = "train"
 
+    @model_validator(mode="after")
+    def _fits_in_memory(self) -> TrainConfig:
+        d, h, c = self.data.n_features, self.model.hidden, self.data.n_classes
+        params = d * c + c if h == 0 else d * h + h + h * c + c
+        if params > MAX_PARAMETERS:
+            raise ValueError(
+                "model too large: data.n_features x model.hidden + model.hidden x data.n_classes (+ biases) = "
+                f"{params} parameters; theta, m and v alone would need {3 * params * 8 / 2**30:.1f} GiB "
+                f"(expected <= {MAX_PARAMETERS}, found {params})"
+            )
+        widest = self.batch_size * max(d, h, c)
+        if widest > MAX_BATCH_ELEMENTS:
+            raise ValueError(
+                f"batch too large: batch_size x max(n_features, hidden, n_classes) = {widest} values per "
+                f"activation matrix (expected <= {MAX_BATCH_ELEMENTS}, found {widest})"
+            )
+        return self
+
     def canonical_json(self) -> str:
         """Stable text form: sorted keys, no whitespace. Used in fingerprints."""
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
 
 
-def config_error_from(exc: ValidationError, where: str) -> ConfigError:
-    """Turn pydantic's report into one line naming the first bad field."""
-    first = exc.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "<root>"
+def _models_in(annotation: object) -> list[type[BaseModel]]:
+    """The pydantic models an annotation holds (``X``, ``X | None``, ``list[X]``, ``dict[str, X]``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+def _field_names_at(model: object, loc: tuple[int | str, ...]) -> list[str]:
+    """Valid field names of the model(s) found by walking ``model``'s fields along ``loc``."""
+    models = _models_in(model)
+    for part in loc:
+        if isinstance(part, str):
+            matched = [m.model_fields[part] for m in models if part in m.model_fields]
+            if matched:
+                models = [x for f in matched for x in _models_in(f.annotation)]
+                continue
+        # A list index, a dict key or a union member's tag: still at the same models.
+    return sorted({name for m in models for name in m.model_fields})
+
+
+def _suggestion(model: object, loc: tuple[int | str, ...]) -> str | None:
+    if not loc or not isinstance(loc[-1], str):
+        return None
+    close = difflib.get_close_matches(loc[-1], _field_names_at(model, loc[:-1]), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def config_error_from(exc: ValidationError, where: str, model: object = None) -> ConfigError:
+    """Turn pydantic's report into one line naming the first bad field.
+
+    ``<where>: <loc>: <msg> (found <value>)``. ``model`` is the model class (or type hint)
+    that was validated; with it, an unknown field gets the closest valid name at its location
+    (``checkpoint.evry: Extra inputs are not permitted — did you mean 'every'?``), and a
+    required field reported missing because it was misspelled is reported as the misspelling.
+    """
+    errors = exc.errors()
+    first = errors[0]
+    if model is not None and first["type"] == "missing":
+        for other in errors:
+            other_loc = tuple(other["loc"])
+            if (
+                other["type"] == "extra_forbidden"
+                and other_loc[:-1] == first["loc"][:-1]
+                and _suggestion(model, other_loc) == first["loc"][-1]
+            ):
+                first = other
+                break
+    loc_parts = tuple(first["loc"])
+    loc = ".".join(str(p) for p in loc_parts)
     found = first.get("input")
-    return ConfigError(
-        f"{where}: {loc}: {first['msg']} (found {json.dumps(found, default=str)[:80]})",
-    )
+    if first["type"] == "value_error" and "error" in first.get("ctx", {}):
+        msg = str(first["ctx"]["error"])  # our own validators' messages, without "Value error, "
+        detail = "" if isinstance(found, dict | list) else f" (found {json.dumps(found, default=str)[:80]})"
+    else:
+        msg = first["msg"]
+        detail = f" (found {json.dumps(found, default=str)[:80]})"
+    if first["type"] == "extra_forbidden" and model is not None:
+        suggestion = _suggestion(model, loc_parts)
+        if suggestion is not None:
+            msg = f"{msg} — did you mean {suggestion!r}?"
+    error = ConfigError(f"{where}: {loc}: {msg}{detail}" if loc else f"{where}: {msg}{detail}")
+    error.field, error.found = loc or None, found
+    return error
 
 
 def parse_config(data: object, where: str = "config") -> TrainConfig:
@@ -113,20 +217,13 @@ def parse_config(data: object, where: str = "config") -> TrainConfig:
     try:
         return TrainConfig.model_validate(data)
     except ValidationError as exc:
-        raise config_error_from(exc, where) from exc
+        raise config_error_from(exc, where, TrainConfig) from exc
 
 
 def load_config(path: str | Path) -> TrainConfig:
-    """Read a TrainConfig from a JSON file, raising ConfigError with the file and field."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError as exc:
-        raise ConfigError(f"{path}: config file not found") from exc
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config ({exc.strerror})") from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from exc
-    return parse_config(data, str(path))
+    """Read a TrainConfig from a JSON file, raising ConfigError with the file and field.
+
+    The file must be a regular file of at most 16 MiB of UTF-8 JSON, nested at most 64 deep
+    (see ``cairn.bounded_json``); anything else is refused before it is parsed.
+    """
+    return parse_config(load_json_file(path, what="config file"), str(path))

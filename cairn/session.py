@@ -8,8 +8,11 @@ replaced only by a checkpoint that passed every validation rule; a refused impor
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from cairn.checkpoint.async_save import AsyncCheckpointer, SaveHandle
 from cairn.checkpoint.format import DEFAULT_LIMITS, CommitResult, Limits, read_manifest
@@ -25,13 +28,17 @@ from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.validate import check_training_manifest
 from cairn.config import TrainConfig
 from cairn.data import Dataset, load_dataset
-from cairn.errors import ConfigError
+from cairn.errors import ConfigError, TrainingDivergedError
 from cairn.state import TrainState
 from cairn.stores import open_store
 from cairn.stores.base import Store
 from cairn.trainer import init_state, train, weights_only
 
-__all__ = ["TrainingSession", "default_run_id"]
+__all__ = ["TrainingSession", "default_run_id", "MAX_STEPS", "require_finite"]
+
+MAX_STEPS = 100_000_000
+"""The most updates one command or run may ask for (the loss/lr history rides in every
+checkpoint at 16 bytes per step: 1.6 GB at this bound)."""
 
 StepHook = Callable[[TrainState], bool | None]
 CheckpointHook = Callable[[CommitResult], None]
@@ -46,6 +53,30 @@ def _check_run_id(run_id: str) -> str:
     if not RUN_ID_PATTERN.match(run_id):
         raise ConfigError("run_id", expected=RUN_ID_PATTERN.pattern, found=run_id)
     return run_id
+
+
+def require_finite(state: TrainState, last_commit: CommitResult | None = None, *, arrays: bool = True) -> None:
+    """Refuse a diverged state (NaN/inf loss, weights or moments) before it can be committed.
+
+    The loss is checked after every update (one float); the arrays before every commit.
+    """
+    loss = state.history["loss"][-1] if state.history["loss"] else 0.0
+    bad = None if math.isfinite(loss) else "loss"
+    if bad is None and arrays:
+        for group, arrays in (("theta", state.params), ("adam.m", state.m), ("adam.v", state.v)):
+            for name, arr in arrays.items():
+                if not np.isfinite(arr.sum()) and not np.isfinite(arr).all():
+                    bad = f"{group}/{name}"
+                    break
+            if bad:
+                break
+    if bad is not None:
+        last = f"last committed checkpoint: {last_commit.ref}" if last_commit else "no checkpoint was committed"
+        raise TrainingDivergedError(
+            f"training diverged at step {state.step}: {bad} is not finite (loss {loss!r}); nothing was "
+            f"committed at this step; {last} (lower optimizer.lr or check the data)",
+            field=bad,
+        )
 
 
 class TrainingSession:
@@ -135,7 +166,8 @@ class TrainingSession:
         self.restored_from = ref
 
     def checkpoint(self) -> CommitResult:
-        """Commit the current state (idempotent per step)."""
+        """Commit the current state (idempotent per step); a diverged state is refused."""
+        require_finite(self.state, self.last_commit)
         result = save_training(self.store, self.run_id, self.state, signer=self.signer, **self.write_options)
         self._committed(self.state, result)
         return result
@@ -184,7 +216,9 @@ class TrainingSession:
 
         def step_hook(work: TrainState) -> bool:
             nonlocal pending
+            require_finite(work, self.last_commit, arrays=False)
             if checkpoint_every and work.step % checkpoint_every == 0:
+                require_finite(work, self.last_commit)
                 if saver is None:
                     result = save_training(self.store, self.run_id, work, signer=self.signer, **self.write_options)
                     self._committed(work, result)

@@ -168,7 +168,10 @@ def train(
     rng = np.random.Generator(np.random.PCG64())
     rng.bit_generator.state = work.rng_state
     for _ in range(steps):
-        _update_in_place(work, dataset, rng)
+        # Overflow in a diverging run is reported once, as TrainingDivergedError, by the
+        # session's finiteness checks (before any commit), not as a stream of RuntimeWarnings.
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            _update_in_place(work, dataset, rng)
         work.rng_state = dict(rng.bit_generator.state)
         if on_step is not None and on_step(work):
             break

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,28 @@ from cairn.stores import LocalStore, MemoryStore
 from cairn.stores.base import Store
 
 REPO = Path(__file__).resolve().parents[1]
+TOOL_CACHES = frozenset({".git", ".venv", "__pycache__", ".pytest_cache", ".hypothesis", ".mypy_cache", ".ruff_cache"})
+"""Folders tools own (the VCS, the venv, caches): everything else in the checkout is the user's."""
+
+
+def checkout_files(root: Path = REPO) -> set[str]:
+    """Every file and folder in the checkout outside the tools' own folders."""
+    found: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in TOOL_CACHES and not d.endswith(".egg-info")]
+        rel = Path(dirpath).relative_to(root)
+        found.update(str(rel / name) for name in dirnames + filenames)
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def checkout_stays_untouched() -> Iterator[None]:
+    """Tests never write into the user's checkout: temporary directories and buckets only.
+    (A run of the suite that leaves, e.g., ``.cairn/store`` behind fails here.)"""
+    before = checkout_files()
+    yield
+    new = sorted(checkout_files() - before)
+    assert not new, f"the test session wrote into the checkout: {new[:10]}"
 
 
 def small_config(**overrides: Any) -> TrainConfig:

@@ -1,17 +1,21 @@
 """The ``cairn`` command line.
 
-Exit codes: 0 success; 1 a checkpoint was refused, ``compare`` found differences, or a run
-failed; 2 bad input (usage, config, reference); 3 storage failure; 4 an external effect failed;
-5 Temporal unreachable or refused the request.
-Errors print one line on stderr (``cairn: error: ...``); ``--debug`` adds the traceback.
-``--json`` prints exactly one JSON object on stdout.
+Exit codes: 0 success; 1 a checkpoint was refused, ``compare`` found differences, training
+diverged, or a run failed; 2 bad input (usage, config, reference, path); 3 storage failure;
+4 an external effect failed; 5 Temporal unreachable or refused the request; 130 interrupted.
+The code of an error is declared on its class (``cairn.errors``).
+Errors print one line on stderr (``cairn: error: <Type>: <field>: <what> (expected ..., found
+...)``); with ``--json`` the error is also one JSON object on stdout; ``--debug`` adds the
+traceback. ``--json`` prints exactly one JSON object on stdout, always valid JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import signal
 import sys
 import time
 import traceback
@@ -24,21 +28,19 @@ from cairn.checkpoint import (
     list_checkpoints,
     load_training,
     read_manifest,
-    read_tensors,
     signer_from_env,
 )
 from cairn.checkpoint.compare import compare_states
-from cairn.checkpoint.retention import RetentionPolicy, collect_garbage, pin
+from cairn.checkpoint.format import verify_tensors
+from cairn.checkpoint.manifest import RUN_ID_PATTERN
+from cairn.checkpoint.retention import RetentionPolicy, collect_garbage, pin, pinned_steps, unpin
+from cairn.checkpoint.validate import check_training_manifest, check_training_values
 from cairn.config import load_config
-from cairn.errors import (
-    CairnError,
-    CheckpointError,
-    ConfigError,
-    EffectError,
-    StorageError,
-)
-from cairn.session import TrainingSession, default_run_id
-from cairn.stores import open_store
+from cairn.data import load_dataset
+from cairn.errors import CairnError, ConfigError
+from cairn.session import MAX_STEPS, TrainingSession, default_run_id
+from cairn.stores import LocalStore, open_store
+from cairn.stores.base import Store
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -50,26 +52,66 @@ class CommandFailed(Exception):
         self.code = code
 
 
+class Interrupted(CairnError):
+    """The user interrupted a command (Ctrl-C)."""
+
+    exit_code = 130
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN or infinity: such floats become strings, so output stays valid JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def to_json(payload: dict[str, Any]) -> str:
+    return json.dumps(_finite(payload), sort_keys=True, default=str, allow_nan=False)
+
+
 def emit(args: argparse.Namespace, payload: dict[str, Any], text: str) -> None:
-    if args.json:
-        print(json.dumps(payload, sort_keys=True, default=str))
-    else:
-        print(text)
+    print(to_json(payload) if args.json else text)
 
 
 def _ref(text: str) -> CheckpointRef:
     return CheckpointRef.parse(text)
 
 
+def _run_id_arg(value: str | None, flag: str) -> str | None:
+    if value is not None and not RUN_ID_PATTERN.match(value):
+        raise ConfigError(flag, expected=f"a run id matching {RUN_ID_PATTERN.pattern}", found=value)
+    return value
+
+
+def _store_arg(url: str, *, must_exist: bool) -> Store:
+    """Open a store named on the command line; reading commands refuse one that does not exist."""
+    if not url or not url.strip():
+        raise ConfigError("--store", expected="a directory path or s3://bucket/prefix", found=url)
+    store = open_store(url)
+    if must_exist and isinstance(store, LocalStore) and not store.root.is_dir():
+        raise ConfigError("store", expected="an existing directory (a store written by cairn)", found=url)
+    return store
+
+
 # -- train ----------------------------------------------------------------------------------
 def cmd_train(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    store = open_store(args.store)
+    if not 0 <= args.steps <= MAX_STEPS:
+        raise ConfigError("--steps", expected=f"0..{MAX_STEPS}", found=args.steps)
+    if args.checkpoint_every is not None and args.checkpoint_every <= 0:
+        raise ConfigError("--checkpoint-every", expected="> 0", found=args.checkpoint_every)
+    _run_id_arg(args.run_id, "--run-id")
+    store = _store_arg(args.store, must_exist=False)
     config = load_config(args.config) if args.config else None
     if args.resume:
         ref = _ref(args.resume)
-        run_id = args.run_id or (f"{ref.run_id}-weights-only" if args.weights_only else ref.run_id)
+        default_id = f"{ref.run_id}-weights-only" if args.weights_only else ref.run_id
+        run_id = args.run_id if args.run_id is not None else default_id
         session = TrainingSession.from_checkpoint(
             ref, run_id=run_id, store=store, config=config, weights_only_restore=args.weights_only
         )
@@ -78,21 +120,46 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise ConfigError("--config is required unless --resume is given")
         if args.weights_only:
             raise ConfigError("--weights-only only makes sense with --resume")
-        session = TrainingSession.fresh(args.run_id or default_run_id(config), store, config)
+        run_id = args.run_id if args.run_id is not None else default_run_id(config)
+        session = TrainingSession.fresh(run_id, store, config)
     bar = tqdm(total=args.steps, desc=f"train {session.run_id}", unit="step", disable=None, leave=False)
+    interrupted = False
 
-    def on_step(state: Any) -> None:
+    def on_sigint(_sig: int, _frame: object) -> None:
+        nonlocal interrupted
+        interrupted = True  # the step in progress finishes, then a checkpoint commits
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C aborts at once
+
+    def on_step(state: Any) -> bool:
         bar.update(1)
         if state.history["loss"]:
             bar.set_postfix(loss=f"{state.history['loss'][-1]:.4f}", refresh=False)
+        return interrupted
 
     started = time.perf_counter()
+    previous = signal.signal(signal.SIGINT, on_sigint)
     try:
         result = session.run(args.steps, checkpoint_every=args.checkpoint_every, on_step=on_step)
+    except KeyboardInterrupt:
+        last = session.durable_ref
+        raise Interrupted(
+            "aborted by a second Ctrl-C; "
+            + (f"last committed checkpoint: {last}" if last else "no checkpoint was committed")
+            + (f"; resume with: {_resume_command(args, str(last), session.run_id)}" if last else "")
+        ) from None
     finally:
+        signal.signal(signal.SIGINT, previous)
         bar.close()
     assert result is not None
     state = session.state
+    if interrupted:
+        done = state.step - (session.restored_from.step if session.restored_from else 0)
+        left = max(0, args.steps - done)
+        print(
+            f"cairn: interrupted at step {state.step}: checkpoint {result.ref} committed; "
+            f"resume with: {_resume_command(args, str(result.ref), session.run_id, left)}",
+            file=sys.stderr,
+        )
     loss = state.history["loss"][-1] if state.history["loss"] else None
     payload = {
         "checkpoint": str(result.ref),
@@ -103,9 +170,16 @@ def cmd_train(args: argparse.Namespace) -> int:
         "loss": loss,
         "created": result.created,
         "seconds": round(time.perf_counter() - started, 3),
+        "interrupted": interrupted,
     }
     emit(args, payload, str(result.ref))
-    return 0
+    return 130 if interrupted else 0
+
+
+def _resume_command(args: argparse.Namespace, ref: str, run_id: str, steps: int | None = None) -> str:
+    return f"cairn train --resume {ref} --steps {steps if steps is not None else 'N'} --store {args.store}" + (
+        f" --run-id {run_id}" if run_id != CheckpointRef.parse(ref).run_id else ""
+    )
 
 
 # -- ckpt -------------------------------------------------------------------------------------
@@ -135,14 +209,21 @@ def cmd_ckpt_show(args: argparse.Namespace) -> int:
 
 
 def cmd_ckpt_verify(args: argparse.Namespace) -> int:
+    """Every check of a validated import, streamed: no tensor is ever held whole in memory."""
     ref = _ref(args.checkpoint)
     store = open_store(ref.store_url)
+    manifest = read_manifest(store, ref, expect_kind=ref.kind, signer=signer_from_env())
     if ref.kind == CheckpointKind.TRAINING:
-        state, manifest = load_training(store, ref)
-        detail = f"training state at step {state.step}, cursor {state.cursor}"
+        config = check_training_manifest(manifest)
+        dataset_hash = None
+        if config.data.source == "synthetic" or (config.data.path and os.path.isfile(config.data.path)):
+            dataset_hash = load_dataset(config.data).content_hash  # rebuildable: check the data too
+            check_training_manifest(manifest, run_config=config, dataset_hash=dataset_hash)
+        verify_tensors(store, ref, manifest, value_check=check_training_values)
+        data_note = "dataset hash checked" if dataset_hash else "dataset not available here: hash not checked"
+        detail = f"training state at step {manifest.step}, cursor {manifest.cursor}, {data_note}"
     else:
-        manifest = read_manifest(store, ref, expect_kind=ref.kind, signer=signer_from_env())
-        read_tensors(store, ref, manifest)
+        verify_tensors(store, ref, manifest)
         detail = f"{ref.kind.value} checkpoint"
     emit(
         args,
@@ -165,7 +246,7 @@ def cmd_ckpt_compare(args: argparse.Namespace) -> int:
         "differences": [d.to_json() for d in diffs],
     }
     if not diffs:
-        emit(args, payload, "identical: theta, m, v, t, rng, cursor, history and config match bit for bit")
+        emit(args, payload, "identical: theta, m, v, t, rng, cursor, history, config and lineage match bit for bit")
         return 0
     lines = [f"DIFFERENT: {len(diffs)} field(s) differ"]
     for d in diffs:
@@ -176,12 +257,17 @@ def cmd_ckpt_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_ckpt_gc(args: argparse.Namespace) -> int:
-    store = open_store(args.store)
+    run_id = _run_id_arg(args.run, "--run")
+    assert run_id is not None
+    store = _store_arg(args.store, must_exist=True)
+    if not any(True for _ in store.list(f"{run_id}/")):
+        raise ConfigError("--run", expected=f"a run with objects in {store.url}", found=run_id)
     policy = RetentionPolicy(keep_last=args.keep_last, keep_every=args.keep_every, grace_seconds=args.grace_seconds)
-    plan = collect_garbage(store, args.run, policy, dry_run=args.dry_run)
+    plan = collect_garbage(store, run_id, policy, dry_run=args.dry_run)
     verb = "would delete" if args.dry_run else "deleted"
     lines = [f"keep   {r}" for r in plan.keep] + [f"{verb} {r}" for r in plan.delete]
     lines += [f"{verb} orphan {k}" for k in plan.orphans]
+    lines += [f"{'would abort' if args.dry_run else 'aborted'} incomplete upload {k}" for k in plan.aborted_uploads]
     lines.append(
         f"{verb} {len(plan.delete)} checkpoint(s), {len(plan.orphans)} orphan object(s), {plan.deleted_bytes} bytes"
     )
@@ -198,15 +284,32 @@ def cmd_ckpt_pin(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ckpt_unpin(args: argparse.Namespace) -> int:
+    run_id = _run_id_arg(args.run, "--run")
+    assert run_id is not None
+    store = _store_arg(args.store, must_exist=True)
+    unpin(store, run_id, args.name)
+    emit(args, {"store": store.url, "run_id": run_id, "unpinned": args.name}, f"unpinned {args.name!r} of {run_id}")
+    return 0
+
+
 def cmd_ckpt_list(args: argparse.Namespace) -> int:
-    store = open_store(args.store)
-    refs = list_checkpoints(store, args.run)
-    rows = [{"checkpoint": str(r), "run_id": r.run_id, "kind": r.kind.value, "step": r.step} for r in refs]
-    emit(
-        args,
-        {"store": store.url, "checkpoints": rows},
-        "\n".join(str(r) for r in refs) or "(no committed checkpoints)",
-    )
+    run_id = _run_id_arg(args.run, "--run")
+    store = _store_arg(args.store, must_exist=True)
+    refs = list_checkpoints(store, run_id)
+    if run_id is not None and not refs:
+        raise ConfigError("--run", expected=f"a run with committed checkpoints in {store.url}", found=run_id)
+    pins: dict[tuple[str, str, int], list[str]] = {}
+    for run in sorted({r.run_id for r in refs}):
+        for (kind, step), names in pinned_steps(store, run).items():
+            pins[(run, kind, step)] = sorted(names)
+    rows = []
+    lines = []
+    for r in refs:
+        names = pins.get((r.run_id, r.kind.value, r.step), [])
+        rows.append({"checkpoint": str(r), "run_id": r.run_id, "kind": r.kind.value, "step": r.step, "pins": names})
+        lines.append(str(r) + (f"   pinned: {', '.join(names)}" if names else ""))
+    emit(args, {"store": store.url, "checkpoints": rows}, "\n".join(lines) or "(no committed checkpoints)")
     return 0
 
 
@@ -269,6 +372,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint")
     p.add_argument("--name", required=True)
     p.set_defaults(handler=cmd_ckpt_pin)
+    p = ckpt_sub.add_parser("unpin", help="remove a named pin (gc may then collect the checkpoint)")
+    _common(p)
+    p.add_argument("store")
+    p.add_argument("--run", required=True, help="run id")
+    p.add_argument("--name", required=True)
+    p.set_defaults(handler=cmd_ckpt_unpin)
 
     # Temporal-facing commands (worker, run, dev) live beside the worker they drive.
     from workers import devstack, run_commands
@@ -281,14 +390,38 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    code = _dispatch(args)
-    if getattr(args, "exit_hard", False) and argv is None:
-        # The Temporal client's native threads can abort CPython's finalization
-        # (temporalio/sdk-python#300): a short-lived client command skips teardown.
+    try:
+        code = _dispatch(args)
         sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    except BrokenPipeError:
+        # `cairn ... --json | head`: the reader left. Not an error worth a traceback.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        code = 0
+    if getattr(args, "exit_hard", False) and argv is None:
+        from workers.worker import exit_now
+
+        exit_now(code)  # skip teardown: the Temporal client's threads (temporalio/sdk-python#300)
     return code
+
+
+def report_error(args: argparse.Namespace, exc: CairnError) -> int:
+    """One line on stderr; with --json also one JSON object on stdout. Returns the exit code."""
+    if args.debug:
+        traceback.print_exc()
+    print(f"cairn: error: {exc.type_name}: {exc}", file=sys.stderr)
+    if getattr(args, "json", False):
+        error = {
+            "type": exc.type_name,
+            "message": str(exc),
+            "field": exc.field,
+            "expected": exc.expected,
+            "found": exc.found,
+            "retryable": exc.retryable,
+            "exit_code": exc.exit_code,
+        }
+        print(to_json({"ok": False, "error": error}))
+    return exc.exit_code
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -300,13 +433,11 @@ def _dispatch(args: argparse.Namespace) -> int:
     except CommandFailed as failed:
         return failed.code
     except CairnError as exc:
-        if args.debug:
-            traceback.print_exc()
-        print(f"cairn: error: {exc.type_name}: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return report_error(args, exc)
     except KeyboardInterrupt:
-        print("cairn: interrupted", file=sys.stderr)
-        return 130
+        note = getattr(args, "interrupt_note", None)
+        what = note.format_map(vars(args)) if note else "interrupted"
+        return report_error(args, Interrupted(what))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Address, namespace, TLS and API key come from flags, else the environment variables and
 config file the CLI reads (``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``, ``TEMPORAL_TLS_*``,
 ``TEMPORAL_API_KEY``, ``TEMPORAL_PROFILE``), via ``temporalio.envconfig``. Every client uses the
-pydantic data converter.
+data converter (``activities.converter``: pydantic, with typed input errors).
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import argparse
 from typing import Any
 
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfig
+
+from activities.converter import DATA_CONVERTER
 
 __all__ = ["connect", "add_connection_args"]
 
@@ -34,4 +35,4 @@ async def connect(address: str | None = None, namespace: str | None = None) -> C
         config["target_host"] = DEFAULT_ADDRESS
     if namespace:
         config["namespace"] = namespace
-    return await Client.connect(**config, data_converter=pydantic_data_converter)
+    return await Client.connect(**config, data_converter=DATA_CONVERTER)

@@ -17,6 +17,27 @@ API (``Idempotency-Key`` header on every mutating request):
   reconciles an intent whose outcome it never saw.
 - ``GET /resources/{name}`` -> ``{"capacity", "consumed", "available"}``;
   ``GET /reservations`` -> every reservation; ``GET /health``.
+
+Every refusal is ``{"error": <code>, "message": <one line>}`` with a ``Content-Length``; a
+request whose body could not be read as framed also gets ``Connection: close``. The bounds:
+
+- body: UTF-8 JSON object of at most ``MAX_BODY_BYTES`` (1 MiB), framed by one decimal
+  ``Content-Length`` (no ``Transfer-Encoding``). Larger -> ``413 TooLarge``; a length that is not
+  digits, or several that differ -> ``400 BadContentLength``; fewer bytes than announced ->
+  ``400 IncompleteBody``; chunked -> ``411 LengthRequired``. These four close the connection.
+- ``400 BadEncoding`` (not UTF-8); ``400 NestingTooDeep`` (arrays/objects nested deeper than
+  ``MAX_JSON_DEPTH`` = 32, checked before parsing); ``400 BadNumber`` (a number literal longer
+  than ``MAX_NUMBER_CHARS`` = 40 characters, a float that overflows to infinity, ``NaN`` or
+  ``Infinity``); ``400 BadJSON`` (not JSON, or not an object).
+- ``400 BadRequest``: ``resource`` must be a string, ``units`` an integer (not a boolean) from 1
+  to ``MAX_UNITS`` = 1,000,000, ``run_id`` a string or null.
+- ``400 BadIdempotencyKey``: a key longer than ``MAX_KEY_CHARS`` = 256 characters or holding a
+  control character (U+0000-U+001F, U+007F, tab included).
+
+The listen backlog is ``REQUEST_QUEUE_SIZE`` (1024, the stdlib default is 5) so that a burst of
+clients connecting at once queues instead of being reset; a connection idle or stalled for
+``REQUEST_TIMEOUT_S`` (30 s) is closed. The stdlib's own refusals (a malformed request line or
+header, an unsupported method) are answered in the same JSON shape, with ``Connection: close``.
 """
 
 from __future__ import annotations
@@ -25,17 +46,41 @@ import argparse
 import contextlib
 import hashlib
 import json
+import math
+import re
 import sqlite3
 import sys
+import traceback
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 from urllib.parse import unquote
 
-__all__ = ["ReservationService", "serve", "main"]
+__all__ = [
+    "ReservationService",
+    "ReservationHTTPServer",
+    "parse_body",
+    "check_key",
+    "serve",
+    "main",
+    "MAX_BODY_BYTES",
+    "MAX_JSON_DEPTH",
+    "MAX_NUMBER_CHARS",
+    "MAX_UNITS",
+    "MAX_KEY_CHARS",
+]
+
+MAX_BODY_BYTES = 1 << 20
+MAX_JSON_DEPTH = 32
+MAX_NUMBER_CHARS = 40
+MAX_UNITS = 1_000_000
+MAX_KEY_CHARS = 256
+REQUEST_QUEUE_SIZE = 1024
+REQUEST_TIMEOUT_S = 30.0
+MAX_MESSAGE_CHARS = 500
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS resources (
@@ -60,10 +105,120 @@ CREATE TABLE IF NOT EXISTS idempotency (
 
 
 class ServiceError(Exception):
+    """A refusal: answered as ``{"error": code, "message": message}`` with ``status``."""
+
     def __init__(self, status: HTTPStatus, code: str, message: str) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
+
+
+class UnreadableBody(ServiceError):
+    """The body could not be read as framed: the rest of the stream is not a request, so the
+    answer closes the connection."""
+
+
+_CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
+# A backslash escape (skipped whole, so an escaped quote does not end a string), a quote, a bracket.
+_JSON_STRUCTURE = re.compile(r'\\.|["\[\]{}]', re.DOTALL)
+
+
+def _bad_number(message: str) -> ServiceError:
+    return ServiceError(HTTPStatus.BAD_REQUEST, "BadNumber", message)
+
+
+def _parse_int(literal: str) -> int:
+    if len(literal) > MAX_NUMBER_CHARS:
+        raise _bad_number(f"an integer of {len(literal)} characters; at most {MAX_NUMBER_CHARS} are accepted")
+    return int(literal)
+
+
+def _parse_float(literal: str) -> float:
+    if len(literal) > MAX_NUMBER_CHARS:
+        raise _bad_number(f"a number of {len(literal)} characters; at most {MAX_NUMBER_CHARS} are accepted")
+    value = float(literal)
+    if not math.isfinite(value):
+        raise _bad_number(f"{literal} is out of range")
+    return value
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _bad_number(f"{name} is not a number")
+
+
+def _nested_deeper_than(text: str, limit: int) -> bool:
+    """Whether arrays/objects in ``text`` nest deeper than ``limit``; brackets inside strings do
+    not count. Linear, and stops at the first bracket past the limit."""
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    depth, in_string = 0, False
+    for token in _JSON_STRUCTURE.findall(text):
+        if token == '"':
+            in_string = not in_string
+        elif in_string or token[0] == "\\":
+            continue
+        elif token in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """A request body as a JSON object, within the bounds in the module docstring; an empty body is ``{}``."""
+    if not raw:
+        return {}
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ServiceError(HTTPStatus.BAD_REQUEST, "BadEncoding", f"body is not UTF-8 (byte {exc.start})") from exc
+    if _nested_deeper_than(text, MAX_JSON_DEPTH):
+        raise ServiceError(
+            HTTPStatus.BAD_REQUEST, "NestingTooDeep", f"arrays/objects nested deeper than {MAX_JSON_DEPTH}"
+        )
+    try:
+        body = json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as exc:
+        raise ServiceError(HTTPStatus.BAD_REQUEST, "BadJSON", str(exc)) from exc
+    if not isinstance(body, dict):
+        raise ServiceError(HTTPStatus.BAD_REQUEST, "BadJSON", "body must be a JSON object")
+    return body
+
+
+def check_key(key: str | None) -> str:
+    """The ``Idempotency-Key``, if present, short enough and free of control characters."""
+    if not key:
+        raise ServiceError(HTTPStatus.BAD_REQUEST, "MissingIdempotencyKey", "Idempotency-Key header is required")
+    if len(key) > MAX_KEY_CHARS or _CONTROL_CHARACTERS.search(key):
+        raise ServiceError(
+            HTTPStatus.BAD_REQUEST,
+            "BadIdempotencyKey",
+            f"Idempotency-Key must be 1 to {MAX_KEY_CHARS} characters without control characters",
+        )
+    return key
+
+
+def _is_text(value: object) -> TypeGuard[str]:
+    """A string SQLite can store: UTF-8 encodable (a JSON ``\\ud800`` escape is a lone surrogate, which is not)."""
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _is_units(value: object) -> TypeGuard[int]:
+    """A positive integer up to ``MAX_UNITS``; JSON ``true`` is a bool, not a count."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_UNITS
+
+
+def _one_line(message: str) -> str:
+    line = " ".join(message.split())
+    return line if len(line) <= MAX_MESSAGE_CHARS else line[: MAX_MESSAGE_CHARS - 3] + "..."
 
 
 def _body_hash(method: str, path: str, body: dict[str, Any]) -> str:
@@ -100,8 +255,7 @@ class ReservationService:
         self, key: str | None, method: str, path: str, body: dict[str, Any], action: Any
     ) -> tuple[int, dict[str, Any], bool]:
         """Run ``action(db)`` once per key; replay its recorded outcome for the same request."""
-        if not key:
-            raise ServiceError(HTTPStatus.BAD_REQUEST, "MissingIdempotencyKey", "Idempotency-Key header is required")
+        key = check_key(key)
         digest = _body_hash(method, path, body)
         with self._tx() as db:
             row = db.execute("SELECT request_hash, status, response FROM idempotency WHERE key = ?", (key,)).fetchone()
@@ -121,9 +275,13 @@ class ReservationService:
             return status, response, False
 
     def reserve(self, key: str | None, body: dict[str, Any]) -> tuple[int, dict[str, Any], bool]:
-        resource, units = body.get("resource"), body.get("units")
-        if not isinstance(resource, str) or not isinstance(units, int) or units <= 0:
-            raise ServiceError(HTTPStatus.BAD_REQUEST, "BadRequest", "body needs resource (string) and units (> 0)")
+        resource, units, run_id = body.get("resource"), body.get("units"), body.get("run_id")
+        if not (_is_text(resource) and _is_units(units) and (run_id is None or _is_text(run_id))):
+            raise ServiceError(
+                HTTPStatus.BAD_REQUEST,
+                "BadRequest",
+                f"body needs resource (string), units (integer, 1 to {MAX_UNITS}) and optionally run_id (string)",
+            )
 
         def action(db: sqlite3.Connection) -> tuple[int, dict[str, Any]]:
             cap = db.execute("SELECT capacity FROM resources WHERE name = ?", (resource,)).fetchone()
@@ -138,7 +296,7 @@ class ReservationService:
                 )
             cur = db.execute(
                 "INSERT INTO reservations(resource, units, run_id, status) VALUES (?, ?, ?, 'active')",
-                (resource, units, body.get("run_id")),
+                (resource, units, run_id),
             )
             reservation_id = f"reservation-{cur.lastrowid}"
             db.execute("UPDATE reservations SET reservation_id = ? WHERE seq = ?", (reservation_id, cur.lastrowid))
@@ -146,7 +304,7 @@ class ReservationService:
                 "reservation_id": reservation_id,
                 "resource": resource,
                 "units": units,
-                "run_id": body.get("run_id"),
+                "run_id": run_id,
                 "status": "active",
             }
 
@@ -207,57 +365,110 @@ class ReservationService:
 def _handler(service: ReservationService) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        default_request_version = "HTTP/1.1"  # answer an unparsable request line with a status line, not HTTP/0.9
+        timeout = REQUEST_TIMEOUT_S
+        body_read = False
+        """Whether the current request's body has been consumed from the stream."""
 
         def log_message(self, fmt: str, *args: Any) -> None:
             sys.stderr.write("reservation-service: " + (fmt % args) + "\n")
 
-        def _send(self, status: int, body: Any, replayed: bool = False) -> None:
+        def _send(self, status: int, body: Any, replayed: bool = False, close: bool = False) -> None:
+            """Answer with a JSON body; close the connection if the request's body was not consumed
+            (it would otherwise be read as the next request)."""
             data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            if replayed:
-                self.send_header("Idempotent-Replayed", "true")
-            self.end_headers()
-            self.wfile.write(data)
+            close = close or (not self.body_read and self._announces_body())
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                if replayed:
+                    self.send_header("Idempotent-Replayed", "true")
+                if close:
+                    self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(data)
+            except OSError:  # the client went away; nothing more can be said on this connection
+                self.close_connection = True
+
+        def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+            """The stdlib's own refusals (a malformed request line or header, an unsupported method), in
+            the same JSON shape as ours; the request could not be framed, so the connection closes."""
+            status = HTTPStatus(code)
+            self.log_error("code %d, message %s", code, message)
+            code_name = "".join(word.capitalize() for word in status.name.split("_"))
+            self._send(code, {"error": code_name, "message": _one_line(message or status.phrase)}, close=True)
+
+        def _framed_length(self) -> int:
+            """The body's length from its framing, or ``UnreadableBody`` when it cannot be trusted."""
+            if self.headers.get("Transfer-Encoding") is not None:
+                raise UnreadableBody(HTTPStatus.LENGTH_REQUIRED, "LengthRequired", "send the body with Content-Length")
+            values = {value.strip() for value in self.headers.get_all("Content-Length") or []}
+            if not values:
+                return 0
+            value = values.pop()
+            if values or not (value.isascii() and value.isdigit()):
+                raise UnreadableBody(
+                    HTTPStatus.BAD_REQUEST, "BadContentLength", "Content-Length must be one decimal number of bytes"
+                )
+            if len(value) > len(str(MAX_BODY_BYTES)) or int(value) > MAX_BODY_BYTES:
+                raise UnreadableBody(
+                    HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "TooLarge", f"body over {MAX_BODY_BYTES} bytes"
+                )
+            return int(value)
 
         def _body(self) -> dict[str, Any]:
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > 1 << 20:
-                raise ServiceError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "TooLarge", "body over 1 MiB")
-            raw = self.rfile.read(length) if length else b"{}"
+            length = self._framed_length()
             try:
-                body = json.loads(raw or b"{}")
-            except json.JSONDecodeError as exc:
-                raise ServiceError(HTTPStatus.BAD_REQUEST, "BadJSON", str(exc)) from exc
-            if not isinstance(body, dict):
-                raise ServiceError(HTTPStatus.BAD_REQUEST, "BadJSON", "body must be a JSON object")
-            return body
+                raw = self.rfile.read(length) if length else b""
+            except OSError as exc:  # a timeout or a reset while the client was sending
+                raise UnreadableBody(
+                    HTTPStatus.BAD_REQUEST, "IncompleteBody", f"reading the body failed: {exc}"
+                ) from exc
+            if len(raw) < length:
+                raise UnreadableBody(
+                    HTTPStatus.BAD_REQUEST, "IncompleteBody", f"Content-Length is {length}, got {len(raw)} bytes"
+                )
+            self.body_read = True
+            return parse_body(raw)
+
+        def _announces_body(self) -> bool:
+            length = self.headers.get("Content-Length")
+            return self.headers.get("Transfer-Encoding") is not None or (length is not None and length.strip() != "0")
 
         def _route(self, method: str) -> None:
-            parts = [unquote(p) for p in self.path.split("?")[0].strip("/").split("/") if p]
+            self.body_read = False
             try:
-                key = self.headers.get("Idempotency-Key")
-                if method == "GET" and parts == ["health"]:
-                    return self._send(200, {"ok": True})
-                if method == "GET" and parts == ["reservations"]:
-                    return self._send(200, {"reservations": service.reservations()})
-                if method == "GET" and len(parts) == 2 and parts[0] == "resources":
-                    found = service.resource(parts[1])
-                    return self._send(200, found) if found else self._send(404, {"error": "UnknownResource"})
-                if method == "GET" and len(parts) >= 2 and parts[0] == "idempotency":
-                    outcome = service.lookup("/".join(parts[1:]))
-                    return self._send(200, outcome) if outcome else self._send(404, {"error": "UnknownKey"})
-                if method == "POST" and parts == ["reservations"]:
-                    status, resp, replayed = service.reserve(key, self._body())
-                    return self._send(200 if replayed else status, resp, replayed)
-                if method == "POST" and len(parts) == 3 and parts[0] == "reservations" and parts[2] == "release":
-                    self._body()
-                    status, resp, replayed = service.release(key, parts[1])
-                    return self._send(status, resp, replayed)
-                self._send(404, {"error": "NotFound", "message": f"{method} {self.path}"})
+                self._answer(method)
+            except UnreadableBody as exc:
+                self._send(exc.status, {"error": exc.code, "message": _one_line(str(exc))}, close=True)
             except ServiceError as exc:
-                self._send(exc.status, {"error": exc.code, "message": str(exc)})
+                self._send(exc.status, {"error": exc.code, "message": _one_line(str(exc))})
+            except Exception:  # a bug, not a refusal: answer it in JSON rather than drop the connection
+                self.log_error("internal error on %s %s\n%s", method, self.path, traceback.format_exc())
+                self._send(500, {"error": "InternalError", "message": "the service failed; see its log"}, close=True)
+
+        def _answer(self, method: str) -> None:
+            parts = [unquote(p) for p in self.path.split("?")[0].strip("/").split("/") if p]
+            key = self.headers.get("Idempotency-Key")
+            if method == "GET" and parts == ["health"]:
+                return self._send(200, {"ok": True})
+            if method == "GET" and parts == ["reservations"]:
+                return self._send(200, {"reservations": service.reservations()})
+            if method == "GET" and len(parts) == 2 and parts[0] == "resources":
+                found = service.resource(parts[1])
+                return self._send(200, found) if found else self._send(404, {"error": "UnknownResource"})
+            if method == "GET" and len(parts) >= 2 and parts[0] == "idempotency":
+                outcome = service.lookup("/".join(parts[1:]))
+                return self._send(200, outcome) if outcome else self._send(404, {"error": "UnknownKey"})
+            if method == "POST" and parts == ["reservations"]:
+                status, resp, replayed = service.reserve(key, self._body())
+                return self._send(200 if replayed else status, resp, replayed)
+            if method == "POST" and len(parts) == 3 and parts[0] == "reservations" and parts[2] == "release":
+                self._body()
+                status, resp, replayed = service.release(key, parts[1])
+                return self._send(status, resp, replayed)
+            self._send(404, {"error": "NotFound", "message": _one_line(f"{method} {self.path}")})
 
         def do_GET(self) -> None:  # noqa: N802
             self._route("GET")
@@ -268,11 +479,16 @@ def _handler(service: ReservationService) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def serve(port: int, db_path: Path, capacities: dict[str, int], host: str = "127.0.0.1") -> ThreadingHTTPServer:
+class ReservationHTTPServer(ThreadingHTTPServer):
+    """One thread per connection, with a listen backlog for bursts of clients."""
+
+    request_queue_size = REQUEST_QUEUE_SIZE
+    daemon_threads = True
+
+
+def serve(port: int, db_path: Path, capacities: dict[str, int], host: str = "127.0.0.1") -> ReservationHTTPServer:
     service = ReservationService(db_path, capacities)
-    server = ThreadingHTTPServer((host, port), _handler(service))
-    server.daemon_threads = True
-    return server
+    return ReservationHTTPServer((host, port), _handler(service))
 
 
 def main(argv: list[str] | None = None) -> int:

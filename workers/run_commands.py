@@ -4,34 +4,44 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
 from activities.models import DEFAULT_TASK_QUEUE, WORKFLOW_TYPE, RunProgress, RunSummary, TrainingRunInput
+from cairn.bounded_json import load_json_file
 from cairn.config import config_error_from
 from cairn.errors import ConfigError, TemporalUnavailableError
+from cairn.runs import resolve_store_url
 from workers.client import add_connection_args, connect
+from workflows.training_run import TrainingRun
 
 __all__ = ["register", "load_run_input", "live_step"]
 
+QUERY_TIMEOUT = timedelta(seconds=5)
 
-def load_run_input(path: str) -> TrainingRunInput:
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise ConfigError(f"{path}: run file not found") from exc
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from exc
+
+def load_run_input(path: str, cwd: str | Path | None = None) -> TrainingRunInput:
+    """Read and validate a run file; a relative ``store`` is resolved here, once, against the
+    starter's working directory (workers have their own, so the run input never holds one)."""
+    data = load_json_file(path, what="run file")
+    if isinstance(data, dict) and isinstance(data.get("store"), str):
+        data["store"] = resolve_store_url(data["store"], cwd)
     try:
         return TrainingRunInput.model_validate(data)
     except ValidationError as exc:
-        raise config_error_from(exc, path) from exc
+        raise config_error_from(exc, path) from None
 
 
 def _async(fn: Callable[[argparse.Namespace, Client], Any]) -> Callable[[argparse.Namespace], int]:
@@ -40,12 +50,12 @@ def _async(fn: Callable[[argparse.Namespace, Client], Any]) -> Callable[[argpars
             try:
                 client = await connect(args.address, args.namespace)
             except RuntimeError as exc:  # the SDK's connection failure
-                raise TemporalUnavailableError(f"cannot connect to Temporal: {exc}") from exc
+                raise TemporalUnavailableError(f"cannot connect to Temporal: {exc}") from None
             try:
                 code: int = await fn(args, client)
                 return code
             except RPCError as exc:
-                raise TemporalUnavailableError(f"Temporal refused: {exc.message}") from exc
+                raise TemporalUnavailableError(f"Temporal refused: {exc.message}") from None
 
         return asyncio.run(go())
 
@@ -53,15 +63,23 @@ def _async(fn: Callable[[argparse.Namespace, Client], Any]) -> Callable[[argpars
 
 
 def _print(args: argparse.Namespace, payload: dict[str, Any], text: str) -> None:
-    print(json.dumps(payload, sort_keys=True, default=str) if args.json else text)
+    from workers.cli import to_json
+
+    print(to_json(payload) if args.json else text)
+
+
+def _attempts_text(attempts: list[int], segments: int, retried: int) -> str:
+    recent = f", recent attempts {attempts}" if attempts else ""
+    return f"{segments} segment(s), {retried} retried{recent}"
 
 
 def _summary_text(s: RunSummary) -> str:
     lines = [
         f"run {s.run_id}: {s.steps}/{s.total_steps} steps{' (stopped early)' if s.stopped_early else ''}",
-        f"checkpoint   {s.checkpoint}",
-        f"fingerprint  {s.fingerprint}",
-        f"attempts     {s.attempts}  recomputed {s.recomputed_steps} step(s)  continued-as-new {s.continued_as_new}x",
+        f"checkpoint   {s.checkpoint or '- (none committed)'}",
+        f"fingerprint  {s.fingerprint or '-'}",
+        f"segments     {_attempts_text(s.attempts, s.segments, s.retried_segments)}; "
+        f"recomputed {s.recomputed_steps} step(s); continued-as-new {s.continued_as_new}x",
     ]
     if s.loss is not None:
         lines.append(f"loss         {s.loss:.6f}")
@@ -73,26 +91,65 @@ def _summary_text(s: RunSummary) -> str:
 async def _start(args: argparse.Namespace, client: Client) -> int:
     inp = load_run_input(args.run_file)
     workflow_id = args.workflow_id or inp.run_id
-    handle = await client.start_workflow(WORKFLOW_TYPE, inp, id=workflow_id, task_queue=args.task_queue)
+    try:
+        handle = await client.start_workflow(TrainingRun.run, inp, id=workflow_id, task_queue=args.task_queue)
+    except WorkflowAlreadyStartedError:
+        raise TemporalUnavailableError(
+            f"a workflow with id {workflow_id!r} is already running: watch it with `cairn run watch {workflow_id}`, "
+            "or start this run under another --workflow-id",
+            field="workflow_id",
+        ) from None
     if not args.wait:
         _print(
             args,
-            {"workflow_id": workflow_id, "run_id": handle.result_run_id, "task_queue": args.task_queue},
-            f"started {WORKFLOW_TYPE} {workflow_id} on task queue {args.task_queue!r}\n"
+            {
+                "workflow_id": workflow_id,
+                "run_id": handle.result_run_id,
+                "task_queue": args.task_queue,
+                "store": inp.store,
+            },
+            f"started {WORKFLOW_TYPE} {workflow_id} on task queue {args.task_queue!r} (store {inp.store})\n"
             f"  watch:  cairn run watch {workflow_id}\n  result: cairn run result {workflow_id}",
         )
         return 0
     return await _show_result(args, client, workflow_id)
 
 
+def _closed_word(status: WorkflowExecutionStatus | None) -> str:
+    return (
+        {
+            WorkflowExecutionStatus.FAILED: "failed",
+            WorkflowExecutionStatus.CANCELED: "cancelled",
+            WorkflowExecutionStatus.TERMINATED: "terminated",
+            WorkflowExecutionStatus.TIMED_OUT: "timed out",
+        }.get(status, "did not complete")
+        if status
+        else "did not complete"
+    )
+
+
+def _failure_message(exc: BaseException) -> str:
+    """The innermost readable message of a workflow failure (the activity's typed error)."""
+    cause: BaseException | None = exc
+    message = str(exc)
+    while cause is not None:
+        text = getattr(cause, "message", None) or str(cause)
+        kind = getattr(cause, "type", None)
+        if text:
+            message = f"{kind}: {text}" if kind else text
+        cause = cause.__cause__ or getattr(cause, "cause", None)
+    return message
+
+
 async def _show_result(args: argparse.Namespace, client: Client, workflow_id: str) -> int:
-    handle = client.get_workflow_handle(workflow_id)
+    handle = client.get_workflow_handle_for(TrainingRun.run, workflow_id)
     try:
-        summary = RunSummary.model_validate(await handle.result())
+        summary = await handle.result()
     except WorkflowFailureError as exc:
-        cause = exc.cause
-        message = getattr(cause, "message", None) or str(cause)
-        _print(args, {"workflow_id": workflow_id, "status": "failed", "error": message}, f"run failed: {message}")
+        desc = await handle.describe()
+        word = _closed_word(desc.status)
+        message = _failure_message(exc)
+        _print(args, {"workflow_id": workflow_id, "status": word, "error": message}, f"run {word}: {message}")
         return 1
     _print(args, {"workflow_id": workflow_id, "status": "completed", **summary.model_dump()}, _summary_text(summary))
     return 0
@@ -102,23 +159,95 @@ async def _result(args: argparse.Namespace, client: Client) -> int:
     return await _show_result(args, client, args.workflow_id)
 
 
+async def _pollers(client: Client, task_queue: str) -> int:
+    """How many workers polled the task queue recently (Temporal keeps them listed a while)."""
+    resp = await client.workflow_service.describe_task_queue(
+        DescribeTaskQueueRequest(
+            namespace=client.namespace,
+            task_queue=TaskQueue(name=task_queue),
+            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+        )
+    )
+    return len(resp.pollers)
+
+
 async def _progress(client: Client, workflow_id: str) -> RunProgress:
-    raw = await client.get_workflow_handle(workflow_id).query("progress")
-    return RunProgress.model_validate(raw)
+    handle = client.get_workflow_handle_for(TrainingRun.run, workflow_id)
+    return await handle.query(TrainingRun.progress, rpc_timeout=QUERY_TIMEOUT)
+
+
+def _segment_view(desc: WorkflowExecutionDescription) -> dict[str, Any] | None:
+    """The running segment as the server saw it last: attempt, heartbeat, last failure."""
+    for pending in desc.raw_description.pending_activities:
+        if pending.activity_type.name != "train_segment":
+            continue
+        view: dict[str, Any] = {"attempt": pending.attempt, "state": pending.state}
+        for payload in pending.heartbeat_details.payloads:
+            try:
+                value = json.loads(payload.data)
+            except ValueError:
+                continue
+            if isinstance(value, dict):
+                view.update({k: value.get(k) for k in ("step", "checkpoint", "loss")})
+        if pending.HasField("last_heartbeat_time"):
+            view["last_heartbeat"] = pending.last_heartbeat_time.ToDatetime().isoformat(timespec="seconds") + "Z"
+        if pending.HasField("last_failure"):
+            view["last_failure"] = pending.last_failure.message
+        return view
+    return None
 
 
 async def _status(args: argparse.Namespace, client: Client) -> int:
-    handle = client.get_workflow_handle(args.workflow_id)
+    """Works without a worker: the query needs one, describe and the result do not."""
+    handle = client.get_workflow_handle_for(TrainingRun.run, args.workflow_id)
     desc = await handle.describe()
     status = desc.status.name if desc.status else "UNKNOWN"
-    progress = await _progress(client, args.workflow_id)
-    payload = {"workflow_id": args.workflow_id, "status": status, **progress.model_dump()}
-    text = (
-        f"{args.workflow_id}: {status} — {progress.phase}, step {progress.step}/{progress.total}"
-        f"{f', loss {progress.loss:.4f}' if progress.loss is not None else ''}\n"
-        f"  checkpoint {progress.checkpoint}\n  attempts {progress.attempts}, recomputed {progress.recomputed_steps}"
-    )
-    _print(args, payload, text)
+    pollers = await _pollers(client, desc.task_queue)
+    progress: RunProgress | None = None
+    if pollers:
+        with contextlib.suppress(RPCError):
+            progress = await _progress(client, args.workflow_id)
+    payload: dict[str, Any] = {"workflow_id": args.workflow_id, "status": status, "workers_polling": pollers}
+    lines: list[str] = []
+    if progress is not None:
+        payload.update(progress.model_dump())
+        lines.append(
+            f"{args.workflow_id}: {status} - {progress.phase}, step {progress.step}/{progress.total}"
+            + (f", loss {progress.loss:.4f}" if progress.loss is not None else "")
+        )
+        lines.append(f"  checkpoint  {progress.checkpoint or '- (none committed yet)'}")
+        lines.append(
+            f"  segments    {_attempts_text(progress.attempts, progress.segments, progress.retried_segments)}; "
+            f"recomputed {progress.recomputed_steps} step(s); continued-as-new {progress.continued_as_new}x"
+        )
+    elif desc.status == WorkflowExecutionStatus.COMPLETED:
+        summary = await handle.result()  # from history: no worker needed
+        payload.update(summary.model_dump())
+        lines.append(f"{args.workflow_id}: COMPLETED")
+        lines += ["  " + line for line in _summary_text(summary).splitlines()]
+    else:
+        lines.append(f"{args.workflow_id}: {status}")
+        if desc.status not in (None, WorkflowExecutionStatus.RUNNING):
+            try:
+                await handle.result()
+            except WorkflowFailureError as exc:
+                payload["error"] = _failure_message(exc)
+                lines.append(f"  {_closed_word(desc.status)}: {payload['error']}")
+    if desc.status == WorkflowExecutionStatus.RUNNING:
+        segment = _segment_view(desc)
+        if segment is not None:
+            payload["segment"] = segment
+            seen = f" (last heartbeat {segment['last_heartbeat']})" if "last_heartbeat" in segment else ""
+            lines.append(
+                f"  segment     attempt {segment['attempt']}, step {segment.get('step', '-')}{seen}"
+                + (f"; last failure: {segment['last_failure']}" if segment.get("last_failure") else "")
+            )
+        if not pollers:
+            lines.append(
+                f"  worker      no worker is polling task queue {desc.task_queue!r}: progress shown is the last "
+                "the server saw; start one with `cairn worker`"
+            )
+    _print(args, payload, "\n".join(lines))
     return 0
 
 
@@ -139,34 +268,40 @@ def live_step(desc: Any) -> int | None:
 async def _watch(args: argparse.Namespace, client: Client) -> int:
     from tqdm import tqdm
 
-    handle = client.get_workflow_handle(args.workflow_id)
+    handle = client.get_workflow_handle_for(TrainingRun.run, args.workflow_id)
     bar: tqdm[Any] | None = None
     while True:
         desc = await handle.describe()
-        progress = await _progress(client, args.workflow_id)
-        if bar is None:
-            bar = tqdm(total=progress.total, desc=args.workflow_id, unit="step")
-        bar.n = max(progress.step, live_step(desc) or 0)
-        bar.set_postfix(
-            phase=progress.phase,
-            loss="-" if progress.loss is None else f"{progress.loss:.4f}",
-            attempts=sum(progress.attempts),
-            refresh=False,
-        )
-        bar.refresh()
         if desc.status != WorkflowExecutionStatus.RUNNING:
-            bar.close()
+            if bar is not None:
+                bar.close()
             break
+        try:
+            progress: RunProgress | None = await _progress(client, args.workflow_id)
+        except RPCError:
+            progress = None  # no worker right now: show the last heartbeat, keep watching
+        total = progress.total if progress else None
+        if bar is None and total is not None:
+            bar = tqdm(total=total, desc=args.workflow_id, unit="step")
+        if bar is not None:
+            bar.n = max(progress.step if progress else 0, live_step(desc) or 0)
+            bar.set_postfix(
+                phase=progress.phase if progress else "no worker",
+                loss="-" if progress is None or progress.loss is None else f"{progress.loss:.4f}",
+                retried=progress.retried_segments if progress else "-",
+                refresh=False,
+            )
+            bar.refresh()
         await asyncio.sleep(args.interval)
     return await _show_result(args, client, args.workflow_id)
 
 
 async def _journal(args: argparse.Namespace, client: Client) -> int:
-    from activities.models import RunInfo
     from cairn.effects import load_journal
     from cairn.stores import open_store
 
-    info = RunInfo.model_validate(await client.get_workflow_handle(args.workflow_id).query("info"))
+    handle = client.get_workflow_handle_for(TrainingRun.run, args.workflow_id)
+    info = await handle.query(TrainingRun.info, rpc_timeout=QUERY_TIMEOUT)
     journal = load_journal(open_store(info.store), info.run_id)
     payload = {"workflow_id": args.workflow_id, **journal.model_dump(mode="json")}
     lines = [f"journal of run {info.run_id} (version {journal.version}, store {info.store})"]
@@ -181,9 +316,11 @@ async def _journal(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
-def _signal(name: str) -> Callable[[argparse.Namespace, Client], Any]:
+def _signal(method: Any) -> Callable[[argparse.Namespace, Client], Any]:
+    name = method.__name__
+
     async def send(args: argparse.Namespace, client: Client) -> int:
-        await client.get_workflow_handle(args.workflow_id).signal(name)
+        await client.get_workflow_handle_for(TrainingRun.run, args.workflow_id).signal(method)
         _print(args, {"workflow_id": args.workflow_id, "signal": name}, f"sent {name} to {args.workflow_id}")
         return 0
 
@@ -191,7 +328,9 @@ def _signal(name: str) -> Callable[[argparse.Namespace, Client], Any]:
 
 
 async def _rollback(args: argparse.Namespace, client: Client) -> int:
-    await client.get_workflow_handle(args.workflow_id).signal("rollback", args.step)
+    if args.step < 0:
+        raise ConfigError("STEP", expected=">= 0", found=args.step)
+    await client.get_workflow_handle_for(TrainingRun.run, args.workflow_id).signal(TrainingRun.rollback, args.step)
     _print(args, {"workflow_id": args.workflow_id, "rollback": args.step}, f"sent rollback to step {args.step}")
     return 0
 
@@ -207,8 +346,9 @@ async def _cancel(args: argparse.Namespace, client: Client) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from workers.worker import run
+    from workers.worker import configure_logging, run
 
+    configure_logging()
     return asyncio.run(run(args))
 
 
@@ -218,7 +358,7 @@ def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> Non
     p = sub.add_parser("worker", help="run a Temporal worker (workflows + activities)")
     common(p)
     add_worker_args(p)
-    p.set_defaults(handler=_worker)
+    p.set_defaults(handler=_worker, exit_hard=True)
 
     run = sub.add_parser("run", help="start, watch and steer TrainingRun workflows")
     run_sub = run.add_subparsers(dest="run_command", required=True)
@@ -239,10 +379,10 @@ def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> Non
         ("status", "print a run's status and progress", _status),
         ("watch", "a live progress bar until the run closes", _watch),
         ("result", "wait for and print a run's summary", _result),
-        ("pause", "checkpoint and pause", _signal("pause")),
-        ("resume", "resume a paused run", _signal("resume")),
-        ("stop", "graceful stop: checkpoint now, then finish", _signal("stop")),
-        ("checkpoint", "commit a checkpoint now and carry on", _signal("checkpoint_now")),
+        ("pause", "checkpoint and pause", _signal(TrainingRun.pause)),
+        ("resume", "resume a paused run", _signal(TrainingRun.resume)),
+        ("stop", "graceful stop: checkpoint now, then finish", _signal(TrainingRun.stop)),
+        ("checkpoint", "commit a checkpoint now and carry on", _signal(TrainingRun.checkpoint_now)),
         ("rollback", "restore training to the checkpoint at (or before) STEP; effects stay", _rollback),
         ("cancel", "cancel the run (the running segment checkpoints first)", _cancel),
         ("journal", "print the run's effect journal (intents, observations, decisions)", _journal),
@@ -253,3 +393,7 @@ def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> Non
             p.add_argument("step", type=int)
         if name == "watch":
             p.add_argument("--interval", type=float, default=0.5, help="seconds between progress queries")
+            p.set_defaults(
+                interrupt_note="stopped watching {workflow_id}; the run keeps going on its workers "
+                "(watch again: cairn run watch {workflow_id}; stop it: cairn run stop {workflow_id})"
+            )

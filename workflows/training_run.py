@@ -10,6 +10,12 @@ segment by cancelling it; the activity commits a checkpoint at its current step 
 reports back. Cancelling the workflow does the same before the run ends. After
 ``segments_per_run`` segments (or when the server suggests it) the run continues-as-new, so
 history stays bounded however long the run is.
+
+Failing fast: an input that does not validate fails the run at once (the data converter turns
+it into a non-retryable ``ConfigError``); so does any non-retryable activity error (a corrupt
+checkpoint, another store than the run's, another workflow on the same run id). Every
+activity either finishes in seconds or heartbeats, so a worker killed inside any of them is
+noticed within ``heartbeat_timeout_seconds``, not after a long start-to-close timeout.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ with workflow.unsafe.imports_passed_through():
         EffectReceipt,
         LatestCheckpointInput,
         LatestCheckpointResult,
+        OpenRunInput,
+        OpenRunResult,
         RunCarry,
         RunInfo,
         RunProgress,
@@ -39,7 +47,7 @@ with workflow.unsafe.imports_passed_through():
         TrainSegmentInput,
         TrainSegmentResult,
     )
-    from activities.training import collect_checkpoints, latest_checkpoint, train_segment
+    from activities.training import INTERRUPTED, collect_checkpoints, latest_checkpoint, open_run, train_segment
 
 __all__ = ["TrainingRun"]
 
@@ -50,6 +58,9 @@ SEGMENT_RETRY = RetryPolicy(
     maximum_attempts=0,  # unlimited: storage trouble heals; corrupt state is non-retryable
 )
 SHORT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10))
+BOOKKEEPING_TIMEOUT = timedelta(minutes=10)
+"""Start-to-close bound of listing/GC/journal activities; a dead worker is noticed sooner, by
+their heartbeat timeout (they heartbeat from a background thread while they work)."""
 
 
 @workflow.defn(name="TrainingRun")
@@ -73,6 +84,8 @@ class TrainingRun:
             loss=self._carry.loss,
             checkpoint=self._carry.checkpoint,
             attempts=list(self._carry.attempts),
+            segments=self._carry.segments,
+            retried_segments=self._carry.retried_segments,
             recomputed_steps=self._carry.recomputed_steps,
             continued_as_new=self._carry.continued_as_new,
         )
@@ -120,7 +133,7 @@ class TrainingRun:
         if inp.carry is not None:
             self._carry = inp.carry.model_copy(deep=True)
         else:
-            await self._adopt_durable_cursor(inp)
+            await self._open_run(inp)
         if inp.effects is not None and self._carry.reservation is None:
             self._carry.reservation = await self._effect(reserve_capacity, "reserve", inp)
             self._carry.effects["reserve"] = self._carry.reservation.receipt
@@ -137,7 +150,7 @@ class TrainingRun:
             self._phase = "failed"
             await self._release(inp, reason="failed")
             raise
-        if inp.effects is not None and not self._carry.stopped_early(inp):
+        if inp.effects is not None and self._carry.step >= inp.total_steps:
             receipt = await self._effect(publish_checkpoint, "publish", inp)
             self._carry.effects["publish"] = receipt.receipt
         await self._release(inp, reason="completed")
@@ -162,9 +175,10 @@ class TrainingRun:
             if inp.retention is not None:
                 await workflow.execute_activity(
                     collect_checkpoints,
-                    CollectInput(run_id=inp.run_id, store=inp.store, retention=inp.retention),
-                    start_to_close_timeout=timedelta(minutes=5),
-                    retry_policy=SHORT_RETRY,
+                    CollectInput(
+                        run_id=inp.run_id, store=inp.store, store_id=self._carry.store_id, retention=inp.retention
+                    ),
+                    **self._bookkeeping(inp),
                 )
         if self._carry.checkpoint is None:  # total_steps == 0: the origin is the result
             await self._run_segment(inp, target=0)
@@ -178,6 +192,7 @@ class TrainingRun:
             EffectInput(
                 run_id=inp.run_id,
                 store=inp.store,
+                store_id=self._carry.store_id,
                 effects=inp.effects,
                 checkpoint=self._carry.checkpoint,
                 fingerprint=self._carry.fingerprint,
@@ -202,9 +217,13 @@ class TrainingRun:
         assert wanted is not None
         found: LatestCheckpointResult = await workflow.execute_activity(
             latest_checkpoint,
-            LatestCheckpointInput(run_id=inp.run_id, store=inp.store, at_or_before=min(wanted, self._carry.step)),
-            start_to_close_timeout=timedelta(minutes=2),
-            retry_policy=SHORT_RETRY,
+            LatestCheckpointInput(
+                run_id=inp.run_id,
+                store=inp.store,
+                store_id=self._carry.store_id,
+                at_or_before=min(wanted, self._carry.step),
+            ),
+            **self._bookkeeping(inp),
         )
         detail: dict[str, object] = {"from_step": self._carry.step, "requested_step": wanted}
         if found.checkpoint is None:
@@ -220,10 +239,11 @@ class TrainingRun:
                 )
         await workflow.execute_activity(
             record_decision,
-            DecisionInput(run_id=inp.run_id, store=inp.store, decision="rollback", detail=detail),
+            DecisionInput(
+                run_id=inp.run_id, store=inp.store, store_id=self._carry.store_id, decision="rollback", detail=detail
+            ),
             activity_id=f"rollback-{self._carry.rollbacks}",
-            start_to_close_timeout=timedelta(minutes=2),
-            retry_policy=SHORT_RETRY,
+            **self._bookkeeping(inp),
         )
         self._carry.rollbacks += 1
         if found.checkpoint is not None:
@@ -232,14 +252,23 @@ class TrainingRun:
             self._carry.fingerprint = found.fingerprint
             self._carry.resume_from = found.checkpoint
 
-    async def _adopt_durable_cursor(self, inp: TrainingRunInput) -> None:
-        """A run id that already has committed checkpoints continues from the latest one
-        (e.g. a workflow restarted after it was terminated): never from scratch."""
-        latest: LatestCheckpointResult = await workflow.execute_activity(
-            latest_checkpoint,
-            LatestCheckpointInput(run_id=inp.run_id, store=inp.store),
-            start_to_close_timeout=timedelta(minutes=2),
-            retry_policy=SHORT_RETRY,
+    def _bookkeeping(self, inp: TrainingRunInput) -> dict[str, object]:
+        """Timeouts and retries of the short activities (listing, GC, journal, open)."""
+        return {
+            "start_to_close_timeout": BOOKKEEPING_TIMEOUT,
+            "heartbeat_timeout": timedelta(seconds=inp.heartbeat_timeout_seconds),
+            "retry_policy": SHORT_RETRY,
+        }
+
+    async def _open_run(self, inp: TrainingRunInput) -> None:
+        """Claim the run id for this workflow, record the store's identity, and adopt the last
+        durable cursor: a run id that already has committed checkpoints continues from the
+        latest one (e.g. a workflow restarted after it was terminated), never from scratch."""
+        latest: OpenRunResult = await workflow.execute_activity(
+            open_run,
+            OpenRunInput(run_id=inp.run_id, store=inp.store, workflow_id=workflow.info().workflow_id),
+            activity_id="open-run",
+            **self._bookkeeping(inp),
         )
         if latest.step > inp.total_steps:
             raise ApplicationError(
@@ -248,7 +277,9 @@ class TrainingRun:
                 type="InvariantError",
                 non_retryable=True,
             )
-        self._carry = RunCarry(step=latest.step, checkpoint=latest.checkpoint, fingerprint=latest.fingerprint)
+        self._carry = RunCarry(
+            step=latest.step, checkpoint=latest.checkpoint, fingerprint=latest.fingerprint, store_id=latest.store_id
+        )
 
     def _summary(self, inp: TrainingRunInput) -> RunSummary:
         return RunSummary(
@@ -259,6 +290,8 @@ class TrainingRun:
             total_steps=inp.total_steps,
             stopped_early=self._carry.step < inp.total_steps,
             attempts=list(self._carry.attempts),
+            segments=self._carry.segments,
+            retried_segments=self._carry.retried_segments,
             recomputed_steps=self._carry.recomputed_steps,
             continued_as_new=self._carry.continued_as_new,
             loss=self._carry.loss,
@@ -280,6 +313,7 @@ class TrainingRun:
                 run_id=inp.run_id,
                 config=inp.config,
                 store=inp.store,
+                store_id=self._carry.store_id,
                 target_step=target,
                 resume_from=resume_from,
                 checkpoint_every=inp.checkpoint.every,
@@ -309,25 +343,38 @@ class TrainingRun:
         try:
             result = await handle
         except ActivityError as err:
-            if not isinstance(err.cause, CancelledError):
+            interrupted = isinstance(err.cause, ApplicationError) and err.cause.type == INTERRUPTED
+            if not interrupted and not isinstance(err.cause, CancelledError):
                 raise
             # Interrupted (pause/stop/checkpoint-now/cancel): it committed before reporting.
             # After a rollback "latest" may be a checkpoint from before the rollback; training
             # is deterministic, so it holds the very state the replay would have reached.
             latest: LatestCheckpointResult = await workflow.execute_activity(
                 latest_checkpoint,
-                LatestCheckpointInput(run_id=inp.run_id, store=inp.store),
-                start_to_close_timeout=timedelta(minutes=2),
-                retry_policy=SHORT_RETRY,
+                LatestCheckpointInput(run_id=inp.run_id, store=inp.store, store_id=self._carry.store_id),
+                **self._bookkeeping(inp),
             )
-            self._carry.attempts.append(1)
+            report = _interruption_report(err.cause)
+            self._carry.record_segment(report.get("attempt", 1))
+            self._carry.recomputed_steps += report.get("recomputed_steps", 0)
             self._carry.step = latest.step
             self._carry.checkpoint = latest.checkpoint
             self._carry.fingerprint = latest.fingerprint
             return
-        self._carry.attempts.append(result.attempt)
+        self._carry.record_segment(result.attempt)
         self._carry.recomputed_steps += result.recomputed_steps
         self._carry.step = result.step
         self._carry.checkpoint = result.checkpoint
         self._carry.fingerprint = result.fingerprint
         self._carry.loss = result.loss
+
+
+def _interruption_report(cause: BaseException | None) -> dict[str, int]:
+    """What an interrupted segment reported (attempt, recomputed steps); empty when it was
+    cancelled before it could say."""
+    if not isinstance(cause, ApplicationError):
+        return {}
+    details = cause.details[0] if cause.details else None
+    if not isinstance(details, dict):
+        return {}
+    return {k: v for k, v in details.items() if k in ("attempt", "recomputed_steps") and isinstance(v, int)}

@@ -6,9 +6,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cairn.state import TrainState
+from cairn.state import Lineage, TrainState
 
-__all__ = ["FieldDiff", "compare_states"]
+__all__ = ["FieldDiff", "compare_states", "LINEAGE_COMPARED"]
+
+LINEAGE_COMPARED = tuple(name for name in Lineage.model_fields if name != "parent")
+"""Lineage fields that are part of a state; ``parent`` is provenance (which checkpoint a run
+resumed from) and differs between a resumed run and an uninterrupted one by design."""
 
 
 @dataclass(frozen=True)
@@ -35,7 +39,8 @@ def _array_diff(name: str, a: np.ndarray, b: np.ndarray) -> FieldDiff | None:
 
 
 def compare_states(a: TrainState, b: TrainState) -> list[FieldDiff]:
-    """Every state field: theta, m, v, t, RNG, cursor, history, config. Empty list = identical."""
+    """Every state field: theta, m, v, t, RNG, cursor, history, config and lineage (except its
+    ``parent``). Empty list = identical."""
     diffs: list[FieldDiff] = []
     for group, da, db in (("theta", a.params, b.params), ("m", a.m, b.m), ("v", a.v, b.v)):
         for name in sorted(set(da) | set(db)):
@@ -59,4 +64,8 @@ def compare_states(a: TrainState, b: TrainState) -> list[FieldDiff]:
             diffs.append(d)
     if a.config != b.config:
         diffs.append(FieldDiff("config", "configs differ"))
+    for name in LINEAGE_COMPARED:
+        va, vb = getattr(a.lineage, name), getattr(b.lineage, name)
+        if va != vb:
+            diffs.append(FieldDiff(f"lineage.{name}", f"{va!r} vs {vb!r}"))
     return diffs

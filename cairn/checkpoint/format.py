@@ -8,7 +8,14 @@ filled by ranged reads.
 Write order (see ``cairn.stores.base``): shards first, concurrently, each hashed while it
 streams out; then the manifest by create-if-absent, which is the commit. A writer that finds
 the manifest already committed compares fingerprints: equal is success without rewriting,
-different is ``CheckpointConflictError``.
+different is ``CheckpointConflictError``. Content the reader would refuse (NaN or infinity,
+integers over 64 digits, nesting over 64 levels, lone surrogates) is refused before any byte
+is written, so every commit that succeeds can be read back to the same fingerprint.
+
+Read bounds (``Limits``), all checked from the manifest alone, before any tensor is
+allocated: manifest bytes, tensor count, total bytes, dimensions per tensor, each dimension
+<= ``MAX_DIM`` (2**40) and each tensor's bytes <= ``max_total_bytes`` (Python integers, so
+nothing overflows). ``verify_tensors`` checks a checkpoint of any size in one reusable buffer.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import numpy as np
 from blake3 import blake3
 from pydantic import ValidationError
 
+from cairn.bounded_json import JsonLimits, parse_json
 from cairn.checkpoint.manifest import (
     CHECKSUM_PREFIX,
     FORMAT_NAME,
@@ -38,6 +46,7 @@ from cairn.checkpoint.manifest import (
     WriterInfo,
     compute_fingerprint,
     manifest_key,
+    non_finite_path,
 )
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.signing import Signer
@@ -46,6 +55,7 @@ from cairn.errors import (
     CheckpointNotFoundError,
     FormatVersionError,
     IntegrityError,
+    InvariantError,
     KindMismatchError,
     ManifestError,
     ObjectNotFoundError,
@@ -68,18 +78,22 @@ __all__ = [
     "parse_manifest",
     "read_manifest",
     "read_tensors",
+    "verify_tensors",
     "tensor_checksum",
     "ALLOWED_DTYPES",
+    "MAX_DIM",
 ]
 
 ALLOWED_DTYPES = frozenset({"<f8", "<f4", "<f2", "<i8", "<i4", "<i2", "|i1", "<u8", "<u4", "|u1", "|b1"})
 HASH_CHUNK = 8 << 20
 CHECK_CHUNK = 1 << 20  # verify in cache-sized chunks
+MAX_DIM = 1 << 40
+"""No single dimension of a tensor may exceed this, even when another dimension is 0."""
 
 
 @dataclass(frozen=True)
 class Limits:
-    """Bounds checked before anything is allocated."""
+    """Bounds checked before anything is allocated (see the module docstring)."""
 
     max_manifest_bytes: int = 16 << 20
     max_tensors: int = 4096
@@ -145,6 +159,37 @@ def tensor_checksum(arr: np.ndarray) -> str:
     for start in range(0, len(view), HASH_CHUNK):
         h.update(view[start : start + HASH_CHUNK])
     return CHECKSUM_PREFIX + h.hexdigest()
+
+
+def _check_content(content: CheckpointContent, names: list[str], limits: Limits = DEFAULT_LIMITS) -> None:
+    """Refuse, before anything is written, content the manifest could not carry faithfully."""
+    where = f"{content.run_id}/{content.kind}/{content.step}"
+    for name in names:
+        if not 1 <= len(name) <= 256:
+            raise TensorSpecError(field="tensors", expected="names of 1 to 256 characters", found=name[:80])
+    body = {
+        "config": content.config,
+        "lineage": None if content.lineage is None else content.lineage.model_dump(mode="json"),
+        "rng": content.rng,
+        "meta": content.meta,
+        "tensors": names,
+    }
+    found = non_finite_path(body)
+    if found is not None:
+        raise InvariantError(
+            "checkpoint content must be finite JSON", field=found[0], expected="a finite number", found=found[1]
+        )
+    try:
+        text = json.dumps(body, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvariantError(f"{where}: checkpoint content is not plain JSON ({exc})") from None
+    # The reader's bounds, applied at write time: what commits can always be read back.
+    parse_json(
+        text.encode(),
+        where=f"{where} content",
+        error=InvariantError,
+        limits=JsonLimits(max_bytes=limits.max_manifest_bytes),
+    )
 
 
 @dataclass
@@ -231,6 +276,7 @@ def write_shards(
     Shards are named ``NONCE/rankRRR-NNNN.bin`` under the checkpoint prefix, so ranks never
     collide and a losing attempt never overwrites the winner's bytes.
     """
+    _check_content(content, list(tensors))
     arrays = {name: _as_le_contiguous(a) for name, a in tensors.items()}
     prefix = CheckpointRef("", content.run_id, content.kind, content.step).prefix
     plans = _plan_shards(arrays, nonce, rank, shard_bytes)
@@ -297,6 +343,7 @@ def write_checkpoint(
     max_workers: int = 4,
 ) -> CommitResult:
     """Single-writer save: shards, then the manifest, under the (run, kind, step) key."""
+    _check_content(content, list(tensors))
     mkey = manifest_key(content.run_id, content.kind, content.step)
     if store.exists(mkey):
         # A retry (or a stale writer) of a committed step: compare, don't rewrite.
@@ -324,11 +371,9 @@ def _converge(store: Store, ref: CheckpointRef, mkey: str, fingerprint: str, orp
     return CommitResult(ref=ref, manifest=existing, created=False)
 
 
-def parse_manifest(raw: bytes, where: str) -> Manifest:
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ManifestError(f"{where}: manifest is not valid JSON ({exc})") from exc
+def parse_manifest(raw: bytes, where: str, *, limits: Limits = DEFAULT_LIMITS) -> Manifest:
+    """Bounded JSON (``cairn.bounded_json``), then format name/version, then the schema."""
+    data = parse_json(raw, where=where, error=ManifestError, limits=JsonLimits(max_bytes=limits.max_manifest_bytes))
     if not isinstance(data, dict):
         raise ManifestError(field="manifest", expected="a JSON object", found=type(data).__name__)
     if data.get("format") != FORMAT_NAME:
@@ -342,9 +387,9 @@ def parse_manifest(raw: bytes, where: str) -> Manifest:
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"]) or "manifest"
-        raise ManifestError(
-            f"{first['msg']} (found {json.dumps(first.get('input'), default=str)[:80]})", field=loc
-        ) from exc
+        ctx_error = first.get("ctx", {}).get("error")
+        msg = str(ctx_error) if first["type"] == "value_error" and ctx_error is not None else first["msg"]
+        raise ManifestError(f"{msg} (found {json.dumps(first.get('input'), default=str)[:80]})", field=loc) from exc
 
 
 def _check_structure(manifest: Manifest, limits: Limits) -> None:
@@ -354,6 +399,8 @@ def _check_structure(manifest: Manifest, limits: Limits) -> None:
     if manifest.total_bytes > limits.max_total_bytes:
         raise SizeLimitError(field="total_bytes", expected=f"<= {limits.max_total_bytes}", found=manifest.total_bytes)
     shards = {s.key: s for s in manifest.shards}
+    if len(shards) != len(manifest.shards):
+        raise ManifestError("a shard is listed twice", field="shards", found=[s.key for s in manifest.shards])
     seen: set[str] = set()
     total = 0
     for t in manifest.tensors:
@@ -363,11 +410,15 @@ def _check_structure(manifest: Manifest, limits: Limits) -> None:
         seen.add(t.name)
         if t.dtype not in ALLOWED_DTYPES:
             raise TensorSpecError(field=f"{where}.dtype", expected=sorted(ALLOWED_DTYPES), found=t.dtype)
-        if len(t.shape) > limits.max_ndim or any(d < 0 for d in t.shape):
+        if len(t.shape) > limits.max_ndim or any(not 0 <= d <= MAX_DIM for d in t.shape):
             raise TensorSpecError(
-                field=f"{where}.shape", expected=f"<= {limits.max_ndim} non-negative dims", found=t.shape
+                field=f"{where}.shape",
+                expected=f"<= {limits.max_ndim} dims, each in [0, {MAX_DIM}]",
+                found=[d if abs(d) <= 1 << 64 else f"{d:.3e}" for d in t.shape],
             )
-        want = math.prod(t.shape) * np.dtype(t.dtype).itemsize
+        want = math.prod(t.shape) * np.dtype(t.dtype).itemsize  # Python ints: cannot overflow
+        if want > limits.max_total_bytes:
+            raise SizeLimitError(field=f"{where}.shape", expected=f"<= {limits.max_total_bytes} bytes", found=want)
         if t.length != want:
             raise TensorSpecError(
                 "byte length disagrees with dtype x shape",
@@ -408,7 +459,7 @@ def read_manifest(
         ) from None
     if size > limits.max_manifest_bytes:
         raise SizeLimitError(field="manifest", expected=f"<= {limits.max_manifest_bytes} bytes", found=size)
-    manifest = parse_manifest(store.read(key), str(ref))
+    manifest = parse_manifest(store.read(key), str(ref), limits=limits)
     if expect_kind is not None and manifest.kind != expect_kind:
         raise KindMismatchError(
             f"a {manifest.kind.value} checkpoint cannot be restored as {expect_kind.value} state",
@@ -449,6 +500,59 @@ def read_manifest(
 ValueCheck = Callable[[str, np.ndarray], None]
 
 
+def _check_shards_present(store: Store, ref: CheckpointRef, manifest: Manifest) -> None:
+    """Every listed shard exists with its declared size, so no ranged read can fall short."""
+    for shard in manifest.shards:
+        key = f"{ref.prefix}/{shard.key}"
+        try:
+            size = store.size(key)
+        except ObjectNotFoundError:
+            raise IntegrityError("shard listed in the manifest is missing", field=f"shards[{shard.key}]") from None
+        if size != shard.bytes:
+            raise IntegrityError(field=f"shards[{shard.key}].bytes", expected=shard.bytes, found=size)
+
+
+def verify_tensors(
+    store: Store,
+    ref: CheckpointRef,
+    manifest: Manifest,
+    *,
+    value_check: ValueCheck | None = None,
+    chunk_bytes: int = 8 << 20,
+) -> None:
+    """Check every tensor's checksum (and, with ``value_check``, its values) without ever
+    holding a whole tensor: each is streamed through one reusable buffer of ``chunk_bytes``.
+
+    ``manifest`` is one ``read_manifest`` returned (its layout is checked). Memory stays at one
+    buffer whatever the checkpoint declares, so a forged multi-GiB checkpoint fails on its
+    first missing shard or bad checksum with a typed error, never ``MemoryError``. Chunks hold
+    whole elements (their length is a multiple of the itemsize), so ``value_check(name,
+    chunk)`` sees a 1-D array of the tensor's dtype, as with ``read_tensors``. Tensors are
+    checked in shard order, sequentially.
+    """
+    _check_shards_present(store, ref, manifest)
+    buffer = np.empty(max(chunk_bytes, 8) // 8 * 8, dtype=np.uint8)  # whole elements of any dtype
+    view = _byte_view(buffer)
+    for entry in sorted(manifest.tensors, key=lambda t: (t.shard, t.offset, t.name)):
+        dtype = np.dtype(entry.dtype)
+        step = buffer.size // dtype.itemsize * dtype.itemsize
+        h = blake3()
+        for start in range(0, entry.length, step):
+            size = min(step, entry.length - start)
+            store.read_into(f"{ref.prefix}/{entry.shard}", entry.offset + start, view[:size])
+            h.update(view[:size])
+            if value_check is not None:
+                value_check(entry.name, buffer[:size].view(dtype))
+        found = CHECKSUM_PREFIX + h.hexdigest()
+        if found != entry.checksum:
+            raise IntegrityError(
+                "tensor bytes do not match their checksum",
+                field=f"tensors[{entry.name}].checksum",
+                expected=entry.checksum,
+                found=found,
+            )
+
+
 def read_tensors(
     store: Store,
     ref: CheckpointRef,
@@ -462,15 +566,10 @@ def read_tensors(
 
     Tensors load concurrently; within a tensor, hashing and ``value_check`` run chunk by chunk
     in one pass while the chunk is hot in cache. ``value_check(name, chunk)`` raises to refuse.
+    Every tensor is allocated whole: to check a checkpoint without holding it, use
+    ``verify_tensors``.
     """
-    for shard in manifest.shards:
-        key = f"{ref.prefix}/{shard.key}"
-        try:
-            size = store.size(key)
-        except ObjectNotFoundError:
-            raise IntegrityError("shard listed in the manifest is missing", field=f"shards[{shard.key}]") from None
-        if size != shard.bytes:
-            raise IntegrityError(field=f"shards[{shard.key}].bytes", expected=shard.bytes, found=size)
+    _check_shards_present(store, ref, manifest)
 
     def load(entry: TensorEntry) -> tuple[str, np.ndarray]:
         arr = np.empty(entry.shape, dtype=np.dtype(entry.dtype))

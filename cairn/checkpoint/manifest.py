@@ -9,19 +9,26 @@ The ``fingerprint`` is a sha256 over the checkpoint's *content* (kind, step, cur
 config, lineage except parent, RNG, meta, and every tensor's name/dtype/shape/checksum). It
 identifies a state and detects accidental corruption of the manifest; it is **not** a
 signature — anyone can recompute it for forged content. Authenticity comes only from the
-optional HMAC ``signature`` (see ``cairn.checkpoint.signing``).
+optional HMAC ``signature`` (see ``cairn.checkpoint.signing``). The content is plain finite
+JSON: NaN or infinity anywhere in it is refused (``InvariantError``) rather than written.
+
+Shard keys are relative paths under the checkpoint prefix: '/'-separated segments, none
+empty, '.' or '..', no leading '/', no backslash, NUL or newline. Anything else is refused
+when the manifest is parsed, before a key reaches a store.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from cairn.errors import InvariantError
 from cairn.state import Lineage
 
 __all__ = [
@@ -39,6 +46,8 @@ __all__ = [
     "manifest_key",
     "RUN_ID_PATTERN",
     "CHECKSUM_PREFIX",
+    "shard_key_problem",
+    "non_finite_path",
 ]
 
 FORMAT_NAME = "cairn-checkpoint"
@@ -48,6 +57,30 @@ MANIFEST_NAME = "manifest.json"
 STEP_DIGITS = 12
 CHECKSUM_PREFIX = "blake3:"
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def shard_key_problem(key: str) -> str | None:
+    """Why ``key`` is not a safe shard key relative to a checkpoint prefix, or None if it is."""
+    if not key:
+        return "empty"
+    if key.startswith("/"):
+        return "absolute (leading '/')"
+    for char, name in (("\\", "a backslash"), ("\0", "NUL"), ("\n", "a newline"), ("\r", "a carriage return")):
+        if char in key:
+            return f"contains {name}"
+    if any(part in ("", ".", "..") for part in key.split("/")):
+        return "has an empty, '.' or '..' segment"
+    return None
+
+
+def _safe_shard_key(key: str) -> str:
+    problem = shard_key_problem(key)
+    if problem is not None:
+        raise ValueError(f"unsafe shard key {key[:80]!r}: {problem}")
+    return key
+
+
+ShardKey = Annotated[str, AfterValidator(_safe_shard_key)]
 
 
 class CheckpointKind(StrEnum):
@@ -67,14 +100,14 @@ class TensorEntry(_Model):
     name: str = Field(min_length=1, max_length=256)
     dtype: str = Field(description="numpy dtype string, little-endian, e.g. '<f8'")
     shape: list[int]
-    shard: str = Field(description="shard key relative to the checkpoint prefix")
+    shard: ShardKey = Field(description="shard key relative to the checkpoint prefix")
     offset: int = Field(ge=0)
     length: int = Field(ge=0)
     checksum: str = Field(pattern=r"^blake3:[0-9a-f]{64}$")
 
 
 class ShardEntry(_Model):
-    key: str = Field(description="relative to the checkpoint prefix")
+    key: ShardKey = Field(description="relative to the checkpoint prefix")
     rank: int = Field(ge=0)
     bytes: int = Field(ge=0)
 
@@ -143,8 +176,31 @@ def compute_fingerprint(
         "meta": meta,
         "tensors": sorted([n, d, list(s), c] for n, d, s, c in tensors),
     }
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    try:
+        text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except ValueError:  # NaN or infinity somewhere: it has no JSON form and would not round-trip
+        path, value = non_finite_path(body) or ("content", None)
+        raise InvariantError(
+            "checkpoint content must be finite JSON", field=path, expected="a finite number", found=value
+        ) from None
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def non_finite_path(value: Any, path: str = "") -> tuple[str, float] | None:
+    """(dotted path, value) of the first NaN or infinity inside a JSON-like value, else None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path or "value", value)
+    if isinstance(value, dict):
+        items: list[tuple[str, Any]] = [(f"{path}.{k}" if path else str(k), v) for k, v in value.items()]
+    elif isinstance(value, list | tuple):
+        items = [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+    else:
+        return None
+    for sub_path, sub in items:
+        found = non_finite_path(sub, sub_path)
+        if found is not None:
+            return found
+    return None
 
 
 def checkpoint_prefix(run_id: str, kind: str, step: int) -> str:

@@ -3,8 +3,9 @@
 Pinned = every ``keep_every`` steps, or named with ``pin`` (an object ``RUN/pins/NAME``
 holding the step). Deleted: older unpinned committed checkpoints (manifest first, so a
 checkpoint stops existing before its shards go), uncommitted prefixes older than the grace
-period (crashed writers), and shard files no manifest refers to (losing racers), also only
-after the grace period. Never deleted: the latest committed checkpoint, or anything younger
+period (crashed writers), shard files no manifest refers to (losing racers), and incomplete
+multipart uploads under the run (writers killed mid-upload; S3 only), also only after the
+grace period. Never deleted: the latest committed checkpoint, or anything younger
 than the grace period (it may be being written right now).
 """
 
@@ -19,10 +20,10 @@ from dataclasses import dataclass, field
 from cairn.checkpoint.format import parse_manifest
 from cairn.checkpoint.manifest import MANIFEST_NAME, RUN_ID_PATTERN, CheckpointKind, checkpoint_prefix
 from cairn.checkpoint.ref import CheckpointRef
-from cairn.errors import CheckpointError, ConfigError
+from cairn.errors import CheckpointError, ConfigError, InvalidObjectError
 from cairn.stores.base import ObjectInfo, Store
 
-__all__ = ["RetentionPolicy", "GcPlan", "plan_gc", "collect_garbage", "pin", "pinned_steps"]
+__all__ = ["RetentionPolicy", "GcPlan", "plan_gc", "collect_garbage", "pin", "unpin", "pinned_steps"]
 
 _STEP_DIR = re.compile(r"^([^/]+)/([a-z]+)/(\d{12})/(.+)$")
 
@@ -47,6 +48,8 @@ class GcPlan:
     orphans: list[str] = field(default_factory=list)
     """Object keys of uncommitted prefixes and unreferenced shards past the grace period."""
     deleted_bytes: int = 0
+    aborted_uploads: list[str] = field(default_factory=list)
+    """Keys of incomplete multipart uploads past the grace period (aborted, or to abort)."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -54,6 +57,7 @@ class GcPlan:
             "delete": [str(r) for r in self.delete],
             "orphans": self.orphans,
             "deleted_bytes": self.deleted_bytes,
+            "aborted_uploads": self.aborted_uploads,
         }
 
 
@@ -62,7 +66,21 @@ def pin(store: Store, ref: CheckpointRef, name: str) -> None:
     if not RUN_ID_PATTERN.match(name):
         raise ConfigError("pin name", expected=RUN_ID_PATTERN.pattern, found=name)
     body = json.dumps({"kind": ref.kind.value, "step": ref.step}).encode()
-    store.write_object(f"{ref.run_id}/pins/{name}.json", [body])
+    store.write_object(_pin_key(ref.run_id, name), [body], size=len(body))
+
+
+def unpin(store: Store, run_id: str, name: str) -> None:
+    """Remove the pin ``name`` of ``run_id``; a missing pin is a ``ConfigError``."""
+    if not RUN_ID_PATTERN.match(name):
+        raise ConfigError("--name", expected=RUN_ID_PATTERN.pattern, found=name)
+    key = _pin_key(run_id, name)
+    if not store.exists(key):
+        raise ConfigError("--name", expected=f"a pin of run {run_id}", found=name)
+    store.delete([key])
+
+
+def _pin_key(run_id: str, name: str) -> str:
+    return f"{run_id}/pins/{name}.json"
 
 
 def pinned_steps(store: Store, run_id: str) -> dict[tuple[str, int], list[str]]:
@@ -101,11 +119,10 @@ def plan_gc(store: Store, run_id: str, policy: RetentionPolicy, now: float | Non
             (plan.keep if step in keep else plan.delete).append(ref)
             if step in keep:
                 plan.orphans += _unreferenced_shards(store, ref, by_prefix[(kind, step)], now, policy)
+    orphans = set(plan.orphans)
+    deleted = {(r.kind.value, r.step) for r in plan.delete}
     plan.deleted_bytes = sum(
-        o.size
-        for (kind, step), objects in by_prefix.items()
-        for o in objects
-        if o.key in set(plan.orphans) or any(r.kind.value == kind and r.step == step for r in plan.delete)
+        o.size for prefix, objects in by_prefix.items() for o in objects if prefix in deleted or o.key in orphans
     )
     return plan
 
@@ -115,7 +132,7 @@ def _unreferenced_shards(
 ) -> list[str]:
     try:
         manifest = parse_manifest(store.read(f"{ref.prefix}/{MANIFEST_NAME}"), str(ref))
-    except CheckpointError:
+    except (CheckpointError, InvalidObjectError):
         return []  # an unreadable manifest is for `verify` to report, not for GC to act on
     used = {f"{ref.prefix}/{s.key}" for s in manifest.shards} | {f"{ref.prefix}/{MANIFEST_NAME}"}
     return [o.key for o in objects if o.key not in used and now - o.mtime > policy.grace_seconds]
@@ -126,10 +143,12 @@ def collect_garbage(
 ) -> GcPlan:
     plan = plan_gc(store, run_id, policy, now)
     if dry_run:
+        plan.aborted_uploads = store.stale_uploads(f"{run_id}/", policy.grace_seconds, now=now)
         return plan
     for ref in plan.delete:
         prefix = checkpoint_prefix(ref.run_id, ref.kind, ref.step)
         store.delete([f"{prefix}/{MANIFEST_NAME}"])  # un-commit first
         store.delete([o.key for o in store.list(prefix + "/")])
     store.delete(plan.orphans)
+    plan.aborted_uploads = store.abort_stale_uploads(f"{run_id}/", policy.grace_seconds, now=now)
     return plan

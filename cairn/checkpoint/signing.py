@@ -4,6 +4,10 @@ The manifest lists every tensor's checksum, so signing it covers every byte of t
 checkpoint. When a key is configured (``CAIRN_SIGNING_KEY``, or a file named by
 ``CAIRN_SIGNING_KEY_FILE``), every commit is signed and every import without a valid
 signature is refused. The content fingerprint never counts as proof: anyone can compute one.
+
+Only an *unset* variable means "no signing": a variable that is set but empty is a mistake
+(``CAIRN_SIGNING_KEY=`` from a template, an unexpanded secret) and is refused, never silently
+read as signing off. The key file must be a regular file of at most 64 KiB.
 """
 
 from __future__ import annotations
@@ -11,13 +15,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-from pathlib import Path
 
+from cairn.bounded_json import read_regular_file
 from cairn.errors import ConfigError, SignatureError
 
 __all__ = ["Signer", "signer_from_env", "SIGNATURE_PREFIX"]
 
 SIGNATURE_PREFIX = "hmac-sha256:"
+MAX_KEY_FILE_BYTES = 64 << 10
 
 
 class Signer:
@@ -45,14 +50,22 @@ class Signer:
 
 
 def signer_from_env() -> Signer | None:
-    """The configured signer, or None when no key is configured."""
+    """The configured signer, or None when neither variable is set (set but empty is refused)."""
     key = os.environ.get("CAIRN_SIGNING_KEY")
     key_file = os.environ.get("CAIRN_SIGNING_KEY_FILE")
-    if key:
+    for name, value in (("CAIRN_SIGNING_KEY", key), ("CAIRN_SIGNING_KEY_FILE", key_file)):
+        if value is not None and not value.strip():
+            raise ConfigError(
+                "set but empty: unset it to turn signing off",
+                field=name,
+                expected="a key of >= 16 bytes" if name == "CAIRN_SIGNING_KEY" else "a path to a key file",
+                found=repr(value),
+            )
+    if key is not None:
         return Signer(key.encode())
-    if key_file:
-        try:
-            return Signer(Path(key_file).read_bytes().strip())
-        except OSError as exc:
-            raise ConfigError(f"CAIRN_SIGNING_KEY_FILE: cannot read {key_file}: {exc.strerror}") from exc
+    if key_file is not None:
+        raw = read_regular_file(
+            key_file, what="signing key file (CAIRN_SIGNING_KEY_FILE)", max_bytes=MAX_KEY_FILE_BYTES
+        )
+        return Signer(raw.strip())
     return None

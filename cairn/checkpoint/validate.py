@@ -6,7 +6,8 @@ fingerprint) live in ``cairn.checkpoint.format``; this module adds what makes th
 
 - config: parses as a TrainConfig and matches the run on every identity field
   (``IDENTITY_FIELDS``: model shapes and version, dataset, seed, batch size, tokenizer);
-- lineage: dataset content hash equals the run's dataset;
+- lineage: agrees with the checkpoint's own config (model version, tokenizer version, dataset
+  version), and its dataset content hash equals the run's dataset;
 - tensor set: exactly theta, Adam m and v (shaped like theta), loss/lr history, all float64;
 - values: all finite, v >= 0;
 - invariants: cursor == step * batch_size, len(history) == step, RNG state well formed.
@@ -103,8 +104,18 @@ def check_training_manifest(
             expected=dataset_hash,
             found=lineage.dataset_hash,
         )
-    if lineage.model_version != config.model.version:
-        raise InvariantError(field="lineage.model_version", expected=config.model.version, found=lineage.model_version)
+    for field, in_config, in_lineage in (
+        ("model_version", config.model.version, lineage.model_version),
+        ("tokenizer_version", config.tokenizer_version, lineage.tokenizer_version),
+        ("dataset_version", config.data.version, lineage.dataset_version),
+    ):
+        if in_config != in_lineage:
+            raise InvariantError(
+                "lineage disagrees with the checkpoint's config",
+                field=f"lineage.{field}",
+                expected=in_config,
+                found=in_lineage,
+            )
     problem = rng_state_problem(manifest.rng)
     if problem:
         raise InvariantError("RNG state is malformed", field=problem[0], expected=problem[1], found=problem[2])

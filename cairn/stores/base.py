@@ -1,7 +1,11 @@
 """The storage interface: the only layer that touches disk or the network.
 
-Keys are '/'-separated paths relative to the store's root. A checkpoint save calls,
-in order:
+Keys are '/'-separated paths relative to the store's root: no empty, '.' or '..' segment,
+no leading '/', no NUL or line break (``split_key``). A malformed key, or an object that is
+not what this store writes (a directory, a FIFO, a device, a symlink), is refused with
+``InvalidObjectError``: the same request would meet the same thing again, so it is not retried.
+
+A checkpoint save calls, in order:
 
 1. ``write_object`` for every shard (any order, concurrently from several threads or
    ranks); each call is durable when it returns;
@@ -11,19 +15,39 @@ in order:
 
 A load calls ``size`` and ``read`` for the manifest, then ``read_into`` for tensor bytes
 (ranged, concurrently). Listing (``list``) and deletion (``delete``) serve ``latest`` and
-retention. Implementations raise ``ObjectNotFoundError`` for a missing key and
-``StorageError`` for everything else that went wrong underneath.
+retention; retention also calls ``abort_stale_uploads`` with its grace period (``stale_uploads``
+in a dry run), to collect uploads that a crashed writer left incomplete: ``list`` does not show
+them, yet the store keeps (and bills) their parts.
+Implementations raise ``ObjectNotFoundError`` for a missing key, ``InvalidObjectError`` as
+above, and ``StorageError`` for everything else that went wrong underneath.
 """
 
 from __future__ import annotations
 
+import builtins
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-__all__ = ["Store", "ObjectInfo", "Chunk"]
+from cairn.errors import InvalidObjectError, ObjectNotFoundError
+
+__all__ = ["Store", "ObjectInfo", "Chunk", "split_key"]
 
 Chunk = bytes | bytearray | memoryview
+
+_FORBIDDEN_CHARS = ("\x00", "\n", "\r")
+
+
+def split_key(key: str) -> list[str]:
+    """The segments of ``key``; ``InvalidObjectError`` if it could name something outside the
+    store or is not one object's name (empty, '.', '..' or empty segments, a leading '/',
+    NUL or a line break)."""
+    parts = key.split("/")
+    if any(p in ("", ".", "..") for p in parts) or any(c in key for c in _FORBIDDEN_CHARS):
+        raise InvalidObjectError(
+            "object key", expected="'/'-separated names, no '', '.', '..', NUL or line break", found=repr(key)
+        )
+    return parts
 
 
 @dataclass(frozen=True)
@@ -71,9 +95,26 @@ class Store(ABC):
     def delete(self, keys: Iterable[str]) -> None:
         """Remove the keys; missing keys are ignored."""
 
-    def exists(self, key: str) -> bool:
-        from cairn.errors import ObjectNotFoundError
+    def stale_uploads(self, prefix: str, older_than_seconds: float, now: float | None = None) -> builtins.list[str]:
+        """Keys of the incomplete uploads under ``prefix`` begun ``older_than_seconds`` or more
+        before ``now`` (default: the current time): what ``abort_stale_uploads`` would abort.
 
+        Only stores with resumable uploads hold such leftovers (S3 multipart uploads). The
+        default returns []: on local disk a crashed writer's temp file is an ordinary entry
+        that ``list`` shows, and retention deletes it like any orphan.
+        """
+        return []
+
+    def abort_stale_uploads(
+        self, prefix: str, older_than_seconds: float, now: float | None = None
+    ) -> builtins.list[str]:
+        """Abort the incomplete uploads ``stale_uploads`` names; return their keys.
+
+        The default does nothing and returns [] (see ``stale_uploads``).
+        """
+        return []
+
+    def exists(self, key: str) -> bool:
         try:
             self.size(key)
         except ObjectNotFoundError:

@@ -2,49 +2,155 @@
 
 The embedded default. ``put_if_absent`` uses link(2), which fails when the target exists:
 the same create-if-absent guarantee S3 gives with ``If-None-Match: *``.
+
+Objects are regular files that this store wrote; it never follows a symlink below its root.
+Every directory on a key's path is opened relative to its parent with ``O_NOFOLLOW``; an object
+is lstat'ed, opened with ``O_NOFOLLOW | O_NONBLOCK`` and checked again with fstat: a symlink (to
+``/dev/zero``, out of the store, or even to another object), a FIFO, a device or a directory
+where an object should be is an ``InvalidObjectError`` at once, never a hang or an endless
+read. ``list`` shows regular files only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import stat
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from cairn.errors import ObjectNotFoundError, StorageError
-from cairn.stores.base import Chunk, ObjectInfo, Store
+from cairn.errors import CairnError, ConfigError, InvalidObjectError, ObjectNotFoundError, StorageError
+from cairn.stores.base import Chunk, ObjectInfo, Store, split_key
 
 __all__ = ["LocalStore"]
 
 TMP_MARK = ".tmp-"
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+
+def _kind(mode: int) -> str:
+    kinds = [
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISLNK, "a symlink"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ]
+    return next((name for test, name in kinds if test(mode)), f"file type {stat.S_IFMT(mode):o}")
+
+
+def _not_regular(path: Path, mode: int) -> InvalidObjectError:
+    return InvalidObjectError(str(path), expected="a regular file written by the store", found=_kind(mode))
+
+
+def _os_error(exc: OSError, doing: str, path: Path) -> CairnError:
+    """The Cairn error for ``exc``: what the store holds at ``path`` is wrong (same verdict on
+    every retry) or the disk failed (retryable)."""
+    if exc.errno == errno.ELOOP:
+        return InvalidObjectError(str(path), expected="a regular file written by the store", found="a symlink")
+    if exc.errno in (errno.EISDIR, errno.ENOTDIR):
+        return InvalidObjectError(f"cannot {doing} {path}: {exc.strerror}")
+    return StorageError(f"cannot {doing} {path}: {exc.strerror or exc}")
 
 
 class LocalStore(Store):
-    """Objects are files under ``root``; keys are relative paths."""
+    """Objects are regular files under ``root``; keys are relative paths."""
 
     def __init__(self, root: str | Path) -> None:
-        self.root = Path(root).expanduser().resolve()
+        expected = "a directory path or s3://bucket/prefix"
+        if not str(root).strip():
+            raise ConfigError("store", expected=expected, found=repr(str(root)))
+        try:
+            self.root = Path(root).expanduser().resolve()
+            is_dir = stat.S_ISDIR(os.stat(self.root).st_mode)
+        except FileNotFoundError:
+            is_dir = True  # created by the first write
+        except (OSError, ValueError, RuntimeError) as exc:  # NUL in the path, a symlink loop
+            raise ConfigError("store", expected=expected, found=f"{str(root)!r} ({exc})") from exc
+        if not is_dir:
+            raise ConfigError("store", expected=expected, found=f"{str(self.root)!r}, which is not a directory")
         self.url = str(self.root)
 
-    def _path(self, key: str) -> Path:
-        parts = key.split("/")
-        if not key or any(p in ("", ".", "..") for p in parts) or key.startswith("/"):
-            raise StorageError(f"invalid object key {key!r}")
-        return self.root.joinpath(*parts)
+    def _open_dir(self, parts: Sequence[str], *, create: bool = False) -> int:
+        """A descriptor of the directory ``root/parts``, reached without following a symlink;
+        missing directories are created (and made durable) when ``create``."""
+        if create:
+            self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root, _DIR_FLAGS)
+        try:
+            for depth, part in enumerate(parts, start=1):
+                if create:
+                    try:
+                        os.mkdir(part, dir_fd=fd)
+                        os.fsync(fd)  # the new directory's entry survives a crash
+                    except FileExistsError:
+                        pass
+                try:
+                    sub = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except NotADirectoryError as exc:  # a symlink (O_NOFOLLOW) or a non-directory
+                    mode = os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode
+                    where = self.root.joinpath(*parts[:depth])
+                    if create or stat.S_ISLNK(mode):
+                        raise InvalidObjectError(str(where), expected="a directory", found=_kind(mode)) from exc
+                    raise ObjectNotFoundError(f"no object under {where}: {_kind(mode)}") from exc
+                os.close(fd)
+                fd = sub
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
-    def _write_temp(self, final: Path, chunks: Iterable[Chunk]) -> Path:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = final.with_name(f".{final.name}{TMP_MARK}{uuid.uuid4().hex}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    def _stat_object(self, key: str) -> tuple[int, str, os.stat_result, Path]:
+        """The open directory holding ``key``, the object's name in it, its lstat and its path,
+        once the object is known to be a regular file (nothing is opened or followed)."""
+        parts = split_key(key)
+        path = self.root.joinpath(*parts)
+        try:
+            dir_fd = self._open_dir(parts[:-1])
+            try:
+                st = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
+            except BaseException:
+                os.close(dir_fd)
+                raise
+        except FileNotFoundError as exc:
+            raise ObjectNotFoundError(f"no object {path}") from exc
+        except OSError as exc:
+            raise _os_error(exc, "stat", path) from exc
+        if not stat.S_ISREG(st.st_mode):
+            os.close(dir_fd)
+            raise _not_regular(path, st.st_mode)
+        return dir_fd, parts[-1], st, path
+
+    def _open_object(self, key: str) -> tuple[int, Path]:
+        """A read-only descriptor of ``key``, a regular file (checked again on the open file)."""
+        dir_fd, name, _, path = self._stat_object(key)
+        try:
+            fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+        except FileNotFoundError as exc:
+            raise ObjectNotFoundError(f"no object {path}") from exc
+        except OSError as exc:
+            raise _os_error(exc, "open", path) from exc
+        finally:
+            os.close(dir_fd)
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError as exc:
+            os.close(fd)
+            raise StorageError(f"cannot stat {path}: {exc.strerror or exc}") from exc
+        if not stat.S_ISREG(mode):  # replaced between the lstat and the open
+            os.close(fd)
+            raise _not_regular(path, mode)
+        return fd, path
+
+    def _write_temp(self, dir_fd: int, name: str, chunks: Iterable[Chunk]) -> str:
+        tmp = f".{name}{TMP_MARK}{uuid.uuid4().hex}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
         try:
             for chunk in chunks:
                 view = memoryview(chunk).cast("B")
@@ -54,54 +160,63 @@ class LocalStore(Store):
             os.fsync(fd)
         except BaseException:
             os.close(fd)
-            tmp.unlink(missing_ok=True)
+            _unlink_quietly(tmp, dir_fd)
             raise
         os.close(fd)
         return tmp
 
     def write_object(self, key: str, chunks: Iterable[Chunk], size: int | None = None) -> None:
-        final = self._path(key)
+        parts = split_key(key)
+        final = self.root.joinpath(*parts)
         try:
-            tmp = self._write_temp(final, chunks)
-            os.replace(tmp, final)
-            _fsync_dir(final.parent)
+            dir_fd = self._open_dir(parts[:-1], create=True)
+            try:
+                tmp = self._write_temp(dir_fd, parts[-1], chunks)
+                try:
+                    os.replace(tmp, parts[-1], src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                except BaseException:
+                    _unlink_quietly(tmp, dir_fd)
+                    raise
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
         except OSError as exc:
-            raise StorageError(f"cannot write {final}: {exc.strerror or exc}") from exc
+            raise _os_error(exc, "write", final) from exc
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
-        final = self._path(key)
+        parts = split_key(key)
+        final = self.root.joinpath(*parts)
         try:
-            tmp = self._write_temp(final, [data])
+            dir_fd = self._open_dir(parts[:-1], create=True)
             try:
-                os.link(tmp, final)
-                created = True
-            except FileExistsError:
-                created = False
+                tmp = self._write_temp(dir_fd, parts[-1], [data])
+                try:
+                    os.link(tmp, parts[-1], src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                    created = True
+                except FileExistsError:
+                    created = False
+                finally:
+                    _unlink_quietly(tmp, dir_fd)
+                os.fsync(dir_fd)
             finally:
-                tmp.unlink(missing_ok=True)
-            _fsync_dir(final.parent)
+                os.close(dir_fd)
         except OSError as exc:
-            raise StorageError(f"cannot commit {final}: {exc.strerror or exc}") from exc
+            raise _os_error(exc, "commit", final) from exc
         return created
 
     def read(self, key: str) -> bytes:
-        path = self._path(key)
+        fd, path = self._open_object(key)
         try:
-            return path.read_bytes()
-        except FileNotFoundError as exc:
-            raise ObjectNotFoundError(f"no object {path}") from exc
+            with open(fd, "rb", buffering=0, closefd=False) as f:
+                return f.read()
         except OSError as exc:
             raise StorageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        finally:
+            os.close(fd)
 
     def read_into(self, key: str, offset: int, out: memoryview) -> None:
-        path = self._path(key)
         view = out.cast("B") if out.format != "B" else out
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError as exc:
-            raise ObjectNotFoundError(f"no object {path}") from exc
-        except OSError as exc:
-            raise StorageError(f"cannot open {path}: {exc.strerror or exc}") from exc
+        fd, path = self._open_object(key)
         try:
             pos = 0
             while pos < len(view):
@@ -120,42 +235,65 @@ class LocalStore(Store):
             os.close(fd)
 
     def size(self, key: str) -> int:
-        path = self._path(key)
-        try:
-            return path.stat().st_size
-        except FileNotFoundError as exc:
-            raise ObjectNotFoundError(f"no object {path}") from exc
-        except OSError as exc:
-            raise StorageError(f"cannot stat {path}: {exc.strerror or exc}") from exc
+        dir_fd, _, st, _ = self._stat_object(key)
+        os.close(dir_fd)
+        return st.st_size
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        # Walk only the deepest directory that the prefix names fully.
+        # Start at the deepest directory the prefix names fully; descend only into real
+        # directories whose keys can still match; yield regular files only (no symlinks).
         head = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
-        base = self.root.joinpath(*head.split("/")) if head else self.root
-        if not base.is_dir():
-            return
-        for dirpath, _dirs, files in os.walk(base):
-            for name in files:
-                full = Path(dirpath, name)
-                key = full.relative_to(self.root).as_posix()
-                if key.startswith(prefix):
-                    try:
-                        st = full.stat()
-                    except FileNotFoundError:
-                        continue
-                    yield ObjectInfo(key=key, size=st.st_size, mtime=st.st_mtime)
+        start = self.root
+        if head:
+            parts = split_key(head)
+            start = self.root.joinpath(*parts)
+            try:
+                os.close(self._open_dir(parts))
+            except (ObjectNotFoundError, InvalidObjectError, FileNotFoundError):
+                return
+            except OSError as exc:
+                raise StorageError(f"cannot list {start}: {exc.strerror or exc}") from exc
+        pending = [(start, f"{head}/" if head else "")]
+        while pending:
+            directory, base = pending.pop()
+            try:
+                with os.scandir(directory) as entries:
+                    for entry in entries:
+                        key = base + entry.name
+                        if entry.is_dir(follow_symlinks=False):
+                            below = key + "/"
+                            if below.startswith(prefix) or prefix.startswith(below):
+                                pending.append((Path(entry.path), below))
+                        elif key.startswith(prefix) and entry.is_file(follow_symlinks=False):
+                            try:
+                                st = entry.stat(follow_symlinks=False)
+                            except FileNotFoundError:
+                                continue
+                            yield ObjectInfo(key=key, size=st.st_size, mtime=st.st_mtime)
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # removed (or replaced) while we walked
+            except OSError as exc:
+                raise StorageError(f"cannot list {directory}: {exc.strerror or exc}") from exc
 
     def delete(self, keys: Iterable[str]) -> None:
         parents: set[Path] = set()
-        for key in keys:
-            path = self._path(key)
+        for parts in [split_key(key) for key in keys]:  # a malformed key refuses the whole call
+            path = self.root.joinpath(*parts)
             try:
-                path.unlink()
+                dir_fd = self._open_dir(parts[:-1])
+            except (ObjectNotFoundError, FileNotFoundError):
+                continue
+            except OSError as exc:
+                raise _os_error(exc, "delete", path) from exc
+            try:
+                os.unlink(parts[-1], dir_fd=dir_fd)
                 parents.add(path.parent)
             except FileNotFoundError:
                 continue
             except OSError as exc:
-                raise StorageError(f"cannot delete {path}: {exc.strerror or exc}") from exc
+                raise _os_error(exc, "delete", path) from exc
+            finally:
+                os.close(dir_fd)
         # Remove directories left empty, deepest first, never the root.
         for parent in sorted(parents, key=lambda p: len(p.parts), reverse=True):
             while parent != self.root and parent.is_relative_to(self.root):
@@ -166,3 +304,8 @@ class LocalStore(Store):
                         break
                     raise StorageError(f"cannot remove {parent}: {exc.strerror}") from exc
                 parent = parent.parent
+
+
+def _unlink_quietly(name: str, dir_fd: int) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(name, dir_fd=dir_fd)

@@ -1,4 +1,6 @@
-"""An in-memory store: the test double for the Store interface (no patching of internals)."""
+"""An in-memory store: the test double for the Store interface (no patching of internals).
+
+It refuses the keys the real stores refuse (``split_key``), so a test on it meets the same errors."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import time
 from collections.abc import Iterable, Iterator
 
 from cairn.errors import ObjectNotFoundError, StorageError
-from cairn.stores.base import Chunk, ObjectInfo, Store
+from cairn.stores.base import Chunk, ObjectInfo, Store, split_key
 
 __all__ = ["MemoryStore"]
 
@@ -19,11 +21,13 @@ class MemoryStore(Store):
         self._lock = threading.Lock()
 
     def write_object(self, key: str, chunks: Iterable[Chunk], size: int | None = None) -> None:
+        split_key(key)
         data = b"".join(bytes(memoryview(c).cast("B")) for c in chunks)
         with self._lock:
             self._objects[key] = (data, time.time())
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
+        split_key(key)
         with self._lock:
             if key in self._objects:
                 return False
@@ -31,6 +35,7 @@ class MemoryStore(Store):
             return True
 
     def _get(self, key: str) -> bytes:
+        split_key(key)
         with self._lock:
             try:
                 return self._objects[key][0]
@@ -57,8 +62,11 @@ class MemoryStore(Store):
             yield ObjectInfo(key=key, size=size, mtime=mtime)
 
     def delete(self, keys: Iterable[str]) -> None:
+        doomed = list(keys)
+        for key in doomed:
+            split_key(key)  # a malformed key refuses the call before anything is deleted
         with self._lock:
-            for key in keys:
+            for key in doomed:
                 self._objects.pop(key, None)
 
     # Test-only helper: reach in to corrupt an object.

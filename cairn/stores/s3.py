@@ -2,8 +2,10 @@
 
 - Credentials, region and endpoint come from boto3's standard chain (environment, profiles,
   ``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_S3``); ``endpoint_url`` overrides it.
-- Large objects go up as multipart uploads: parts are cut from the stream as it arrives and
-  uploaded concurrently, with at most ``max_concurrency`` parts held in memory.
+- An object of at most ``part_size`` bytes (declared by ``size``, or found so when its chunks
+  ran out) is one ``PutObject``. Larger objects go up as multipart uploads: parts are cut from
+  the stream as it arrives and uploaded concurrently, with at most ``max_concurrency`` parts
+  held in memory. ``abort_stale_uploads`` collects the uploads a crashed writer left behind.
 - Reads are ranged GETs, issued concurrently and written straight into the caller's buffer.
 - The commit is ``PutObject`` with ``If-None-Match: *`` (create-if-absent).
 - Transient faults (5xx, throttling, connection resets) are retried by botocore's "standard"
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import itertools
 import os
 import threading
 import time
@@ -28,8 +31,8 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from cairn.errors import ObjectNotFoundError, StorageError
-from cairn.stores.base import Chunk, ObjectInfo, Store
+from cairn.errors import ConfigError, ObjectNotFoundError, StorageError
+from cairn.stores.base import Chunk, ObjectInfo, Store, split_key
 
 __all__ = ["S3Store"]
 
@@ -68,7 +71,7 @@ class S3Store(Store):
         part_attempts: int = 4,
     ) -> None:
         if part_size < 5 * MiB:
-            raise StorageError("part_size", expected=">= 5 MiB (S3 minimum)", found=part_size)
+            raise ConfigError("part_size", expected=">= 5 MiB (S3 minimum)", found=part_size)
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
@@ -95,23 +98,34 @@ class S3Store(Store):
         rest = url.removeprefix("s3://")
         bucket, _, prefix = rest.partition("/")
         if not bucket:
-            raise StorageError(field="store", expected="s3://bucket[/prefix]", found=url)
+            raise ConfigError(field="store", expected="s3://bucket[/prefix]", found=url)
         return cls(bucket, prefix, **options)
 
     def _key(self, key: str) -> str:
-        if not key or key.startswith("/") or ".." in key.split("/"):
-            raise StorageError(f"invalid object key {key!r}")
-        return f"{self.prefix}/{key}" if self.prefix else key
+        split_key(key)  # InvalidObjectError for '..', empty segments, NUL, line breaks
+        return f"{self._base}{key}"
+
+    @property
+    def _base(self) -> str:
+        """What the store's prefix adds in front of every key."""
+        return f"{self.prefix}/" if self.prefix else ""
 
     # -- writes -------------------------------------------------------------------------------
     def write_object(self, key: str, chunks: Iterable[Chunk], size: int | None = None) -> None:
-        full = self._key(key)
-        if size is not None and size <= self.part_size:
-            body = b"".join(memoryview(c).cast("B") for c in chunks)
-            with _translate(f"put {self.url}/{key}"):
-                self.client.put_object(Bucket=self.bucket, Key=full, Body=body)
-            return
-        self._multipart(full, chunks, f"{self.url}/{key}")
+        full, where = self._key(key), f"{self.url}/{key}"
+        stream: Iterator[Chunk] = iter(chunks)
+        if size is None or size <= self.part_size:
+            head = bytearray()
+            for chunk in stream:
+                head += memoryview(chunk).cast("B")
+                if len(head) > self.part_size:  # larger than announced: multipart after all
+                    stream = itertools.chain([head], stream)
+                    break
+            else:
+                with _translate(f"put {where}"):
+                    self.client.put_object(Bucket=self.bucket, Key=full, Body=bytes(head))
+                return
+        self._multipart(full, stream, where)
 
     def _parts(self, chunks: Iterable[Chunk]) -> Iterator[bytes]:
         buf = bytearray()
@@ -217,7 +231,7 @@ class S3Store(Store):
             return int(self.client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"])
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        base = f"{self.prefix}/" if self.prefix else ""
+        base = self._base
         paginator = self.client.get_paginator("list_objects_v2")
         with _translate(f"list {self.url}/{prefix}"):
             for page in paginator.paginate(Bucket=self.bucket, Prefix=base + prefix):
@@ -244,6 +258,43 @@ class S3Store(Store):
         errors = [e for e in resp.get("Errors", []) if e.get("Code") not in _NOT_FOUND]
         if errors:
             raise StorageError(f"delete from {self.url}: {errors[0].get('Code')}: {errors[0].get('Key')}")
+
+    def _stale_uploads(
+        self, prefix: str, older_than_seconds: float, now: float | None
+    ) -> builtins.list[tuple[str, str]]:
+        """(full key, upload id) of each multipart upload under ``prefix`` initiated
+        ``older_than_seconds`` or more before ``now``."""
+        now = time.time() if now is None else now
+        stale: builtins.list[tuple[str, str]] = []
+        # botocore's paginator, not hand-made markers: SeaweedFS pages by upload id alone.
+        paginator = self.client.get_paginator("list_multipart_uploads")
+        with _translate(f"list uploads {self.url}/{prefix}"):
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self._base + prefix):
+                for upload in page.get("Uploads", []):
+                    if now - upload["Initiated"].timestamp() >= older_than_seconds:
+                        stale.append((upload["Key"], upload["UploadId"]))
+        return stale
+
+    def stale_uploads(self, prefix: str, older_than_seconds: float, now: float | None = None) -> builtins.list[str]:
+        """Keys of the multipart uploads under ``prefix`` initiated ``older_than_seconds`` or
+        more before ``now``: what ``abort_stale_uploads`` would abort."""
+        return [full[len(self._base) :] for full, _ in self._stale_uploads(prefix, older_than_seconds, now)]
+
+    def abort_stale_uploads(
+        self, prefix: str, older_than_seconds: float, now: float | None = None
+    ) -> builtins.list[str]:
+        """Abort the multipart uploads ``stale_uploads`` names; return their keys. An upload
+        completed or aborted meanwhile (NoSuchUpload) is skipped."""
+        aborted: builtins.list[str] = []
+        # Collect first, abort after: aborting while paging could shift the markers.
+        for full, upload_id in self._stale_uploads(prefix, older_than_seconds, now):
+            try:
+                with _translate(f"abort upload s3://{self.bucket}/{full}"):
+                    self.client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id)
+            except ObjectNotFoundError:
+                continue
+            aborted.append(full[len(self._base) :])
+        return aborted
 
     def ensure_bucket(self) -> None:
         """Create the bucket if it does not exist (dev stacks and tests)."""

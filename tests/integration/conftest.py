@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from temporalio.client import Client, WorkflowHandle
 
+from activities.models import RunSummary, TrainingRunInput
+from cairn.checkpoint import CheckpointRef, load_training
+from cairn.checkpoint.compare import compare_states
+from cairn.config import TrainConfig
+from cairn.session import TrainingSession
+from cairn.stores import LocalStore, MemoryStore
 from cairn.stores.s3 import S3Store
+from tests.conftest import REPO, small_config
+from workers.client import connect
 from workers.servers import ServerProcess, free_port, seaweedfs_command, wait_for_http
 
 # SeaweedFS without an identity config accepts any credentials; boto3 still needs some to sign.
@@ -119,3 +132,57 @@ def reservation_service(tmp_path: Path) -> Iterator[ReservationServer]:
     yield ReservationServer(url=f"http://127.0.0.1:{server.server_address[1]}")
     server.shutdown()
     server.server_close()
+
+
+# -- runs on Temporal: shared by the run, safety and effects tests ---------------------------------
+@pytest.fixture
+async def client(temporal_server: TemporalServer) -> Client:
+    return await connect(temporal_server.address)
+
+
+def reference(config: TrainConfig, steps: int) -> TrainingSession:
+    session = TrainingSession.fresh("reference", MemoryStore(f"ref-{uuid.uuid4().hex}"), config)
+    session.run(steps)
+    return session
+
+
+def run_input(tmp_path: Path, **overrides: Any) -> TrainingRunInput:
+    body: dict[str, Any] = {
+        "run_id": f"run-{uuid.uuid4().hex[:8]}",
+        "config": small_config().model_dump(mode="json"),
+        "total_steps": 40,
+        "store": str(tmp_path / "store"),
+        "steps_per_segment": 15,
+        "checkpoint": {"every": 5},
+        "heartbeat_timeout_seconds": 3,
+    }
+    body.update(overrides)
+    return TrainingRunInput.model_validate(body)
+
+
+def assert_matches_reference(summary: RunSummary, config: TrainConfig) -> None:
+    assert summary.checkpoint is not None
+    ref = CheckpointRef.parse(summary.checkpoint)
+    state, manifest = load_training(LocalStore(ref.store_url), ref)
+    expected = reference(config, summary.steps)
+    assert compare_states(state, expected.state) == []
+    assert expected.last_commit is not None and manifest.fingerprint == expected.last_commit.manifest.fingerprint
+    assert summary.fingerprint == manifest.fingerprint
+
+
+def start_worker_process(address: str, task_queue: str, log: Path, env: dict[str, str] | None = None) -> ServerProcess:
+    argv = [sys.executable, "-m", "workers.worker", "--address", address, "--task-queue", task_queue]
+    proc = ServerProcess("worker", argv, log, env=env, cwd=REPO).start()
+    return proc
+
+
+async def wait_progress(handle: WorkflowHandle[Any, Any], predicate: Any, timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        progress = await handle.query("progress")
+        if predicate(progress):
+            return dict(progress)
+        assert time.monotonic() < deadline, progress
+        await asyncio.sleep(0.1)
+
+

@@ -18,23 +18,18 @@ from cairn import errors as E
 from cairn.effects import ReservationClient, load_journal, published_entries
 from cairn.effects.keys import DROP_KEY_ENV
 from cairn.stores import LocalStore
-from tests.integration.conftest import ReservationServer, TemporalServer
-from tests.integration.test_training_run import (
+from tests.integration.conftest import (
+    ReservationServer,
+    TemporalServer,
     assert_matches_reference,
     run_input,
     start_worker_process,
     wait_progress,
 )
-from workers.client import connect
 from workers.servers import ServerProcess
 from workers.worker import build_worker
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def client(temporal_server: TemporalServer) -> Client:
-    return await connect(temporal_server.address)
 
 
 def effects_input(tmp_path: Path, service: ReservationServer, **overrides: Any) -> TrainingRunInput:

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -16,58 +15,28 @@ from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
-from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.worker import Replayer
 
+from activities.converter import DATA_CONVERTER
 from activities.models import RunSummary, TrainingRunInput
-from cairn.checkpoint import CheckpointRef, latest_committed, list_checkpoints, load_training
+from cairn.checkpoint import latest_committed, list_checkpoints, load_training
 from cairn.checkpoint.compare import compare_states
 from cairn.config import TrainConfig
-from cairn.session import TrainingSession
-from cairn.stores import LocalStore, MemoryStore
-from tests.conftest import REPO, small_config
-from tests.integration.conftest import TemporalServer
-from workers.client import connect
+from cairn.stores import LocalStore
+from tests.conftest import REPO
+from tests.integration.conftest import (
+    TemporalServer,
+    assert_matches_reference,
+    reference,
+    run_input,
+    start_worker_process,
+    wait_progress,
+)
 from workers.servers import ServerProcess
 from workers.worker import WORKFLOWS, build_worker
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def client(temporal_server: TemporalServer) -> Client:
-    return await connect(temporal_server.address)
-
-
-def reference(config: TrainConfig, steps: int) -> TrainingSession:
-    session = TrainingSession.fresh("reference", MemoryStore(f"ref-{uuid.uuid4().hex}"), config)
-    session.run(steps)
-    return session
-
-
-def run_input(tmp_path: Path, **overrides: Any) -> TrainingRunInput:
-    body: dict[str, Any] = {
-        "run_id": f"run-{uuid.uuid4().hex[:8]}",
-        "config": small_config().model_dump(mode="json"),
-        "total_steps": 40,
-        "store": str(tmp_path / "store"),
-        "steps_per_segment": 15,
-        "checkpoint": {"every": 5},
-        "heartbeat_timeout_seconds": 3,
-    }
-    body.update(overrides)
-    return TrainingRunInput.model_validate(body)
-
-
-def assert_matches_reference(summary: RunSummary, config: TrainConfig) -> None:
-    assert summary.checkpoint is not None
-    ref = CheckpointRef.parse(summary.checkpoint)
-    state, manifest = load_training(LocalStore(ref.store_url), ref)
-    expected = reference(config, summary.steps)
-    assert compare_states(state, expected.state) == []
-    assert expected.last_commit is not None and manifest.fingerprint == expected.last_commit.manifest.fingerprint
-    assert summary.fingerprint == manifest.fingerprint
 
 
 async def test_run_completes_bit_identical(client: Client, task_queue: str, tmp_path: Path) -> None:
@@ -78,13 +47,8 @@ async def test_run_completes_bit_identical(client: Client, task_queue: str, tmp_
         )
     assert summary.steps == 40 and not summary.stopped_early
     assert summary.attempts == [1, 1, 1] and summary.recomputed_steps == 0
+    assert summary.segments == 3 and summary.retried_segments == 0
     assert_matches_reference(summary, inp.config)
-
-
-def start_worker_process(address: str, task_queue: str, log: Path, env: dict[str, str] | None = None) -> ServerProcess:
-    argv = [sys.executable, "-m", "workers.worker", "--address", address, "--task-queue", task_queue]
-    proc = ServerProcess("worker", argv, log, env=env, cwd=REPO).start()
-    return proc
 
 
 async def activity_results(handle: WorkflowHandle[Any, Any]) -> list[dict[str, Any]]:
@@ -136,47 +100,82 @@ async def test_sigkilled_worker_is_replaced_and_run_resumes(
     assert_matches_reference(summary, inp.config)
 
 
-async def test_run_started_with_temporal_cli(client: Client, temporal_server: TemporalServer, task_queue: str) -> None:
-    """examples/run.json, unchanged, through `temporal workflow start --input-file`."""
+def temporal_start(address: str, task_queue: str, workflow_id: str, input_file: Path) -> None:
+    """`temporal workflow start --input-file`: what a user (or the Web UI's form) sends."""
     from workers.servers import find_binary
 
+    subprocess.run(
+        [
+            find_binary("temporal"),
+            "workflow",
+            "start",
+            "--type",
+            "TrainingRun",
+            "--task-queue",
+            task_queue,
+            "--workflow-id",
+            workflow_id,
+            "--input-file",
+            str(input_file),
+            "--address",
+            address,
+        ],
+        check=True,
+        capture_output=True,
+    )
+
+
+async def test_run_started_with_temporal_cli(
+    client: Client, temporal_server: TemporalServer, task_queue: str, tmp_path: Path
+) -> None:
+    """examples/run.json through `temporal workflow start --input-file`, its store pointed at a
+    temporary directory (tests never write into the checkout)."""
+    example = json.loads((REPO / "examples" / "run.json").read_text())
+    example["store"] = str(tmp_path / "store")
+    run_file = tmp_path / "run.json"
+    run_file.write_text(json.dumps(example))
     workflow_id = f"cli-{uuid.uuid4().hex[:8]}"
     async with build_worker(client, task_queue):
-        subprocess.run(
-            [
-                find_binary("temporal"),
-                "workflow",
-                "start",
-                "--type",
-                "TrainingRun",
-                "--task-queue",
-                task_queue,
-                "--workflow-id",
-                workflow_id,
-                "--input-file",
-                str(REPO / "examples" / "run.json"),
-                "--address",
-                temporal_server.address,
-            ],
-            check=True,
-            capture_output=True,
-            cwd=REPO,
-        )
+        temporal_start(temporal_server.address, task_queue, workflow_id, run_file)
         result = await client.get_workflow_handle(workflow_id).result()
     summary = RunSummary.model_validate(result)
-    example = json.loads((REPO / "examples" / "run.json").read_text())
     assert summary.steps == example["total_steps"] and summary.run_id == example["run_id"]
     assert_matches_reference(summary, TrainConfig.model_validate(example["config"]))
 
 
-async def wait_progress(handle: WorkflowHandle[Any, Any], predicate: Any, timeout: float = 60) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        progress = await handle.query("progress")
-        if predicate(progress):
-            return dict(progress)
-        assert time.monotonic() < deadline, progress
-        await asyncio.sleep(0.1)
+@pytest.mark.parametrize(
+    "edit, needle",
+    [
+        (lambda body: body["checkpoint"].update(evry=10), "checkpoint.evry"),
+        (lambda body: body.update(store=".cairn/store"), "relative path"),
+        (lambda body: body.update(store="ftp://host/x"), "unsupported scheme"),
+        (lambda body: body["config"]["model"].update(kind="transformer"), "config.model.kind"),
+        (lambda body: body["config"]["optimizer"].update(lr="fast"), "config.optimizer.lr"),
+    ],
+    ids=["typo", "relative-store", "bad-scheme", "unknown-model", "bad-type"],
+)
+async def test_bad_input_fails_the_run_at_once(
+    client: Client, temporal_server: TemporalServer, task_queue: str, tmp_path: Path, edit: Any, needle: str
+) -> None:
+    """A run started with a malformed input (the `temporal` CLI, the Web UI) ends FAILED within
+    seconds with the field named, instead of retrying its workflow task forever."""
+    body = json.loads((REPO / "examples" / "run.json").read_text())
+    body["store"] = str(tmp_path / "store")
+    edit(body)
+    run_file = tmp_path / "run.json"
+    run_file.write_text(json.dumps(body))
+    workflow_id = f"bad-{uuid.uuid4().hex[:8]}"
+    async with build_worker(client, task_queue):
+        temporal_start(temporal_server.address, task_queue, workflow_id, run_file)
+        handle = client.get_workflow_handle(workflow_id)
+        with pytest.raises(WorkflowFailureError) as failed:
+            await asyncio.wait_for(handle.result(), timeout=20)
+    cause = failed.value.cause
+    assert getattr(cause, "type", None) == "ConfigError", cause
+    message = str(cause)
+    assert needle in message and "\n" not in message, message
+    assert (await handle.describe()).status == WorkflowExecutionStatus.FAILED
+    assert not (tmp_path / "store").exists()  # nothing was trained or written
 
 
 async def segment_underway(store: LocalStore, run_id: str, seconds: float = 1.0) -> None:
@@ -300,7 +299,7 @@ async def test_replay_recorded_histories(client: Client, task_queue: str, tmp_pa
         await wait_progress(handle, lambda p: p["phase"] == "paused")
         await handle.signal("resume")
         await handle.result()
-    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=DATA_CONVERTER)
     histories = client.list_workflows(f"WorkflowId = '{inp.run_id}'")
     count = 0
     async for history in histories.map_histories():

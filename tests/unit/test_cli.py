@@ -87,7 +87,7 @@ def test_missing_files_and_refs(tmp_path: Path, capsys: pytest.CaptureFixture[st
     code, _, err = run(capsys, "ckpt", "verify", str(tmp_path / "run" / "training" / "000000000001"))
     assert code == 1 and "CheckpointNotFoundError" in err
     code, _, err = run(capsys, "ckpt", "show", "not-a-reference")
-    assert code == 1 and "STORE/RUN_ID/KIND/STEP" in err
+    assert code == 2 and "ReferenceSyntaxError" in err and "STORE/RUN_ID/KIND/STEP" in err
 
 
 def test_debug_shows_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -103,3 +103,202 @@ def test_corrupt_checkpoint_verify_fails(tmp_path: Path, capsys: pytest.CaptureF
     shard.write_bytes(b"\0" * shard.stat().st_size)
     code, _, err = run(capsys, "ckpt", "verify", ref)
     assert code == 1 and "IntegrityError" in err and "checksum" in err
+
+
+def test_config_error_names_the_field_with_expected_and_found() -> None:
+    from cairn.errors import ConfigError
+
+    err = ConfigError("steps", expected=">= 0", found=-3)
+    assert str(err) == "steps: expected >= 0, found -3" and err.field == "steps"
+    assert ConfigError("x: free text").field is None
+
+
+def test_error_policy_is_declared_on_the_classes() -> None:
+    from cairn import errors as E
+
+    assert E.StorageError.retryable and E.StorageError.exit_code == 3
+    assert not E.CheckpointError.retryable and E.IntegrityError.exit_code == 1
+    assert E.ConfigError.exit_code == 2 and E.ReferenceSyntaxError.exit_code == 2
+    assert E.EffectUnavailableError.retryable and E.EffectUnavailableError.exit_code == 4
+    assert not E.InvalidObjectError.retryable and E.TemporalUnavailableError.exit_code == 5
+
+
+def test_json_errors_are_one_json_object_on_stdout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "ckpt", "show", "nope", "--json")
+    body = json.loads(out)
+    assert code == 2 and body["ok"] is False and body["error"]["type"] == "ReferenceSyntaxError"
+    assert body["error"]["exit_code"] == 2 and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["train", "--config", CONFIG, "--steps", "1", "--store", ""], "--store"),
+        (["train", "--config", CONFIG, "--steps", "1", "--store", "S", "--run-id", ""], "--run-id"),
+        (["train", "--config", CONFIG, "--steps", "1", "--store", "S", "--run-id", "../x"], "--run-id"),
+        (["train", "--config", CONFIG, "--steps", "-1", "--store", "S"], "--steps"),
+        (["train", "--config", CONFIG, "--steps", "1000000000000", "--store", "S"], "--steps"),
+        (
+            ["train", "--config", CONFIG, "--steps", "1", "--store", "S", "--checkpoint-every", "0"],
+            "--checkpoint-every",
+        ),
+        (["ckpt", "list", "TYPO"], "store"),
+        (["ckpt", "gc", "S", "--run", ".."], "--run"),
+        (
+            ["ckpt", "show", "S/run/training/\u0661\u0662\u0663\u0664\u0665\u0666\u0667\u0668\u0669\u0660\u0661\u0662"],
+            "step",
+        ),
+    ],
+    ids=[
+        "empty-store",
+        "empty-run-id",
+        "dotdot-run-id",
+        "negative-steps",
+        "huge-steps",
+        "every-0",
+        "list-typo",
+        "gc-dotdot",
+        "arabic-digits",
+    ],
+)
+def test_bad_paths_and_names_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str], needle: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "S").mkdir()
+    code, out, err = run(capsys, *argv)
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and needle in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["S"] and not any((tmp_path / "S").iterdir())
+
+
+def test_list_and_gc_of_a_missing_run_fail(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = str(tmp_path / "s")
+    assert run(capsys, "train", "--config", CONFIG, "--steps", "2", "--store", store, "--run-id", "r")[0] == 0
+    code, _, err = run(capsys, "ckpt", "list", store, "--run", "other")
+    assert code == 2 and "other" in err
+    code, _, err = run(capsys, "ckpt", "gc", store, "--run", "other")
+    assert code == 2 and "other" in err
+    code, _, err = run(capsys, "ckpt", "gc", str(tmp_path / "typo"), "--run", "r")
+    assert code == 2 and "typo" in err
+
+
+def test_pins_are_listed_and_can_be_removed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = str(tmp_path / "s")
+    code, out, _ = run(
+        capsys,
+        "train",
+        "--config",
+        CONFIG,
+        "--steps",
+        "4",
+        "--store",
+        store,
+        "--run-id",
+        "r",
+        "--checkpoint-every",
+        "2",
+        "--json",
+    )
+    ref = json.loads(out)["checkpoint"]
+    first = ref.replace("000000000004", "000000000002")
+    assert run(capsys, "ckpt", "pin", first, "--name", "best")[0] == 0
+    code, out, _ = run(capsys, "ckpt", "list", store, "--run", "r", "--json")
+    rows = {c["step"]: c["pins"] for c in json.loads(out)["checkpoints"]}
+    assert rows == {2: ["best"], 4: []}
+    code, out, _ = run(capsys, "ckpt", "list", store, "--run", "r")
+    assert "pinned: best" in out
+    assert run(capsys, "ckpt", "unpin", store, "--run", "r", "--name", "best")[0] == 0
+    code, out, _ = run(capsys, "ckpt", "list", store, "--run", "r", "--json")
+    assert all(c["pins"] == [] for c in json.loads(out)["checkpoints"])
+    code, _, err = run(capsys, "ckpt", "unpin", store, "--run", "r", "--name", "best")
+    assert code == 2 and "best" in err
+
+
+def test_diverging_training_stops_before_committing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """lr x weight_decay > 2 makes each update multiply the weights by about -(lr x wd): they
+    overflow. The run stops with a clear error at the first non-finite value; nothing non-finite
+    is committed and --json stays valid JSON."""
+    body = json.loads(Path(CONFIG).read_text())
+    body["optimizer"].update(lr=5.0, warmup_steps=0, decay="constant", weight_decay=5.0)
+    cfg = tmp_path / "hot.json"
+    cfg.write_text(json.dumps(body))
+    store = tmp_path / "s"
+    code, out, err = run(
+        capsys,
+        "train",
+        "--config",
+        str(cfg),
+        "--steps",
+        "1000",
+        "--store",
+        str(store),
+        "--checkpoint-every",
+        "50",
+        "--json",
+    )
+    assert code == 1 and "TrainingDivergedError" in err and len(err.strip().splitlines()) == 1
+    assert json.loads(out)["error"]["type"] == "TrainingDivergedError"
+    committed = [str(m.parent) for m in store.rglob("manifest.json")]
+    assert committed  # the early, finite checkpoints
+    for ref in committed:
+        assert run(capsys, "ckpt", "verify", ref)[0] == 0  # whatever was committed is finite and valid
+
+
+def test_ctrl_c_commits_a_checkpoint_and_prints_the_resume_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import os
+    import signal
+    import threading
+
+    store = str(tmp_path / "s")
+    timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        code, out, err = run(
+            capsys, "train", "--config", CONFIG, "--steps", "100000000", "--store", store, "--run-id", "long", "--json"
+        )
+    finally:
+        timer.cancel()
+    assert code == 130
+    result = json.loads(out)
+    assert result["interrupted"] is True and 0 < result["step"] < 100000000
+    assert "resume with: cairn train --resume" in err and result["checkpoint"] in err
+    assert run(capsys, "ckpt", "verify", result["checkpoint"])[0] == 0
+
+
+def test_broken_pipe_is_quiet(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    store = tmp_path / "s"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "workers.cli",
+            "train",
+            "--config",
+            CONFIG,
+            "--steps",
+            "3",
+            "--store",
+            str(store),
+            "--run-id",
+            "r",
+            "--checkpoint-every",
+            "1",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workers.cli", "ckpt", "list", str(store)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    proc.stdout.close()  # like `| head -0`: the reader is gone before we write
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and b"Traceback" not in err and b"BrokenPipe" not in err, err

@@ -1,0 +1,166 @@
+"""A run's footing in its store: where the store is, which store it is, and who trains the run.
+
+Three rules keep a run on one store and one writer:
+
+1. **Store URLs are absolute.** A relative path resolves against each worker's working
+   directory, so a run would silently split its checkpoints over several directories. A run
+   input names an absolute path or ``s3://bucket/prefix``; ``cairn run start`` resolves a
+   relative path once, against the starter's working directory (``resolve_store_url``).
+2. **Every store has an identity**: a small object (``STORE_ID_KEY``) written on first use by
+   create-if-absent. A run records the identity it started on; an activity that opens a store
+   with another identity (or none: another host's empty local directory) refuses with
+   ``StoreIdentityError`` — several hosts need a shared (S3) store.
+3. **One workflow per run id.** The run's owner record (``RUN/owner.json``) names the
+   workflow training it. A second workflow with another id is refused with
+   ``RunOwnershipError`` while the owner is still running; a closed or unknown owner is taken
+   over (a run restarted after it was terminated continues from its latest checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from cairn.errors import ConfigError, ObjectNotFoundError, RunOwnershipError, StoreIdentityError
+from cairn.stores.base import Store
+
+__all__ = [
+    "STORE_ID_KEY",
+    "OwnerRecord",
+    "store_url_problem",
+    "resolve_store_url",
+    "store_identity",
+    "require_store_identity",
+    "owner_key",
+    "read_owner",
+    "claim_run",
+]
+
+STORE_ID_KEY = ".cairn/store-id.json"
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_SHARED_HINT = "several hosts need one shared store: use s3://bucket/prefix (or one shared filesystem path)"
+
+
+def store_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot name a run's store (None when it can)."""
+    if not url or not url.strip():
+        return "expected an absolute path or s3://bucket/prefix, found an empty string"
+    if url != url.strip() or any(c in url for c in "\0\n\r"):
+        return f"expected no surrounding whitespace or control characters, found {url!r}"
+    if url.startswith("s3://"):
+        bucket = url.removeprefix("s3://").split("/", 1)[0]
+        if not _BUCKET.match(bucket):
+            return f"expected s3://BUCKET[/prefix] with a valid bucket name, found {url!r}"
+        return None
+    if "://" in url and not url.startswith("file://"):
+        return f"expected an absolute path or s3://bucket/prefix, found unsupported scheme in {url!r}"
+    path = url.removeprefix("file://")
+    if not os.path.isabs(path):
+        return (
+            f"expected an absolute path or s3://bucket/prefix, found relative path {url!r} "
+            "(it would resolve differently on every worker; `cairn run start` resolves it for you)"
+        )
+    return None
+
+
+def resolve_store_url(url: str, cwd: str | Path | None = None) -> str:
+    """The run-input form of ``url``: relative paths resolved once, against ``cwd``."""
+    if not url or not url.strip():
+        raise ConfigError("store", expected="a directory path or s3://bucket/prefix", found=url)
+    if "://" in url and not url.startswith("file://"):
+        return url
+    path = Path(url.removeprefix("file://")).expanduser()
+    if not path.is_absolute():
+        path = Path(cwd or os.getcwd()) / path
+    return str(path.resolve())
+
+
+def store_identity(store: Store, *, create: bool) -> str | None:
+    """The store's identity; with ``create``, written on first use (create-if-absent)."""
+    try:
+        return _parse_identity(store.read(STORE_ID_KEY), store)
+    except ObjectNotFoundError:
+        if not create:
+            return None
+    body = {"store_id": uuid.uuid4().hex, "created_at": _now()}
+    store.put_if_absent(STORE_ID_KEY, json.dumps(body).encode())
+    return _parse_identity(store.read(STORE_ID_KEY), store)  # whoever won the race
+
+
+def _parse_identity(raw: bytes, store: Store) -> str:
+    try:
+        value = json.loads(raw)["store_id"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StoreIdentityError(f"{store.url}/{STORE_ID_KEY}: malformed store identity ({exc})") from None
+    if not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{32}", value):
+        raise StoreIdentityError(field=f"{store.url}/{STORE_ID_KEY}", expected="32 hex digits", found=value)
+    return value
+
+
+def require_store_identity(store: Store, expected: str | None) -> None:
+    """Refuse a store that is not the one the run started on (None: the run predates identities)."""
+    if expected is None:
+        return
+    found = store_identity(store, create=False)
+    if found != expected:
+        where = f"on {os.uname().nodename}" if hasattr(os, "uname") else "here"
+        raise StoreIdentityError(
+            f"store {store.url} {where} is not the store this run started on ({_SHARED_HINT})",
+            field="store",
+            expected=f"store id {expected}",
+            found=f"store id {found}" if found else "a store with no identity (another host's directory?)",
+        )
+
+
+def owner_key(run_id: str) -> str:
+    return f"{run_id}/owner.json"
+
+
+@dataclass(frozen=True)
+class OwnerRecord:
+    run_id: str
+    workflow_id: str
+    store_id: str
+    claimed_at: str
+
+
+def read_owner(store: Store, run_id: str) -> OwnerRecord | None:
+    try:
+        body = json.loads(store.read(owner_key(run_id)))
+        return OwnerRecord(**{k: str(body[k]) for k in ("run_id", "workflow_id", "store_id", "claimed_at")})
+    except ObjectNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError):
+        return None  # a malformed record names no live owner; the claim below replaces it
+
+
+def claim_run(
+    store: Store, run_id: str, workflow_id: str, store_id: str, *, owner_running: Callable[[str], bool]
+) -> OwnerRecord:
+    """Record ``workflow_id`` as the run's trainer, or refuse if another workflow still is."""
+    mine = OwnerRecord(run_id=run_id, workflow_id=workflow_id, store_id=store_id, claimed_at=_now())
+    data = json.dumps(asdict(mine)).encode()
+    if store.put_if_absent(owner_key(run_id), data):
+        return mine
+    current = read_owner(store, run_id)
+    if current is not None and current.workflow_id == workflow_id:
+        return current  # a retry, or the same workflow after continue-as-new
+    if current is not None and owner_running(current.workflow_id):
+        raise RunOwnershipError(
+            f"run {run_id!r} is being trained by workflow {current.workflow_id!r} (since {current.claimed_at}); "
+            "two workflows on one run id would interleave its checkpoints: use another run_id, "
+            "or stop that workflow first",
+            field="run_id",
+        )
+    store.write_object(owner_key(run_id), [data], size=len(data))  # the owner is gone: take over
+    return mine
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")

@@ -1,0 +1,110 @@
+"""S3 hygiene on a real SeaweedFS server: uploads a crashed writer left incomplete are collected
+(and young ones kept), small objects are one PutObject, and malformed keys are refused."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from cairn import errors as E
+from cairn.stores.s3 import S3Store
+
+pytestmark = pytest.mark.integration
+MiB = 1 << 20
+
+
+def _open_uploads(store: S3Store) -> list[str]:
+    """Keys (relative to the store) of the incomplete multipart uploads under the store."""
+    base = store.prefix + "/"
+    resp = store.client.list_multipart_uploads(Bucket=store.bucket, Prefix=base)
+    return sorted(u["Key"][len(base) :] for u in resp.get("Uploads", []))
+
+
+def _start_upload(store: S3Store, key: str) -> None:
+    """Begin a multipart upload with one part, as a writer that then crashed would leave it."""
+    full = store._key(key)
+    upload_id = store.client.create_multipart_upload(Bucket=store.bucket, Key=full)["UploadId"]
+    store.client.upload_part(Bucket=store.bucket, Key=full, UploadId=upload_id, PartNumber=1, Body=b"x" * 1024)
+
+
+@pytest.fixture
+def s3_calls(s3_store: S3Store) -> Iterator[list[str]]:
+    """The names of the S3 operations ``s3_store`` issues, in order (botocore's event system)."""
+    seen: list[str] = []
+
+    def record(model: object, **_: object) -> None:
+        seen.append(str(getattr(model, "name", model)))
+
+    s3_store.client.meta.events.register("before-call.s3.*", record)
+    yield seen
+    s3_store.client.meta.events.unregister("before-call.s3.*", record)
+
+
+def test_stale_upload_is_aborted(s3_store: S3Store) -> None:
+    _start_upload(s3_store, "run/training/000000000004/shard-0.bin")
+    _start_upload(s3_store, "other/training/000000000001/shard-0.bin")
+    assert len(_open_uploads(s3_store)) == 2
+    aborted = s3_store.abort_stale_uploads("run/", older_than_seconds=0)
+    assert aborted == ["run/training/000000000004/shard-0.bin"]
+    assert _open_uploads(s3_store) == ["other/training/000000000001/shard-0.bin"]  # outside the prefix
+    assert s3_store.abort_stale_uploads("", older_than_seconds=0) == ["other/training/000000000001/shard-0.bin"]
+    assert _open_uploads(s3_store) == []
+    assert not s3_store.exists("run/training/000000000004/shard-0.bin")
+
+
+def test_young_upload_is_kept(s3_store: S3Store) -> None:
+    _start_upload(s3_store, "run/training/000000000004/shard-0.bin")
+    assert s3_store.abort_stale_uploads("run/", older_than_seconds=3600) == []
+    assert _open_uploads(s3_store) == ["run/training/000000000004/shard-0.bin"]
+    # A dry run names what would go, and aborts nothing.
+    assert s3_store.stale_uploads("run/", older_than_seconds=0) == ["run/training/000000000004/shard-0.bin"]
+    assert s3_store.stale_uploads("run/", older_than_seconds=0, now=0.0) == []  # "now" before it began
+    assert _open_uploads(s3_store) == ["run/training/000000000004/shard-0.bin"]
+    s3_store.abort_stale_uploads("run/", older_than_seconds=0)
+
+
+def test_stale_uploads_are_paged_through(s3_store: S3Store, s3_calls: list[str]) -> None:
+    keys = [f"run/training/{step:012d}/shard-0.bin" for step in range(5)]
+    for key in keys:
+        _start_upload(s3_store, key)
+    s3_store.client.meta.events.register(
+        "before-parameter-build.s3.ListMultipartUploads", lambda params, **_: params.update(MaxUploads=2)
+    )
+    assert sorted(s3_store.abort_stale_uploads("run/", older_than_seconds=0)) == keys
+    assert s3_calls.count("ListMultipartUploads") >= 3  # 2 + 2 + 1
+    assert _open_uploads(s3_store) == []
+
+
+def test_small_write_of_unknown_size_is_one_put(s3_store: S3Store, s3_calls: list[str]) -> None:
+    """A pin (40 bytes, size not given) was three multipart requests; a large stream still is."""
+    s3_store.write_object("run/pins/best.json", [b'{"kind": "training", ', b'"step": 4}'])
+    assert s3_calls == ["PutObject"]
+    assert s3_store.read("run/pins/best.json") == b'{"kind": "training", "step": 4}'
+    s3_calls.clear()
+    data = bytes(range(256)) * (s3_store.part_size // 256) + b"tail"  # one part and a bit
+    s3_store.write_object("run/big.bin", (data[i : i + MiB] for i in range(0, len(data), MiB)))
+    assert s3_calls == ["CreateMultipartUpload", "UploadPart", "UploadPart", "CompleteMultipartUpload"]
+    assert s3_store.read("run/big.bin") == data
+    assert _open_uploads(s3_store) == []
+
+
+def test_small_write_of_known_size_is_one_put(s3_store: S3Store, s3_calls: list[str]) -> None:
+    s3_store.write_object("run/a.bin", [b"12345"], size=5)
+    s3_store.write_object("run/empty.bin", [])
+    assert s3_calls == ["PutObject", "PutObject"]
+    assert s3_store.read("run/empty.bin") == b""
+
+
+@pytest.mark.parametrize("key", ["../escape", "run//x", "run/./x", "/abs", "a\x00b", "a\nb"])
+def test_malformed_keys_are_invalid_not_retryable(s3_store: S3Store, key: str, s3_calls: list[str]) -> None:
+    for call in (
+        lambda: s3_store.read(key),
+        lambda: s3_store.size(key),
+        lambda: s3_store.write_object(key, [b"x"]),
+        lambda: s3_store.put_if_absent(key, b"x"),
+        lambda: s3_store.delete([key]),
+    ):
+        with pytest.raises(E.InvalidObjectError):
+            call()
+    assert s3_calls == []  # refused before anything went on the wire

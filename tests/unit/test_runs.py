@@ -1,0 +1,113 @@
+"""A run's footing in its store: absolute store URLs, store identities, one owner per run id;
+and the guard that keeps the test suite out of the user's checkout."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from activities.models import RunCarry, TrainingRunInput
+from cairn.errors import RunOwnershipError, StoreIdentityError
+from cairn.runs import (
+    STORE_ID_KEY,
+    claim_run,
+    read_owner,
+    require_store_identity,
+    resolve_store_url,
+    store_identity,
+    store_url_problem,
+)
+from cairn.stores import LocalStore, MemoryStore
+from tests.conftest import REPO, checkout_files
+from workers.run_commands import load_run_input
+
+
+@pytest.mark.parametrize(
+    "url, ok",
+    [
+        ("/abs/store", True),
+        ("file:///abs/store", True),
+        ("s3://bucket/prefix", True),
+        ("s3://bucket", True),
+        (".cairn/store", False),
+        ("runs", False),
+        ("", False),
+        ("s3://", False),
+        ("s3://Bad_Bucket/x", False),
+        ("ftp://host/x", False),
+        ("memory://x", False),
+        ("/abs/with\nnewline", False),
+    ],
+)
+def test_store_url_rules(url: str, ok: bool) -> None:
+    assert (store_url_problem(url) is None) == ok
+
+
+def test_run_start_resolves_a_relative_store_once(tmp_path: Path) -> None:
+    body = json.loads((REPO / "examples" / "run.json").read_text())
+    body["store"] = "runs/here"
+    run_file = tmp_path / "run.json"
+    run_file.write_text(json.dumps(body))
+    inp = load_run_input(str(run_file), cwd=tmp_path)
+    assert inp.store == str((tmp_path / "runs" / "here").resolve())
+    assert resolve_store_url("s3://b/p") == "s3://b/p"
+
+
+def test_workflow_input_refuses_a_relative_store() -> None:
+    body = json.loads((REPO / "examples" / "run.json").read_text())
+    body["store"] = "relative/dir"
+    with pytest.raises(ValueError, match="relative path"):
+        TrainingRunInput.model_validate(body)
+
+
+def test_store_identity_is_created_once_and_checked(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "a")
+    assert store_identity(store, create=False) is None
+    first = store_identity(store, create=True)
+    assert first is not None and store_identity(store, create=True) == first
+    require_store_identity(store, first)
+    require_store_identity(store, None)  # runs that predate identities
+    other = LocalStore(tmp_path / "b")  # "another host's directory": no identity at all
+    with pytest.raises(StoreIdentityError, match="shared"):
+        require_store_identity(other, first)
+    store_identity(other, create=True)
+    with pytest.raises(StoreIdentityError):
+        require_store_identity(other, first)
+    store.write_object(STORE_ID_KEY, [b"{not json"])
+    with pytest.raises(StoreIdentityError, match="malformed"):
+        store_identity(store, create=False)
+
+
+def test_one_workflow_per_run_id() -> None:
+    store = MemoryStore("owners")
+    alive = {"wf-a"}
+    claim_run(store, "run", "wf-a", "s", owner_running=alive.__contains__)
+    claim_run(store, "run", "wf-a", "s", owner_running=alive.__contains__)  # a retry: fine
+    with pytest.raises(RunOwnershipError, match="wf-a"):
+        claim_run(store, "run", "wf-b", "s", owner_running=alive.__contains__)
+    alive.clear()  # wf-a closed (or was terminated): a new workflow takes over
+    claim_run(store, "run", "wf-b", "s", owner_running=alive.__contains__)
+    owner = read_owner(store, "run")
+    assert owner is not None and owner.workflow_id == "wf-b"
+
+
+def test_carry_stays_bounded() -> None:
+    carry = RunCarry()
+    for attempt in [1] * 100 + [3]:
+        carry.record_segment(attempt)
+    assert carry.segments == 101 and carry.retried_segments == 1
+    assert len(carry.attempts) == 32 and carry.attempts[-1] == 3
+    assert len(RunCarry(attempts=[1] * 500).attempts) == 32
+
+
+def test_checkout_guard_sees_new_files_but_not_tool_caches(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.py").write_text("")
+    before = checkout_files(tmp_path)
+    (tmp_path / ".pytest_cache").mkdir()
+    (tmp_path / "src" / "__pycache__").mkdir()
+    assert checkout_files(tmp_path) == before
+    (tmp_path / ".cairn" / "store").mkdir(parents=True)
+    assert checkout_files(tmp_path) - before == {".cairn", ".cairn/store"}
