@@ -29,7 +29,7 @@ __all__ = ["DATA_CONVERTER", "CairnPayloadConverter", "input_error"]
 def input_error(exc: ValidationError, type_hint: Any) -> ApplicationError:
     """The non-retryable Temporal error for a payload that does not validate as ``type_hint``."""
     name = getattr(type_hint, "__name__", None) or str(type_hint)
-    error = config_error_from(exc, f"input ({name})")
+    error = config_error_from(exc, f"input ({name})", type_hint)
     return ApplicationError(str(error), type=error.type_name, non_retryable=True)
 
 

@@ -104,9 +104,7 @@ def open_regular_file(
         if not stat.S_ISREG(st.st_mode):
             raise error(f"{where}: {what} is {_file_kind(st.st_mode)}, not a regular file")
         if st.st_size > max_bytes:
-            raise error(
-                f"{what} too large", field=where, expected=f"<= {max_bytes} bytes", found=f"{st.st_size} bytes"
-            )
+            raise error(f"{what} too large", field=where, expected=f"<= {max_bytes} bytes", found=f"{st.st_size} bytes")
         yield file
 
 

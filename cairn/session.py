@@ -63,8 +63,8 @@ def require_finite(state: TrainState, last_commit: CommitResult | None = None, *
     loss = state.history["loss"][-1] if state.history["loss"] else 0.0
     bad = None if math.isfinite(loss) else "loss"
     if bad is None and arrays:
-        for group, arrays in (("theta", state.params), ("adam.m", state.m), ("adam.v", state.v)):
-            for name, arr in arrays.items():
+        for group, tensors in (("theta", state.params), ("adam.m", state.m), ("adam.v", state.v)):
+            for name, arr in tensors.items():
                 if not np.isfinite(arr.sum()) and not np.isfinite(arr).all():
                     bad = f"{group}/{name}"
                     break

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from cairn import errors as E
 from cairn.checkpoint import CheckpointRef, write_checkpoint
 from cairn.checkpoint.manager import training_content, training_tensors
 from cairn.checkpoint.manifest import compute_fingerprint
@@ -110,3 +113,45 @@ def rewrite_manifest(
             pass
     store.delete([key])
     assert store.put_if_absent(key, json.dumps(body).encode())
+
+
+# -- guards for hostile input: a regression fails instead of hanging or exhausting memory ------
+HANG_GUARD_S = 60.0
+"""Generous: a regression (a blocking open, an endless read) fails the test instead of hanging it."""
+MEMORY_BOUND = 64 << 20
+
+
+def guarded(fn: Callable[[], Any]) -> BaseException | None:
+    """Run ``fn`` in a daemon thread; return what it raised (None if it returned)."""
+    outcome: list[BaseException | None] = []
+
+    def target() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - handed back to the test
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(HANG_GUARD_S)
+    assert not thread.is_alive(), f"still running after {HANG_GUARD_S} s (blocked or reading forever)"
+    return outcome[0]
+
+
+def refused_within_bounds(fn: Callable[[], Any], error: type[E.CairnError]) -> E.CairnError:
+    """``fn`` raises exactly the family ``error``, without hanging, within MEMORY_BOUND."""
+    tracemalloc.start()
+    try:
+        exc = guarded(fn)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert isinstance(exc, error), f"expected {error.__name__}, got {type(exc).__name__}: {exc!r}"
+    assert peak < MEMORY_BOUND, f"peak {peak >> 20} MiB"
+    assert "\n" not in str(exc)
+    return exc
+
+
+# -- hostile documents ---------------------------------------------------------------------

@@ -37,7 +37,8 @@ request whose body could not be read as framed also gets ``Connection: close``. 
 The listen backlog is ``REQUEST_QUEUE_SIZE`` (1024, the stdlib default is 5) so that a burst of
 clients connecting at once queues instead of being reset; a connection idle or stalled for
 ``REQUEST_TIMEOUT_S`` (30 s) is closed. The stdlib's own refusals (a malformed request line or
-header, an unsupported method) are answered in the same JSON shape, with ``Connection: close``.
+header, an unsupported method) are answered in the same JSON shape, with ``Connection: close``;
+so is a bug in the service, as ``500 InternalError`` (its traceback goes to stderr).
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ def load_run_input(path: str, cwd: str | Path | None = None) -> TrainingRunInput
     try:
         return TrainingRunInput.model_validate(data)
     except ValidationError as exc:
-        raise config_error_from(exc, path) from None
+        raise config_error_from(exc, path, TrainingRunInput) from None
 
 
 def _async(fn: Callable[[argparse.Namespace, Client], Any]) -> Callable[[argparse.Namespace], int]:

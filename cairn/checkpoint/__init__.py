@@ -6,6 +6,7 @@ from cairn.checkpoint.format import (
     Limits,
     read_manifest,
     read_tensors,
+    verify_tensors,
     write_checkpoint,
 )
 from cairn.checkpoint.manager import (
@@ -36,5 +37,6 @@ __all__ = [
     "save_training",
     "signer_from_env",
     "training_tensors",
+    "verify_tensors",
     "write_checkpoint",
 ]

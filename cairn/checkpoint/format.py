@@ -161,12 +161,24 @@ def tensor_checksum(arr: np.ndarray) -> str:
     return CHECKSUM_PREFIX + h.hexdigest()
 
 
-def _check_content(content: CheckpointContent, names: list[str], limits: Limits = DEFAULT_LIMITS) -> None:
-    """Refuse, before anything is written, content the manifest could not carry faithfully."""
+def _check_content(
+    content: CheckpointContent, tensors: Mapping[str, np.ndarray], limits: Limits = DEFAULT_LIMITS
+) -> None:
+    """Refuse, before anything is written, what a reader would refuse: content the manifest
+    cannot carry faithfully, and tensors over the read bounds (``Limits``)."""
     where = f"{content.run_id}/{content.kind}/{content.step}"
+    names = list(tensors)
     for name in names:
         if not 1 <= len(name) <= 256:
             raise TensorSpecError(field="tensors", expected="names of 1 to 256 characters", found=name[:80])
+    if len(names) > limits.max_tensors:
+        raise SizeLimitError(field="tensors", expected=f"<= {limits.max_tensors} tensors", found=len(names))
+    total = sum(int(a.nbytes) for a in tensors.values())
+    if total > limits.max_total_bytes:
+        raise SizeLimitError(field="total_bytes", expected=f"<= {limits.max_total_bytes}", found=total)
+    deep = [n for n, a in tensors.items() if a.ndim > limits.max_ndim]
+    if deep:
+        raise TensorSpecError(field=f"tensors[{deep[0]}].shape", expected=f"<= {limits.max_ndim} dims", found=None)
     body = {
         "config": content.config,
         "lineage": None if content.lineage is None else content.lineage.model_dump(mode="json"),
@@ -276,7 +288,7 @@ def write_shards(
     Shards are named ``NONCE/rankRRR-NNNN.bin`` under the checkpoint prefix, so ranks never
     collide and a losing attempt never overwrites the winner's bytes.
     """
-    _check_content(content, list(tensors))
+    _check_content(content, tensors)
     arrays = {name: _as_le_contiguous(a) for name, a in tensors.items()}
     prefix = CheckpointRef("", content.run_id, content.kind, content.step).prefix
     plans = _plan_shards(arrays, nonce, rank, shard_bytes)
@@ -323,7 +335,11 @@ def commit_manifest(
     if signer is not None:
         manifest = manifest.model_copy(update={"signature": signer.sign(manifest.signed_payload())})
     orphans = [f"{ref.prefix}/{s.key}" for s in shards]
-    if store.put_if_absent(mkey, manifest.to_json_bytes()):
+    raw = manifest.to_json_bytes()
+    if len(raw) > DEFAULT_LIMITS.max_manifest_bytes:  # a reader would refuse it: do not commit it
+        store.delete(orphans)
+        raise SizeLimitError(field="manifest", expected=f"<= {DEFAULT_LIMITS.max_manifest_bytes} bytes", found=len(raw))
+    if store.put_if_absent(mkey, raw):
         # Trust, then verify: if a store ever ignored the condition and another writer's
         # manifest replaced ours, the fingerprint comparison below still catches it.
         committed = parse_manifest(store.read(mkey), str(ref))
@@ -343,7 +359,7 @@ def write_checkpoint(
     max_workers: int = 4,
 ) -> CommitResult:
     """Single-writer save: shards, then the manifest, under the (run, kind, step) key."""
-    _check_content(content, list(tensors))
+    _check_content(content, tensors)
     mkey = manifest_key(content.run_id, content.kind, content.step)
     if store.exists(mkey):
         # A retry (or a stale writer) of a committed step: compare, don't rewrite.
@@ -412,9 +428,7 @@ def _check_structure(manifest: Manifest, limits: Limits) -> None:
             raise TensorSpecError(field=f"{where}.dtype", expected=sorted(ALLOWED_DTYPES), found=t.dtype)
         if len(t.shape) > limits.max_ndim or any(not 0 <= d <= MAX_DIM for d in t.shape):
             raise TensorSpecError(
-                field=f"{where}.shape",
-                expected=f"<= {limits.max_ndim} dims, each in [0, {MAX_DIM}]",
-                found=[d if abs(d) <= 1 << 64 else f"{d:.3e}" for d in t.shape],
+                field=f"{where}.shape", expected=f"<= {limits.max_ndim} dims, each in [0, {MAX_DIM}]", found=t.shape
             )
         want = math.prod(t.shape) * np.dtype(t.dtype).itemsize  # Python ints: cannot overflow
         if want > limits.max_total_bytes:

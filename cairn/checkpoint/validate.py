@@ -91,7 +91,7 @@ def check_training_manifest(
     try:
         config = TrainConfig.model_validate(manifest.config)
     except ValidationError as exc:
-        raise ManifestError(str(config_error_from(exc, "manifest config"))) from exc
+        raise ManifestError(str(config_error_from(exc, "manifest config", TrainConfig))) from exc
     if run_config is not None:
         check_config_compatible(run_config, config)
     lineage = manifest.lineage
