@@ -146,6 +146,16 @@ class TrainingRun:
             self._phase = "cancelled"
             await self._release(inp, reason="cancelled")
             raise
+        except ActivityError as err:
+            if not isinstance(err.cause, CancelledError):
+                self._phase = "failed"
+                await self._release(inp, reason="failed")
+                raise
+            # The workflow was cancelled while a bookkeeping activity ran (it was cancelled with
+            # it): the same as above, and the run ends CANCELED, not failed.
+            self._phase = "cancelled"
+            await self._release(inp, reason="cancelled")
+            raise asyncio.CancelledError() from err
         except Exception:
             self._phase = "failed"
             await self._release(inp, reason="failed")
