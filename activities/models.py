@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from cairn.checkpoint.manifest import RUN_ID_PATTERN
+from cairn.checkpoint.layout import RUN_ID_PATTERN
 from cairn.config import TrainConfig
 from cairn.runs import store_url_problem
 

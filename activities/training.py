@@ -39,7 +39,7 @@ from activities.models import (
     TrainSegmentResult,
 )
 from cairn.checkpoint import CheckpointKind, CheckpointRef, latest_committed, list_checkpoints, read_manifest
-from cairn.checkpoint.format import CommitResult
+from cairn.checkpoint.commit import CommitResult
 from cairn.checkpoint.retention import RetentionPolicy, collect_garbage
 from cairn.errors import CairnError, one_line
 from cairn.runs import claim_run, require_store_identity, store_identity

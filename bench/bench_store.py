@@ -29,11 +29,13 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cairn.checkpoint import latest_committed, load_training, save_training  # noqa: E402
+from cairn.checkpoint import CheckpointOptions, latest_committed, load_training, save_training  # noqa: E402
 from cairn.config import TrainConfig  # noqa: E402
 from cairn.data import load_dataset  # noqa: E402
 from cairn.stores import LocalStore  # noqa: E402
 from cairn.trainer import init_state  # noqa: E402
+
+UNSIGNED = CheckpointOptions()  # the bench measures bytes, not HMAC
 
 OUT = REPO / "bench" / "out"
 
@@ -101,7 +103,7 @@ def bench_local(state, reps: int, workdir: Path) -> dict[str, float]:  # type: i
     store = LocalStore(workdir / "store")
 
     def ours_save() -> None:
-        save_training(store, "bench", state, signer=None)
+        save_training(store, "bench", state, options=UNSIGNED)
 
     def fresh_files() -> None:  # both sides write new files every rep, nothing left over
         floor_file.unlink(missing_ok=True)
@@ -115,7 +117,7 @@ def bench_local(state, reps: int, workdir: Path) -> dict[str, float]:  # type: i
     ref = latest_committed(store, "bench")
     assert ref is not None
     results["floor_restore_s"], results["ours_restore_s"] = side_by_side(
-        floor_read, lambda: load_training(store, ref, signer=None), reps, before=lambda: drop_cache(workdir)
+        floor_read, lambda: load_training(store, ref, options=UNSIGNED), reps, before=lambda: drop_cache(workdir)
     )
     return results
 
@@ -155,12 +157,12 @@ def bench_s3(state, reps: int, workdir: Path) -> dict[str, float]:  # type: igno
         counter = iter(range(10**6))
         results = {"bytes": blob.nbytes}
         results["floor_save_s"], results["ours_save_s"] = side_by_side(
-            floor_up, lambda: save_training(store, f"b{next(counter)}", state, signer=None), reps
+            floor_up, lambda: save_training(store, f"b{next(counter)}", state, options=UNSIGNED), reps
         )
         ref = latest_committed(store, "b0")
         assert ref is not None
         results["floor_restore_s"], results["ours_restore_s"] = side_by_side(
-            floor_down, lambda: load_training(store, ref, signer=None), reps
+            floor_down, lambda: load_training(store, ref, options=UNSIGNED), reps
         )
         store.close()
         return results

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from cairn.checkpoint.layout import STORE_ID_KEY, owner_key
 from cairn.errors import ConfigError, ObjectNotFoundError, RunOwnershipError, StoreIdentityError
 from cairn.stores.base import Store
 
@@ -42,7 +43,6 @@ __all__ = [
     "claim_run",
 ]
 
-STORE_ID_KEY = ".cairn/store-id.json"
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _SHARED_HINT = "several hosts need one shared store: use s3://bucket/prefix (or one shared filesystem path)"
 
@@ -116,10 +116,6 @@ def require_store_identity(store: Store, expected: str | None) -> None:
             expected=f"store id {expected}",
             found=f"store id {found}" if found else "a store with no identity (another host's directory?)",
         )
-
-
-def owner_key(run_id: str) -> str:
-    return f"{run_id}/owner.json"
 
 
 @dataclass(frozen=True)

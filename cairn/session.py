@@ -15,15 +15,12 @@ from typing import Any
 import numpy as np
 
 from cairn.checkpoint.async_save import AsyncCheckpointer, SaveHandle
-from cairn.checkpoint.format import DEFAULT_LIMITS, CommitResult, Limits, read_manifest
-from cairn.checkpoint.manager import (
-    ENV_SIGNER,
-    latest_committed,
-    load_training,
-    resolve_signer,
-    save_training,
-)
-from cairn.checkpoint.manifest import RUN_ID_PATTERN, CheckpointKind
+from cairn.checkpoint.commit import CommitResult
+from cairn.checkpoint.layout import RUN_ID_PATTERN
+from cairn.checkpoint.manager import latest_committed, load_training, save_training
+from cairn.checkpoint.manifest import CheckpointKind
+from cairn.checkpoint.options import CheckpointOptions
+from cairn.checkpoint.reader import read_manifest
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.validate import check_training_manifest
 from cairn.config import TrainConfig
@@ -87,17 +84,15 @@ class TrainingSession:
         state: TrainState,
         dataset: Dataset,
         *,
-        signer: Any = ENV_SIGNER,
-        limits: Limits = DEFAULT_LIMITS,
-        write_options: dict[str, Any] | None = None,
+        options: CheckpointOptions | None = None,
     ) -> None:
         self.run_id = _check_run_id(run_id)
         self.store = store
         self.state = state
         self.dataset = dataset
-        self.signer = signer
-        self.limits = limits
-        self.write_options = write_options or {}
+        self.options = options
+        """Signer, limits and shard settings for every save and restore of this session;
+        None: ``CheckpointOptions.from_env()`` at each save and restore."""
         self.last_commit: CommitResult | None = None
         self.restored_from: CheckpointRef | None = None
 
@@ -122,20 +117,13 @@ class TrainingSession:
         """Resume from ``ref`` (validated); checkpoints go to ``store`` (default: ref's store)."""
         source = open_store(ref.store_url)
         target = source if store is None else (open_store(store) if isinstance(store, str) else store)
-        signer = kw.get("signer", ENV_SIGNER)
+        options = kw.get("options") or CheckpointOptions.from_env()
         if config is None:
             # The checkpoint's own config (manifest only) tells which dataset to rebuild.
-            manifest = read_manifest(source, ref, expect_kind=CheckpointKind.TRAINING, signer=resolve_signer(signer))
+            manifest = read_manifest(source, ref, expect_kind=CheckpointKind.TRAINING, options=options)
             config = check_training_manifest(manifest)
         dataset = load_dataset(config.data)
-        state, _ = load_training(
-            source,
-            ref,
-            run_config=config,
-            dataset_hash=dataset.content_hash,
-            limits=kw.get("limits", DEFAULT_LIMITS),
-            signer=signer,
-        )
+        state, _ = load_training(source, ref, run_config=config, dataset_hash=dataset.content_hash, options=options)
         if weights_only_restore:
             state = weights_only(state, dataset)
         return cls(run_id or ref.run_id, target, state, dataset, **kw)
@@ -150,6 +138,10 @@ class TrainingSession:
             session.restore(ref)
         return session
 
+    @property
+    def checkpoint_options(self) -> CheckpointOptions:
+        return self.options or CheckpointOptions.from_env()
+
     # -- state replacement --------------------------------------------------------------
     def restore(self, ref: CheckpointRef) -> None:
         """Replace this session's state with ``ref``'s, only if it passes validation."""
@@ -159,8 +151,7 @@ class TrainingSession:
             ref,
             run_config=self.state.config,
             dataset_hash=self.dataset.content_hash,
-            limits=self.limits,
-            signer=self.signer,
+            options=self.checkpoint_options,
         )
         self.state = state
         self.restored_from = ref
@@ -168,7 +159,7 @@ class TrainingSession:
     def checkpoint(self) -> CommitResult:
         """Commit the current state (idempotent per step); a diverged state is refused."""
         require_finite(self.state, self.last_commit)
-        result = save_training(self.store, self.run_id, self.state, signer=self.signer, **self.write_options)
+        result = save_training(self.store, self.run_id, self.state, options=self.checkpoint_options)
         self._committed(self.state, result)
         return result
 
@@ -201,7 +192,7 @@ class TrainingSession:
         if checkpoint_every is not None and checkpoint_every <= 0:
             raise ConfigError("checkpoint_every", expected="> 0", found=checkpoint_every)
         saver = (
-            AsyncCheckpointer(self.store, self.run_id, signer=self.signer, **self.write_options) if async_save else None
+            AsyncCheckpointer(self.store, self.run_id, options=self.checkpoint_options) if async_save else None
         )
         pending: SaveHandle | None = None
 
@@ -220,7 +211,7 @@ class TrainingSession:
             if checkpoint_every and work.step % checkpoint_every == 0:
                 require_finite(work, self.last_commit)
                 if saver is None:
-                    result = save_training(self.store, self.run_id, work, signer=self.signer, **self.write_options)
+                    result = save_training(self.store, self.run_id, work, options=self.checkpoint_options)
                     self._committed(work, result)
                     if on_checkpoint:
                         on_checkpoint(result)

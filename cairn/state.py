@@ -72,11 +72,6 @@ class TrainState:
             history={k: list(v) for k, v in self.history.items()},
         )
 
-    @property
-    def nbytes(self) -> int:
-        arrays = [*self.params.values(), *self.m.values(), *self.v.values()]
-        return sum(a.nbytes for a in arrays) + 8 * sum(len(h) for h in self.history.values())
-
 
 def _copy_rng_state(state: dict[str, Any]) -> dict[str, Any]:
     out = dict(state)

@@ -15,8 +15,9 @@ import pytest
 
 from cairn import errors as E
 from cairn.checkpoint import CheckpointRef, write_checkpoint
+from cairn.checkpoint.content import CheckpointContent
 from cairn.checkpoint.manager import training_content, training_tensors
-from cairn.checkpoint.manifest import compute_fingerprint
+from cairn.checkpoint.manifest import CheckpointKind
 from cairn.config import TrainConfig
 from cairn.state import TrainState
 from cairn.stores import LocalStore, MemoryStore
@@ -99,15 +100,18 @@ def rewrite_manifest(
 
         try:
             lineage = Lineage.model_validate(body["lineage"]) if body.get("lineage") else None
-            body["fingerprint"] = compute_fingerprint(
-                kind=body["kind"],
+            content = CheckpointContent(
+                kind=CheckpointKind(body["kind"]),
+                run_id=body["run_id"],
                 step=body["step"],
                 cursor=body["cursor"],
                 config=body["config"],
                 lineage=lineage,
                 rng=body["rng"],
                 meta=body.get("meta", {}),
-                tensors=[(t["name"], t["dtype"], t["shape"], t["checksum"]) for t in body["tensors"]],
+            )
+            body["fingerprint"] = content.fingerprint(
+                [(t["name"], t["dtype"], t["shape"], t["checksum"]) for t in body["tensors"]]
             )
         except Exception:  # noqa: BLE001 - a deliberately malformed body keeps its old fingerprint
             pass

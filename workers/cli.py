@@ -28,11 +28,10 @@ from cairn.checkpoint import (
     list_checkpoints,
     load_training,
     read_manifest,
-    signer_from_env,
+    verify_tensors,
 )
 from cairn.checkpoint.compare import compare_states
-from cairn.checkpoint.format import verify_tensors
-from cairn.checkpoint.manifest import RUN_ID_PATTERN
+from cairn.checkpoint.layout import RUN_ID_PATTERN
 from cairn.checkpoint.retention import RetentionPolicy, collect_garbage, pin, pinned_steps, unpin
 from cairn.checkpoint.validate import check_training_manifest, check_training_values
 from cairn.config import load_config
@@ -212,7 +211,7 @@ def cmd_ckpt_verify(args: argparse.Namespace) -> int:
     """Every check of a validated import, streamed: no tensor is ever held whole in memory."""
     ref = _ref(args.checkpoint)
     store = open_store(ref.store_url)
-    manifest = read_manifest(store, ref, expect_kind=ref.kind, signer=signer_from_env())
+    manifest = read_manifest(store, ref, expect_kind=ref.kind)
     if ref.kind == CheckpointKind.TRAINING:
         config = check_training_manifest(manifest)
         dataset_hash = None

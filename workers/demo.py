@@ -80,6 +80,7 @@ async def temporal_drill() -> bool:
     from workers.devstack import StackConfig, stack_up
     from workers.run_commands import live_step
     from workers.servers import ServerProcess
+    from workflows.training_run import TrainingRun
 
     print("== Part 2: a durable run on Temporal, with a worker SIGKILLed partway")
     cfg = StackConfig(state_dir=STATE, worker=False)
@@ -108,7 +109,7 @@ async def temporal_drill() -> bool:
     first = worker("worker-a")
     second: ServerProcess | None = None
     try:
-        handle = await client.start_workflow("TrainingRun", inp, id=run_id, task_queue=queue)
+        handle = await client.start_workflow(TrainingRun.run, inp, id=run_id, task_queue=queue)
         print(f"started TrainingRun {run_id}: {total} steps, segments of 60, checkpoint every {every}")
         local = LocalStore(store)
         while (ref := latest_committed(local, run_id)) is None or ref.step < 30:
@@ -123,7 +124,7 @@ async def temporal_drill() -> bool:
         bar = tqdm(total=total, desc=run_id, unit="step")
         while True:
             desc = await handle.describe()
-            progress = await handle.query("progress")
+            progress = (await handle.query(TrainingRun.progress)).model_dump()
             bar.n = max(progress["step"], live_step(desc) or 0)
             bar.set_postfix(phase=progress["phase"], attempts=progress["attempts"], refresh=True)
             if desc.status is not None and desc.status.name != "RUNNING":

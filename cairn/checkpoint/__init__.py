@@ -1,14 +1,14 @@
-"""Checkpoints: format v1 (manifest + shards), the commit protocol, validated import."""
+"""Checkpoints: format v1 (manifest + shards), the commit protocol, validated import.
 
-from cairn.checkpoint.format import (
-    CheckpointContent,
-    CommitResult,
-    Limits,
-    read_manifest,
-    read_tensors,
-    verify_tensors,
-    write_checkpoint,
-)
+One module per concern: ``layout`` (where things live in a store), ``manifest`` (the data
+model), ``content`` (what the fingerprint covers), ``tensors`` (bytes and checksums),
+``shards`` (phase 1 of a save), ``commit`` (phase 2: the commit protocol), ``reader`` (the
+read path), ``options`` (signer, limits, shard settings), ``manager`` (training state <->
+checkpoints), ``validate`` (training-state rules), ``retention``, ``async_save``, ``compare``.
+"""
+
+from cairn.checkpoint.commit import CommitResult, commit_manifest, write_checkpoint
+from cairn.checkpoint.content import CheckpointContent
 from cairn.checkpoint.manager import (
     latest_committed,
     list_checkpoints,
@@ -17,21 +17,28 @@ from cairn.checkpoint.manager import (
     training_tensors,
 )
 from cairn.checkpoint.manifest import FORMAT_VERSION, CheckpointKind, Manifest
+from cairn.checkpoint.options import CheckpointOptions, Limits
+from cairn.checkpoint.reader import read_manifest, read_tensors, verify_tensors
 from cairn.checkpoint.ref import CheckpointRef
+from cairn.checkpoint.shards import RankShards, new_save_nonce, write_shards
 from cairn.checkpoint.signing import Signer, signer_from_env
 
 __all__ = [
     "FORMAT_VERSION",
     "CheckpointContent",
     "CheckpointKind",
+    "CheckpointOptions",
     "CheckpointRef",
     "CommitResult",
     "Limits",
     "Manifest",
+    "RankShards",
     "Signer",
+    "commit_manifest",
     "latest_committed",
     "list_checkpoints",
     "load_training",
+    "new_save_nonce",
     "read_manifest",
     "read_tensors",
     "save_training",
@@ -39,4 +46,5 @@ __all__ = [
     "training_tensors",
     "verify_tensors",
     "write_checkpoint",
+    "write_shards",
 ]

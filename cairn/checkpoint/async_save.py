@@ -13,10 +13,10 @@ from __future__ import annotations
 import threading
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
 
-from cairn.checkpoint.format import CommitResult
-from cairn.checkpoint.manager import ENV_SIGNER, save_training
+from cairn.checkpoint.commit import CommitResult
+from cairn.checkpoint.manager import save_training
+from cairn.checkpoint.options import CheckpointOptions
 from cairn.errors import StorageError
 from cairn.state import TrainState
 from cairn.stores.base import Store
@@ -45,13 +45,11 @@ class AsyncCheckpointer:
         run_id: str,
         *,
         max_in_flight: int = 1,
-        signer: Any = ENV_SIGNER,
-        **write_options: Any,
+        options: CheckpointOptions | None = None,
     ) -> None:
         self.store = store
         self.run_id = run_id
-        self.signer = signer
-        self.write_options = write_options
+        self.options = options or CheckpointOptions.from_env()
         self._slots = threading.BoundedSemaphore(max_in_flight)
         self._pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="cairn-async-save")
         self._handles: list[SaveHandle] = []
@@ -76,7 +74,7 @@ class AsyncCheckpointer:
 
         def persist() -> CommitResult:
             try:
-                return save_training(self.store, self.run_id, snapshot, signer=self.signer, **self.write_options)
+                return save_training(self.store, self.run_id, snapshot, options=self.options)
             except BaseException as exc:
                 with self._lock:
                     self._failure = self._failure or exc

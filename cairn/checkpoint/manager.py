@@ -6,23 +6,15 @@ committed checkpoints (a manifest exists); a half-written prefix is invisible he
 
 from __future__ import annotations
 
-import re
-from typing import Any
-
 import numpy as np
 
-from cairn.checkpoint.format import (
-    DEFAULT_LIMITS,
-    CheckpointContent,
-    CommitResult,
-    Limits,
-    read_manifest,
-    read_tensors,
-    write_checkpoint,
-)
-from cairn.checkpoint.manifest import MANIFEST_NAME, CheckpointKind, Manifest
+from cairn.checkpoint.commit import CommitResult, write_checkpoint
+from cairn.checkpoint.content import CheckpointContent
+from cairn.checkpoint.layout import parse_checkpoint_key, run_prefix
+from cairn.checkpoint.manifest import CheckpointKind, Manifest
+from cairn.checkpoint.options import CheckpointOptions
+from cairn.checkpoint.reader import read_manifest, read_tensors
 from cairn.checkpoint.ref import CheckpointRef
-from cairn.checkpoint.signing import Signer, signer_from_env
 from cairn.checkpoint.validate import check_training_manifest, check_training_values
 from cairn.config import TrainConfig
 from cairn.state import HISTORY_KEYS, TrainState
@@ -35,22 +27,7 @@ __all__ = [
     "load_training",
     "list_checkpoints",
     "latest_committed",
-    "ENV_SIGNER",
-    "resolve_signer",
 ]
-
-_MANIFEST_RE = re.compile(r"(?:^|/)([^/]+)/([a-z]+)/(\d{12})/" + re.escape(MANIFEST_NAME) + "$")
-
-
-class _EnvSigner:
-    """Sentinel: resolve the signer from the environment at call time."""
-
-
-ENV_SIGNER: Any = _EnvSigner()
-
-
-def resolve_signer(signer: Signer | None | _EnvSigner) -> Signer | None:
-    return signer_from_env() if isinstance(signer, _EnvSigner) else signer
 
 
 def training_tensors(state: TrainState) -> dict[str, np.ndarray]:
@@ -79,16 +56,10 @@ def training_content(run_id: str, state: TrainState) -> CheckpointContent:
 
 
 def save_training(
-    store: Store,
-    run_id: str,
-    state: TrainState,
-    *,
-    signer: Signer | None | _EnvSigner = ENV_SIGNER,
-    **write_options: Any,
+    store: Store, run_id: str, state: TrainState, *, options: CheckpointOptions | None = None
 ) -> CommitResult:
     """Commit the full training state under (run_id, training, step)."""
-    content = training_content(run_id, state)
-    return write_checkpoint(store, content, training_tensors(state), signer=resolve_signer(signer), **write_options)
+    return write_checkpoint(store, training_content(run_id, state), training_tensors(state), options=options)
 
 
 def load_training(
@@ -97,18 +68,16 @@ def load_training(
     *,
     run_config: TrainConfig | None = None,
     dataset_hash: str | None = None,
-    limits: Limits = DEFAULT_LIMITS,
-    signer: Signer | None | _EnvSigner = ENV_SIGNER,
+    options: CheckpointOptions | None = None,
 ) -> tuple[TrainState, Manifest]:
     """Validate a training checkpoint completely and build a new TrainState from it.
 
     Nothing is returned (and so nothing can replace a run's state) unless every rule passed.
     """
-    manifest = read_manifest(
-        store, ref, expect_kind=CheckpointKind.TRAINING, limits=limits, signer=resolve_signer(signer)
-    )
+    options = options or CheckpointOptions.from_env()
+    manifest = read_manifest(store, ref, expect_kind=CheckpointKind.TRAINING, options=options)
     config = check_training_manifest(manifest, run_config=run_config, dataset_hash=dataset_hash)
-    arrays = read_tensors(store, ref, manifest, value_check=check_training_values)
+    arrays = read_tensors(store, ref, manifest, max_workers=options.max_workers, value_check=check_training_values)
     assert manifest.lineage is not None and manifest.rng is not None  # checked above
     group: dict[str, dict[str, np.ndarray]] = {"theta": {}, "adam.m": {}, "adam.v": {}}
     for name, arr in arrays.items():
@@ -132,20 +101,16 @@ def load_training(
 def list_checkpoints(
     store: Store, run_id: str | None = None, kind: CheckpointKind | None = None
 ) -> list[CheckpointRef]:
-    """Committed checkpoints, sorted by (run, kind, step)."""
+    """Committed checkpoints (those with a manifest), sorted by (run, kind, step)."""
     refs: list[CheckpointRef] = []
-    for info in store.list(f"{run_id}/" if run_id else ""):
-        match = _MANIFEST_RE.search(info.key)
-        if not match or match.start() != 0:
+    kinds = {k.value: k for k in CheckpointKind}
+    for info in store.list(run_prefix(run_id) if run_id else ""):
+        key = parse_checkpoint_key(info.key)
+        if key is None or not key.is_manifest or key.kind not in kinds:
             continue
-        run, kind_text, step = match.groups()
-        try:
-            found_kind = CheckpointKind(kind_text)
-        except ValueError:
+        if kind is not None and key.kind != kind.value:
             continue
-        if kind is not None and found_kind != kind:
-            continue
-        refs.append(CheckpointRef(store.url, run, found_kind, int(step)))
+        refs.append(CheckpointRef(store.url, key.run_id, kinds[key.kind], key.step))
     return sorted(refs, key=lambda r: (r.run_id, r.kind.value, r.step))
 
 

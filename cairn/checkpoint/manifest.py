@@ -5,12 +5,11 @@ files and ``manifest.json``. The manifest is written last, by create-if-absent, 
 commit: without it the checkpoint does not exist for readers. Its idempotency key is
 (run id, kind, step) — the prefix itself.
 
-The ``fingerprint`` is a sha256 over the checkpoint's *content* (kind, step, cursor,
-config, lineage except parent, RNG, meta, and every tensor's name/dtype/shape/checksum). It
-identifies a state and detects accidental corruption of the manifest; it is **not** a
-signature — anyone can recompute it for forged content. Authenticity comes only from the
-optional HMAC ``signature`` (see ``cairn.checkpoint.signing``). The content is plain finite
-JSON: NaN or infinity anywhere in it is refused (``InvariantError``) rather than written.
+The ``fingerprint`` is a sha256 over the checkpoint's *content* (``cairn.checkpoint.content``
+says which fields, and computes it). It identifies a state and detects accidental corruption
+of the manifest; it is **not** a signature — anyone can recompute it for forged content.
+Authenticity comes only from the optional HMAC ``signature`` (``cairn.checkpoint.signing``).
+Where things live in a store is ``cairn.checkpoint.layout``.
 
 Shard keys are relative paths under the checkpoint prefix: '/'-separated segments, none
 empty, '.' or '..', no leading '/', no backslash, NUL or newline. Anything else is refused
@@ -19,44 +18,30 @@ when the manifest is parsed, before a key reaches a store.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import math
-import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from cairn.errors import InvariantError
+from cairn.checkpoint.layout import RUN_ID_PATTERN
 from cairn.state import Lineage
 
 __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "SUPPORTED_VERSIONS",
-    "MANIFEST_NAME",
     "CheckpointKind",
     "TensorEntry",
     "ShardEntry",
     "WriterInfo",
     "Manifest",
-    "compute_fingerprint",
-    "checkpoint_prefix",
-    "manifest_key",
-    "RUN_ID_PATTERN",
-    "CHECKSUM_PREFIX",
     "shard_key_problem",
-    "non_finite_path",
 ]
 
 FORMAT_NAME = "cairn-checkpoint"
 FORMAT_VERSION = 1
 SUPPORTED_VERSIONS = frozenset({1})
-MANIFEST_NAME = "manifest.json"
-STEP_DIGITS = 12
-CHECKSUM_PREFIX = "blake3:"
-RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def shard_key_problem(key: str) -> str | None:
@@ -146,67 +131,3 @@ class Manifest(_Model):
         """Canonical bytes an HMAC signs: everything but the signature itself."""
         body = self.model_dump(mode="json", exclude={"signature"})
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-
-
-def compute_fingerprint(
-    *,
-    kind: str,
-    step: int,
-    cursor: int,
-    config: dict[str, Any] | None,
-    lineage: Lineage | None,
-    rng: dict[str, Any] | None,
-    meta: dict[str, Any],
-    tensors: list[tuple[str, str, list[int], str]],
-) -> str:
-    """sha256 of the checkpoint's content; independent of shard layout, writer and run id.
-
-    ``tensors`` are (name, dtype, shape, checksum). ``lineage.parent`` is provenance, not
-    content, and is left out, so a retried save of the same state converges on one identity,
-    and a resumed run's final checkpoint has the same fingerprint as the uninterrupted one.
-    """
-    body = {
-        "format_version": FORMAT_VERSION,
-        "kind": str(kind),
-        "step": step,
-        "cursor": cursor,
-        "config": config,
-        "lineage": None if lineage is None else lineage.model_dump(mode="json", exclude={"parent"}),
-        "rng": rng,
-        "meta": meta,
-        "tensors": sorted([n, d, list(s), c] for n, d, s, c in tensors),
-    }
-    try:
-        text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    except ValueError:  # NaN or infinity somewhere: it has no JSON form and would not round-trip
-        path, value = non_finite_path(body) or ("content", None)
-        raise InvariantError(
-            "checkpoint content must be finite JSON", field=path, expected="a finite number", found=value
-        ) from None
-    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
-
-
-def non_finite_path(value: Any, path: str = "") -> tuple[str, float] | None:
-    """(dotted path, value) of the first NaN or infinity inside a JSON-like value, else None."""
-    if isinstance(value, float):
-        return None if math.isfinite(value) else (path or "value", value)
-    if isinstance(value, dict):
-        items: list[tuple[str, Any]] = [(f"{path}.{k}" if path else str(k), v) for k, v in value.items()]
-    elif isinstance(value, list | tuple):
-        items = [(f"{path}[{i}]", v) for i, v in enumerate(value)]
-    else:
-        return None
-    for sub_path, sub in items:
-        found = non_finite_path(sub, sub_path)
-        if found is not None:
-            return found
-    return None
-
-
-def checkpoint_prefix(run_id: str, kind: str, step: int) -> str:
-    """The idempotency key of a checkpoint, as a store prefix (no trailing slash)."""
-    return f"{run_id}/{kind}/{step:0{STEP_DIGITS}d}"
-
-
-def manifest_key(run_id: str, kind: str, step: int) -> str:
-    return f"{checkpoint_prefix(run_id, kind, step)}/{MANIFEST_NAME}"

@@ -9,13 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cairn.checkpoint.manifest import (
-    MANIFEST_NAME,
-    RUN_ID_PATTERN,
-    STEP_DIGITS,
-    CheckpointKind,
-    checkpoint_prefix,
-)
+from cairn.checkpoint.layout import MANIFEST_NAME, RUN_ID_PATTERN, STEP_DIGITS, checkpoint_prefix
+from cairn.checkpoint.manifest import CheckpointKind
 from cairn.errors import ReferenceSyntaxError
 
 __all__ = ["CheckpointRef"]

@@ -12,20 +12,26 @@ than the grace period (it may be being written right now).
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from cairn.checkpoint.format import parse_manifest
-from cairn.checkpoint.manifest import MANIFEST_NAME, RUN_ID_PATTERN, CheckpointKind, checkpoint_prefix
+from cairn.checkpoint.layout import (
+    MANIFEST_NAME,
+    RUN_ID_PATTERN,
+    parse_checkpoint_key,
+    pin_key,
+    pins_prefix,
+    run_prefix,
+)
+from cairn.checkpoint.manifest import CheckpointKind
+from cairn.checkpoint.reader import parse_manifest
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.errors import CheckpointError, ConfigError, InvalidObjectError
 from cairn.stores.base import ObjectInfo, Store
 
 __all__ = ["RetentionPolicy", "GcPlan", "plan_gc", "collect_garbage", "pin", "unpin", "pinned_steps"]
 
-_STEP_DIR = re.compile(r"^([^/]+)/([a-z]+)/(\d{12})/(.+)$")
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,10 @@ class GcPlan:
     deleted_bytes: int = 0
     aborted_uploads: list[str] = field(default_factory=list)
     """Keys of incomplete multipart uploads past the grace period (aborted, or to abort)."""
+    uncommit: list[str] = field(default_factory=list, repr=False)
+    """Manifests of the checkpoints in ``delete``: removed first, so each stops existing."""
+    remove: list[str] = field(default_factory=list, repr=False)
+    """Every other object of the checkpoints in ``delete``, removed after."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -66,26 +76,22 @@ def pin(store: Store, ref: CheckpointRef, name: str) -> None:
     if not RUN_ID_PATTERN.match(name):
         raise ConfigError("pin name", expected=RUN_ID_PATTERN.pattern, found=name)
     body = json.dumps({"kind": ref.kind.value, "step": ref.step}).encode()
-    store.write_object(_pin_key(ref.run_id, name), [body], size=len(body))
+    store.write_object(pin_key(ref.run_id, name), [body], size=len(body))
 
 
 def unpin(store: Store, run_id: str, name: str) -> None:
     """Remove the pin ``name`` of ``run_id``; a missing pin is a ``ConfigError``."""
     if not RUN_ID_PATTERN.match(name):
         raise ConfigError("--name", expected=RUN_ID_PATTERN.pattern, found=name)
-    key = _pin_key(run_id, name)
+    key = pin_key(run_id, name)
     if not store.exists(key):
         raise ConfigError("--name", expected=f"a pin of run {run_id}", found=name)
     store.delete([key])
 
 
-def _pin_key(run_id: str, name: str) -> str:
-    return f"{run_id}/pins/{name}.json"
-
-
 def pinned_steps(store: Store, run_id: str) -> dict[tuple[str, int], list[str]]:
     pins: dict[tuple[str, int], list[str]] = defaultdict(list)
-    for info in store.list(f"{run_id}/pins/"):
+    for info in store.list(pins_prefix(run_id)):
         try:
             body = json.loads(store.read(info.key))
             pins[(str(body["kind"]), int(body["step"]))].append(info.key.rsplit("/", 1)[-1].removesuffix(".json"))
@@ -95,17 +101,19 @@ def pinned_steps(store: Store, run_id: str) -> dict[tuple[str, int], list[str]]:
 
 
 def plan_gc(store: Store, run_id: str, policy: RetentionPolicy, now: float | None = None) -> GcPlan:
+    """One listing of the run, one pass over it: linear in the number of objects. Manifests
+    are read only for the checkpoints kept (to find shards no manifest refers to)."""
     now = time.time() if now is None else now
     by_prefix: dict[tuple[str, int], list[ObjectInfo]] = defaultdict(list)
-    for info in store.list(f"{run_id}/"):
-        match = _STEP_DIR.match(info.key)
-        if match and match.group(1) == run_id:
-            by_prefix[(match.group(2), int(match.group(3)))].append(info)
+    for info in store.list(run_prefix(run_id)):
+        key = parse_checkpoint_key(info.key)
+        if key is not None and key.run_id == run_id:
+            by_prefix[(key.kind, key.step)].append(info)
     pins = pinned_steps(store, run_id)
     plan = GcPlan()
     committed: dict[str, list[int]] = defaultdict(list)
     for (kind, step), objects in by_prefix.items():
-        if any(o.key.endswith("/" + MANIFEST_NAME) for o in objects):
+        if any(o.key.endswith("/" + MANIFEST_NAME) for o in objects):  # committed
             committed[kind].append(step)
         elif all(now - o.mtime > policy.grace_seconds for o in objects):
             plan.orphans += [o.key for o in objects]  # a crashed writer's uncommitted prefix
@@ -116,9 +124,14 @@ def plan_gc(store: Store, run_id: str, policy: RetentionPolicy, now: float | Non
         keep |= {s for s in steps if (kind, s) in pins}
         for step in steps:
             ref = CheckpointRef(store.url, run_id, CheckpointKind(kind), step)
-            (plan.keep if step in keep else plan.delete).append(ref)
+            objects = by_prefix[(kind, step)]
             if step in keep:
-                plan.orphans += _unreferenced_shards(store, ref, by_prefix[(kind, step)], now, policy)
+                plan.keep.append(ref)
+                plan.orphans += _unreferenced_shards(store, ref, objects, now, policy)
+            else:
+                plan.delete.append(ref)
+                plan.uncommit += [o.key for o in objects if o.key.endswith("/" + MANIFEST_NAME)]
+                plan.remove += [o.key for o in objects if not o.key.endswith("/" + MANIFEST_NAME)]
     orphans = set(plan.orphans)
     deleted = {(r.kind.value, r.step) for r in plan.delete}
     plan.deleted_bytes = sum(
@@ -141,14 +154,14 @@ def _unreferenced_shards(
 def collect_garbage(
     store: Store, run_id: str, policy: RetentionPolicy, *, dry_run: bool = False, now: float | None = None
 ) -> GcPlan:
+    """Apply ``policy`` to a run: batched deletes (manifests first: a checkpoint stops existing
+    before its shards go), then orphans, then stale incomplete uploads."""
     plan = plan_gc(store, run_id, policy, now)
     if dry_run:
-        plan.aborted_uploads = store.stale_uploads(f"{run_id}/", policy.grace_seconds, now=now)
+        plan.aborted_uploads = store.stale_uploads(run_prefix(run_id), policy.grace_seconds, now=now)
         return plan
-    for ref in plan.delete:
-        prefix = checkpoint_prefix(ref.run_id, ref.kind, ref.step)
-        store.delete([f"{prefix}/{MANIFEST_NAME}"])  # un-commit first
-        store.delete([o.key for o in store.list(prefix + "/")])
+    store.delete(plan.uncommit)
+    store.delete(plan.remove)
     store.delete(plan.orphans)
-    plan.aborted_uploads = store.abort_stale_uploads(f"{run_id}/", policy.grace_seconds, now=now)
+    plan.aborted_uploads = store.abort_stale_uploads(run_prefix(run_id), policy.grace_seconds, now=now)
     return plan

@@ -14,10 +14,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from cairn.checkpoint.format import CheckpointContent, read_manifest, write_checkpoint
+from cairn.checkpoint.commit import write_checkpoint
+from cairn.checkpoint.content import CheckpointContent
 from cairn.checkpoint.manager import latest_committed
 from cairn.checkpoint.manifest import CheckpointKind
-from cairn.checkpoint.signing import signer_from_env
+from cairn.checkpoint.reader import read_manifest
 from cairn.errors import CheckpointConflictError, StorageError
 from cairn.stores.base import Store
 
@@ -62,7 +63,7 @@ def load_journal(store: Store, run_id: str) -> Journal:
     ref = latest_committed(store, run_id, CheckpointKind.JOURNAL)
     if ref is None:
         return Journal(run_id=run_id)
-    manifest = read_manifest(store, ref, expect_kind=CheckpointKind.JOURNAL, signer=signer_from_env())
+    manifest = read_manifest(store, ref, expect_kind=CheckpointKind.JOURNAL)
     entries = [JournalEntry.model_validate(e) for e in manifest.meta.get("entries", [])]
     return Journal(run_id=run_id, version=ref.step, entries=entries)
 
@@ -81,7 +82,7 @@ def append_entry(store: Store, run_id: str, entry: JournalEntry, attempts: int =
             meta={"entries": [e.model_dump(mode="json") for e in entries]},
         )
         try:
-            write_checkpoint(store, content, {}, signer=signer_from_env())
+            write_checkpoint(store, content, {})
         except CheckpointConflictError:
             continue  # another writer appended first: re-read and try again
         return Journal(run_id=run_id, version=journal.version + 1, entries=entries)

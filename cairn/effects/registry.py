@@ -1,6 +1,7 @@
 """The model registry: publishing a checkpoint reference by conditional write.
 
-An entry is ``registry/{run_id}/{sha256(key)[:24]}.json`` in a store; its name derives from the
+An entry is ``.cairn/registry/{run_id}/{sha256(key)[:24]}.json`` in a store (under the store's
+reserved prefix, so no run id can collide with it: ``cairn.checkpoint.layout``); its name derives from the
 publish effect's idempotency key, and it is created with create-if-absent. A retried publish
 finds its own entry and returns it; the same key with a different body is refused.
 """
@@ -12,6 +13,7 @@ import json
 
 from pydantic import BaseModel, ConfigDict
 
+from cairn.checkpoint.layout import registry_entry_key, registry_prefix
 from cairn.errors import IdempotencyConflictError
 from cairn.stores.base import Store
 
@@ -28,7 +30,7 @@ class PublishedModel(BaseModel):
 
 
 def _entry_key(run_id: str, key: str) -> str:
-    return f"registry/{run_id}/{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+    return registry_entry_key(run_id, hashlib.sha256(key.encode()).hexdigest()[:24])
 
 
 def publish_model(store: Store, entry: PublishedModel) -> tuple[str, bool]:
@@ -50,6 +52,6 @@ def publish_model(store: Store, entry: PublishedModel) -> tuple[str, bool]:
 
 def published_entries(store: Store, run_id: str) -> list[PublishedModel]:
     out = []
-    for info in store.list(f"registry/{run_id}/"):
+    for info in store.list(registry_prefix(run_id)):
         out.append(PublishedModel.model_validate(json.loads(store.read(info.key))))
     return out

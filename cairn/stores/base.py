@@ -121,8 +121,5 @@ class Store(ABC):
             return False
         return True
 
-    def child_url(self, key: str) -> str:
-        return self.url.rstrip("/") + "/" + key
-
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections or pools."""

@@ -25,6 +25,7 @@ from cairn.stores.s3 import S3Store
 from tests.conftest import REPO, small_config
 from workers.client import connect
 from workers.servers import ServerProcess, free_port, seaweedfs_command, wait_for_http
+from workflows.training_run import TrainingRun
 
 # SeaweedFS without an identity config accepts any credentials; boto3 still needs some to sign.
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "cairn-test")
@@ -170,8 +171,10 @@ def assert_matches_reference(summary: RunSummary, config: TrainConfig) -> None:
     assert summary.fingerprint == manifest.fingerprint
 
 
-def start_worker_process(address: str, task_queue: str, log: Path, env: dict[str, str] | None = None) -> ServerProcess:
-    argv = [sys.executable, "-m", "workers.worker", "--address", address, "--task-queue", task_queue]
+def start_worker_process(
+    address: str, task_queue: str, log: Path, env: dict[str, str] | None = None, module: str = "workers.worker"
+) -> ServerProcess:
+    argv = [sys.executable, "-m", module, "--address", address, "--task-queue", task_queue]
     proc = ServerProcess("worker", argv, log, env=env, cwd=REPO).start()
     return proc
 
@@ -179,7 +182,7 @@ def start_worker_process(address: str, task_queue: str, log: Path, env: dict[str
 async def wait_progress(handle: WorkflowHandle[Any, Any], predicate: Any, timeout: float = 60) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
-        progress = await handle.query("progress")
+        progress = (await handle.query(TrainingRun.progress)).model_dump()
         if predicate(progress):
             return dict(progress)
         assert time.monotonic() < deadline, progress

@@ -16,7 +16,6 @@ from temporalio.client import Client, WorkflowFailureError
 from activities.models import RunSummary, TrainingRunInput
 from cairn import errors as E
 from cairn.effects import ReservationClient, load_journal, published_entries
-from cairn.effects.keys import DROP_KEY_ENV
 from cairn.stores import LocalStore
 from tests.integration.conftest import (
     ReservationServer,
@@ -28,6 +27,7 @@ from tests.integration.conftest import (
 )
 from workers.servers import ServerProcess
 from workers.worker import build_worker
+from workflows.training_run import TrainingRun
 
 pytestmark = pytest.mark.integration
 
@@ -89,21 +89,20 @@ async def crash_after_effect(
     tmp_path: Path,
     task_queue: str,
     point: str,
-    extra_env: dict[str, str] | None = None,
+    worker_module: str = "workers.worker",
 ) -> tuple[TrainingRunInput, Any, dict[str, Any]]:
     """Run with worker A set to crash at ``point``; replace it with worker B; return the
     service usage observed while training, and the summary."""
     inp = effects_input(tmp_path, service)
     env = {"CAIRN_FAULT": f"after-effect-before-complete:{point}", "CAIRN_FAULT_ONCE": str(tmp_path / "crashed")}
-    env.update(extra_env or {})
-    first = start_worker_process(temporal.address, task_queue, tmp_path / "worker-a.log", env=env)
+    first = start_worker_process(temporal.address, task_queue, tmp_path / "worker-a.log", env=env, module=worker_module)
     second: ServerProcess | None = None
     try:
-        handle = await client.start_workflow("TrainingRun", inp, id=inp.run_id, task_queue=task_queue)
+        handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
         assert first.proc is not None
         await asyncio.get_running_loop().run_in_executor(None, first.proc.wait, 60)  # it crashes itself
         assert (tmp_path / "crashed").exists(), first.log_tail()
-        second = start_worker_process(temporal.address, task_queue, tmp_path / "worker-b.log", env=extra_env)
+        second = start_worker_process(temporal.address, task_queue, tmp_path / "worker-b.log", module=worker_module)
         await wait_progress(handle, lambda p: p["phase"] in ("training", "finished"), timeout=60)
         during = ReservationClient(service.url).usage("FILTER-A")
         summary = RunSummary.model_validate(await asyncio.wait_for(handle.result(), timeout=120))
@@ -155,7 +154,13 @@ async def test_dropping_the_key_makes_the_seed_check_fail(
 ) -> None:
     """The exactly-once check can fail: without idempotency keys the crash consumes 4 units."""
     _, summary, during = await crash_after_effect(
-        client, temporal_server, reservation_service, tmp_path, task_queue, "reserve", extra_env={DROP_KEY_ENV: "1"}
+        client,
+        temporal_server,
+        reservation_service,
+        tmp_path,
+        task_queue,
+        "reserve",
+        worker_module="tests.integration.keyless_worker",
     )
     assert during["consumed"] == 4
     with pytest.raises(AssertionError, match="consumed 4 units"):
@@ -185,9 +190,9 @@ async def test_rollback_does_not_return_reserved_units(
     inp = effects_input(tmp_path, reservation_service, retention={"keep_last": 3, "keep_every": 10})
     svc = ReservationClient(reservation_service.url)
     async with build_worker(client, task_queue):
-        handle = await client.start_workflow("TrainingRun", inp, id=inp.run_id, task_queue=task_queue)
+        handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
         await wait_progress(handle, lambda p: p["step"] >= 30)
-        await handle.signal("rollback", 10)
+        await handle.signal(TrainingRun.rollback, 10)
         deadline = time.monotonic() + 30
         while not any(e.kind == "decision" for e in load_journal(LocalStore(inp.store), inp.run_id).entries):
             assert time.monotonic() < deadline
@@ -210,7 +215,7 @@ async def test_cancel_compensates_by_releasing(
     inp = effects_input(tmp_path, reservation_service)
     svc = ReservationClient(reservation_service.url)
     async with build_worker(client, task_queue):
-        handle = await client.start_workflow("TrainingRun", inp, id=inp.run_id, task_queue=task_queue)
+        handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
         await wait_progress(handle, lambda p: p["step"] >= 5)
         assert svc.usage("FILTER-A")["consumed"] == 2
         await handle.cancel()

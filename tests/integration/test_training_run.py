@@ -35,6 +35,7 @@ from tests.integration.conftest import (
 )
 from workers.servers import ServerProcess
 from workers.worker import WORKFLOWS, build_worker
+from workflows.training_run import TrainingRun
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +44,7 @@ async def test_run_completes_bit_identical(client: Client, task_queue: str, tmp_
     inp = run_input(tmp_path)
     async with build_worker(client, task_queue):
         summary = await client.execute_workflow(
-            "TrainingRun", inp, id=inp.run_id, task_queue=task_queue, result_type=RunSummary
+            TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue
         )
     assert summary.steps == 40 and not summary.stopped_early
     assert summary.attempts == [1, 1, 1] and summary.recomputed_steps == 0
@@ -73,7 +74,7 @@ async def test_sigkilled_worker_is_replaced_and_run_resumes(
     first = start_worker_process(temporal_server.address, task_queue, tmp_path / "worker-a.log")
     second: ServerProcess | None = None
     try:
-        handle = await client.start_workflow("TrainingRun", inp, id=inp.run_id, task_queue=task_queue)
+        handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
         deadline = time.monotonic() + 60
         while True:  # wait until the segment is well underway, with checkpoints committed
             ref = latest_committed(store, inp.run_id)
@@ -204,16 +205,16 @@ async def test_pause_checkpoints_and_resume_completes(client: Client, task_queue
     inp = control_input(tmp_path)
     store = LocalStore(inp.store)
     async with build_worker(client, task_queue):
-        handle = await client.start_workflow("TrainingRun", inp, id=inp.run_id, task_queue=task_queue)
+        handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
         await segment_underway(LocalStore(inp.store), inp.run_id)
-        await handle.signal("pause")
+        await handle.signal(TrainingRun.pause)
         paused = await wait_progress(handle, lambda p: p["phase"] == "paused")
         step = paused["step"]
         assert 0 < step < 50  # checkpointed mid-segment
         assert latest_committed(store, inp.run_id).step == step  # type: ignore[union-attr]
         await asyncio.sleep(1.0)
-        assert (await handle.query("progress"))["step"] == step  # really paused
-        await handle.signal("resume")
+        assert (await handle.query(TrainingRun.progress)).step == step  # really paused
+        await handle.signal(TrainingRun.resume)
         summary = RunSummary.model_validate(await handle.result())
     assert summary.steps == 100 and not summary.stopped_early
     assert_matches_reference(summary, inp.config)
@@ -223,9 +224,9 @@ async def test_checkpoint_now_then_carry_on(client: Client, task_queue: str, tmp
     inp = control_input(tmp_path)
     store = LocalStore(inp.store)
     async with build_worker(client, task_queue):
-        handle = await client.start_workflow("TrainingRun", inp, id=inp.run_id, task_queue=task_queue)
+        handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
         await segment_underway(LocalStore(inp.store), inp.run_id)
-        await handle.signal("checkpoint_now")
+        await handle.signal(TrainingRun.checkpoint_now)
         summary = RunSummary.model_validate(await handle.result())
     steps = [r.step for r in list_checkpoints(store, inp.run_id)]
     assert any(s not in (0, 50, 100) for s in steps), steps  # the extra, signalled checkpoint
@@ -236,9 +237,9 @@ async def test_checkpoint_now_then_carry_on(client: Client, task_queue: str, tmp
 async def test_stop_is_graceful(client: Client, task_queue: str, tmp_path: Path) -> None:
     inp = control_input(tmp_path)
     async with build_worker(client, task_queue):
-        handle = await client.start_workflow("TrainingRun", inp, id=inp.run_id, task_queue=task_queue)
+        handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
         await segment_underway(LocalStore(inp.store), inp.run_id)
-        await handle.signal("stop")
+        await handle.signal(TrainingRun.stop)
         summary = RunSummary.model_validate(await handle.result())
     assert summary.stopped_early and 0 < summary.steps < 50
     assert summary.checkpoint and summary.checkpoint.endswith(f"{summary.steps:012d}")
@@ -249,7 +250,7 @@ async def test_cancel_checkpoints_before_stopping(client: Client, task_queue: st
     inp = control_input(tmp_path)
     store = LocalStore(inp.store)
     async with build_worker(client, task_queue):
-        handle = await client.start_workflow("TrainingRun", inp, id=inp.run_id, task_queue=task_queue)
+        handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
         await segment_underway(LocalStore(inp.store), inp.run_id)
         await handle.cancel()
         with pytest.raises(WorkflowFailureError):
@@ -263,7 +264,7 @@ async def test_cancel_checkpoints_before_stopping(client: Client, task_queue: st
 async def test_long_run_continues_as_new_with_bounded_history(client: Client, task_queue: str, tmp_path: Path) -> None:
     inp = run_input(tmp_path, total_steps=36, steps_per_segment=3, segments_per_run=3, checkpoint={"every": 3})
     async with build_worker(client, task_queue):
-        handle = await client.start_workflow("TrainingRun", inp, id=inp.run_id, task_queue=task_queue)
+        handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
         summary = RunSummary.model_validate(await handle.result())
         lengths = await history_lengths(client, inp.run_id, handle.first_execution_run_id)  # type: ignore[arg-type]
     assert summary.steps == 36 and summary.continued_as_new == 3
@@ -292,12 +293,12 @@ async def test_replay_recorded_histories(client: Client, task_queue: str, tmp_pa
     """Histories recorded on the real server replay deterministically with the SDK's Replayer."""
     inp = control_input(tmp_path, steps_per_segment=20, total_steps=40, segments_per_run=1)
     async with build_worker(client, task_queue):
-        handle = await client.start_workflow("TrainingRun", inp, id=inp.run_id, task_queue=task_queue)
+        handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
         await asyncio.sleep(0.6)
-        await handle.signal("checkpoint_now")
-        await handle.signal("pause")
+        await handle.signal(TrainingRun.checkpoint_now)
+        await handle.signal(TrainingRun.pause)
         await wait_progress(handle, lambda p: p["phase"] == "paused")
-        await handle.signal("resume")
+        await handle.signal(TrainingRun.resume)
         await handle.result()
     replayer = Replayer(workflows=WORKFLOWS, data_converter=DATA_CONVERTER)
     histories = client.list_workflows(f"WorkflowId = '{inp.run_id}'")
@@ -322,7 +323,7 @@ async def test_sigterm_worker_checkpoints_and_hands_back(
     first = start_worker_process(temporal_server.address, task_queue, tmp_path / "worker-a.log")
     second: ServerProcess | None = None
     try:
-        handle = await client.start_workflow("TrainingRun", inp, id=inp.run_id, task_queue=task_queue)
+        handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
         await wait_progress(handle, lambda p: p["phase"] == "training")
         await asyncio.sleep(1.5)
         os.kill(first.pid, signal.SIGTERM)

@@ -21,9 +21,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from cairn import errors as E
 from cairn.checkpoint import CheckpointContent, CheckpointKind, CheckpointRef, read_manifest, write_checkpoint
-from cairn.checkpoint import format as fmt
+from cairn.checkpoint import reader as fmt
 from cairn.checkpoint.compare import compare_states
-from cairn.checkpoint.manifest import compute_fingerprint
 from cairn.checkpoint.signing import signer_from_env
 from cairn.checkpoint.validate import check_training_values
 from cairn.config import DatasetConfig, TrainConfig, config_error_from, load_config, parse_config
@@ -372,9 +371,7 @@ def test_non_finite_content_is_refused_before_anything_is_written(
 
 def test_fingerprint_has_no_form_for_non_finite_values() -> None:
     with pytest.raises(E.InvariantError) as info:
-        compute_fingerprint(
-            kind="inference", step=0, cursor=0, config=None, lineage=None, rng=None, meta={"x": math.inf}, tensors=[]
-        )
+        CheckpointContent(kind=INFERENCE, run_id="nf", step=0, meta={"x": math.inf}).fingerprint([])
     assert info.value.field == "meta.x"
 
 

@@ -13,6 +13,7 @@ from cairn import errors as E
 from cairn.checkpoint import (
     CheckpointContent,
     CheckpointKind,
+    CheckpointOptions,
     read_manifest,
     read_tensors,
     write_checkpoint,
@@ -30,7 +31,7 @@ SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
 def _write(tensors: dict[str, np.ndarray], shard_bytes: int = 64) -> tuple[MemoryStore, object]:
     store = MemoryStore()
     content = CheckpointContent(kind=CheckpointKind.INFERENCE, run_id="prop", step=3, meta={"note": "x"})
-    result = write_checkpoint(store, content, tensors, shard_bytes=shard_bytes)
+    result = write_checkpoint(store, content, tensors, options=CheckpointOptions(shard_bytes=shard_bytes))
     return store, result.ref
 
 
@@ -98,7 +99,7 @@ def _only_writer_changed(a: dict[str, object], b: dict[str, object]) -> bool:
 
 def test_several_writers_one_manifest() -> None:
     """Each rank writes its own shard files; one manifest lists them all; loads as one."""
-    from cairn.checkpoint.format import commit_manifest, new_save_nonce, write_shards
+    from cairn.checkpoint import commit_manifest, new_save_nonce, write_shards
 
     store = MemoryStore()
     content = CheckpointContent(kind=CheckpointKind.INFERENCE, run_id="ranks", step=1)

@@ -13,6 +13,7 @@ from cairn import errors as E
 from cairn.checkpoint import (
     CheckpointContent,
     CheckpointKind,
+    CheckpointOptions,
     CheckpointRef,
     Limits,
     Signer,
@@ -91,12 +92,12 @@ def test_manifest_schema(session: TrainingSession, good: CheckpointRef, local_st
 
 
 def test_manifest_too_big(session: TrainingSession, good: CheckpointRef) -> None:
-    session.limits = Limits(max_manifest_bytes=512)
+    session.options = CheckpointOptions(limits=Limits(max_manifest_bytes=512))
     assert_refused(session, good, E.SizeLimitError, "manifest")
 
 
 def test_too_many_tensors(session: TrainingSession, good: CheckpointRef) -> None:
-    session.limits = Limits(max_tensors=4)
+    session.options = CheckpointOptions(limits=Limits(max_tensors=4))
     assert_refused(session, good, E.SizeLimitError, "tensors")
 
 
@@ -267,7 +268,7 @@ class TestSignatures:
             load_training(local_store, result.ref)
         # A different key is refused too.
         with pytest.raises(E.SignatureError):
-            load_training(local_store, result.ref, signer=Signer(b"another-key-of-16+bytes"))
+            load_training(local_store, result.ref, options=CheckpointOptions(signer=Signer(b"another-key-of-16+bytes")))
 
     def test_key_file(
         self, tmp_path: Any, local_store: LocalStore, config: TrainConfig, monkeypatch: pytest.MonkeyPatch

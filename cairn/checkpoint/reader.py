@@ -1,0 +1,247 @@
+"""The read path: parse and check a manifest, then verify or load its tensors.
+
+Every check runs from the manifest alone before anything is allocated (``Limits``: manifest
+bytes, tensor count, total bytes, dimensions per tensor, each dimension <= ``MAX_DIM`` and each
+tensor's bytes <= ``max_total_bytes`` — Python integers, so nothing overflows), then the bytes
+are streamed through their checksums. Nothing on this path unpickles: arrays are allocated from
+(dtype, shape) and filled by ranged reads. ``verify_tensors`` checks a checkpoint of any size
+in one reusable buffer; ``read_tensors`` allocates each tensor once, to hand it over.
+
+When a signing key is configured (``CheckpointOptions.signer``), every manifest read verifies
+its signature.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from blake3 import blake3
+from pydantic import ValidationError
+
+from cairn.bounded_json import JsonLimits, parse_json
+from cairn.checkpoint.content import CheckpointContent, index_of
+from cairn.checkpoint.layout import manifest_key
+from cairn.checkpoint.manifest import FORMAT_NAME, SUPPORTED_VERSIONS, CheckpointKind, Manifest, TensorEntry
+from cairn.checkpoint.options import DEFAULT_LIMITS, CheckpointOptions, Limits
+from cairn.checkpoint.ref import CheckpointRef
+from cairn.checkpoint.tensors import ALLOWED_DTYPES, CHECK_CHUNK, MAX_DIM, byte_view, require_checksum
+from cairn.errors import (
+    CheckpointNotFoundError,
+    FormatVersionError,
+    IntegrityError,
+    KindMismatchError,
+    ManifestError,
+    ObjectNotFoundError,
+    SizeLimitError,
+    TensorSpecError,
+)
+from cairn.stores.base import Store
+
+__all__ = ["ValueCheck", "parse_manifest", "read_manifest", "verify_tensors", "read_tensors"]
+
+ValueCheck = Callable[[str, np.ndarray], None]
+"""``value_check(name, chunk)``: raise to refuse a tensor from a 1-D chunk of its values."""
+
+
+def parse_manifest(raw: bytes, where: str, *, limits: Limits = DEFAULT_LIMITS) -> Manifest:
+    """Bounded JSON (``cairn.bounded_json``), then format name/version, then the schema."""
+    data = parse_json(raw, where=where, error=ManifestError, limits=JsonLimits(max_bytes=limits.max_manifest_bytes))
+    if not isinstance(data, dict):
+        raise ManifestError(field="manifest", expected="a JSON object", found=type(data).__name__)
+    if data.get("format") != FORMAT_NAME:
+        raise FormatVersionError(field="format", expected=FORMAT_NAME, found=data.get("format"))
+    if data.get("format_version") not in SUPPORTED_VERSIONS:
+        raise FormatVersionError(
+            field="format_version", expected=sorted(SUPPORTED_VERSIONS), found=data.get("format_version")
+        )
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "manifest"
+        ctx_error = first.get("ctx", {}).get("error")
+        msg = str(ctx_error) if first["type"] == "value_error" and ctx_error is not None else first["msg"]
+        raise ManifestError(f"{msg} (found {json.dumps(first.get('input'), default=str)[:80]})", field=loc) from exc
+
+
+def _check_structure(manifest: Manifest, limits: Limits) -> None:
+    """Declared sizes and layout, checked before any tensor is allocated."""
+    if len(manifest.tensors) > limits.max_tensors:
+        raise SizeLimitError(field="tensors", expected=f"<= {limits.max_tensors} tensors", found=len(manifest.tensors))
+    if manifest.total_bytes > limits.max_total_bytes:
+        raise SizeLimitError(field="total_bytes", expected=f"<= {limits.max_total_bytes}", found=manifest.total_bytes)
+    shards = {s.key: s for s in manifest.shards}
+    if len(shards) != len(manifest.shards):
+        raise ManifestError("a shard is listed twice", field="shards", found=[s.key for s in manifest.shards])
+    seen: set[str] = set()
+    total = 0
+    for t in manifest.tensors:
+        where = f"tensors[{t.name}]"
+        if t.name in seen:
+            raise TensorSpecError("duplicate tensor name", field=where)
+        seen.add(t.name)
+        if t.dtype not in ALLOWED_DTYPES:
+            raise TensorSpecError(field=f"{where}.dtype", expected=sorted(ALLOWED_DTYPES), found=t.dtype)
+        if len(t.shape) > limits.max_ndim or any(not 0 <= d <= MAX_DIM for d in t.shape):
+            raise TensorSpecError(
+                field=f"{where}.shape", expected=f"<= {limits.max_ndim} dims, each in [0, {MAX_DIM}]", found=t.shape
+            )
+        want = math.prod(t.shape) * np.dtype(t.dtype).itemsize  # Python ints: cannot overflow
+        if want > limits.max_total_bytes:
+            raise SizeLimitError(field=f"{where}.shape", expected=f"<= {limits.max_total_bytes} bytes", found=want)
+        if t.length != want:
+            raise TensorSpecError(
+                "byte length disagrees with dtype x shape",
+                field=f"{where}.length",
+                expected=want,
+                found=t.length,
+            )
+        shard = shards.get(t.shard)
+        if shard is None:
+            raise TensorSpecError(field=f"{where}.shard", expected=sorted(shards), found=t.shard)
+        if t.offset + t.length > shard.bytes:
+            raise TensorSpecError(
+                "tensor runs past the end of its shard",
+                field=f"{where}.offset",
+                expected=f"offset + length <= {shard.bytes}",
+                found=t.offset + t.length,
+            )
+        total += t.length
+    if total != manifest.total_bytes:
+        raise TensorSpecError(field="total_bytes", expected=total, found=manifest.total_bytes)
+
+
+def read_manifest(
+    store: Store,
+    ref: CheckpointRef,
+    *,
+    expect_kind: CheckpointKind | None,
+    options: CheckpointOptions | None = None,
+) -> Manifest:
+    """Read and check a committed manifest: size, format, schema, kind, location, signature
+    (when a key is configured: ``options`` defaults to ``CheckpointOptions.from_env()``),
+    layout and fingerprint."""
+    options = options or CheckpointOptions.from_env()
+    limits = options.limits
+    key = manifest_key(ref.run_id, ref.kind, ref.step)
+    try:
+        size = store.size(key)
+    except ObjectNotFoundError:
+        raise CheckpointNotFoundError(
+            f"no committed checkpoint at {ref} (manifest missing: never written, or not yet committed)"
+        ) from None
+    if size > limits.max_manifest_bytes:
+        raise SizeLimitError(field="manifest", expected=f"<= {limits.max_manifest_bytes} bytes", found=size)
+    manifest = parse_manifest(store.read(key), str(ref), limits=limits)
+    if expect_kind is not None and manifest.kind != expect_kind:
+        raise KindMismatchError(
+            f"a {manifest.kind.value} checkpoint cannot be restored as {expect_kind.value} state",
+            field="kind",
+            expected=expect_kind.value,
+            found=manifest.kind.value,
+        )
+    for name, want, found in (
+        ("run_id", ref.run_id, manifest.run_id),
+        ("step", ref.step, manifest.step),
+        ("kind", ref.kind.value, manifest.kind.value),
+    ):
+        if want != found:
+            raise IntegrityError("manifest does not match its location", field=name, expected=want, found=found)
+    if options.signer is not None:
+        options.signer.verify(manifest.signed_payload(), manifest.signature)
+    _check_structure(manifest, limits)
+    recomputed = CheckpointContent.of(manifest).fingerprint(index_of(manifest.tensors))
+    if recomputed != manifest.fingerprint:
+        raise IntegrityError(
+            "manifest content does not match its fingerprint (edited or corrupted)",
+            field="fingerprint",
+            expected=recomputed,
+            found=manifest.fingerprint,
+        )
+    return manifest
+
+
+def _check_shards_present(store: Store, ref: CheckpointRef, manifest: Manifest) -> None:
+    """Every listed shard exists with its declared size, so no ranged read can fall short."""
+    for shard in manifest.shards:
+        key = f"{ref.prefix}/{shard.key}"
+        try:
+            size = store.size(key)
+        except ObjectNotFoundError:
+            raise IntegrityError("shard listed in the manifest is missing", field=f"shards[{shard.key}]") from None
+        if size != shard.bytes:
+            raise IntegrityError(field=f"shards[{shard.key}].bytes", expected=shard.bytes, found=size)
+
+
+def verify_tensors(
+    store: Store,
+    ref: CheckpointRef,
+    manifest: Manifest,
+    *,
+    value_check: ValueCheck | None = None,
+    chunk_bytes: int = 8 << 20,
+) -> None:
+    """Check every tensor's checksum (and, with ``value_check``, its values) without ever
+    holding a whole tensor: each is streamed through one reusable buffer of ``chunk_bytes``.
+
+    ``manifest`` is one ``read_manifest`` returned (its layout is checked). Memory stays at one
+    buffer whatever the checkpoint declares, so a forged multi-GiB checkpoint fails on its
+    first missing shard or bad checksum with a typed error, never ``MemoryError``. Chunks hold
+    whole elements (their length is a multiple of the itemsize), so ``value_check(name,
+    chunk)`` sees a 1-D array of the tensor's dtype, as with ``read_tensors``. Tensors are
+    checked in shard order, sequentially.
+    """
+    _check_shards_present(store, ref, manifest)
+    buffer = np.empty(max(chunk_bytes, 8) // 8 * 8, dtype=np.uint8)  # whole elements of any dtype
+    view = byte_view(buffer)
+    for entry in sorted(manifest.tensors, key=lambda t: (t.shard, t.offset, t.name)):
+        dtype = np.dtype(entry.dtype)
+        step = buffer.size // dtype.itemsize * dtype.itemsize
+        h = blake3()
+        for start in range(0, entry.length, step):
+            size = min(step, entry.length - start)
+            store.read_into(f"{ref.prefix}/{entry.shard}", entry.offset + start, view[:size])
+            h.update(view[:size])
+            if value_check is not None:
+                value_check(entry.name, buffer[:size].view(dtype))
+        require_checksum(entry.name, entry.checksum, h)
+
+
+def read_tensors(
+    store: Store,
+    ref: CheckpointRef,
+    manifest: Manifest,
+    *,
+    max_workers: int = 4,
+    value_check: ValueCheck | None = None,
+) -> dict[str, np.ndarray]:
+    """Allocate each tensor from its declared dtype/shape, fill it by ranged read, verify its
+    checksum and (optionally) its values.
+
+    Tensors load concurrently; within a tensor, hashing and ``value_check`` run chunk by chunk
+    in one pass while the chunk is hot in cache. Every tensor is allocated whole: to check a
+    checkpoint without holding it, use ``verify_tensors``.
+    """
+    _check_shards_present(store, ref, manifest)
+
+    def load(entry: TensorEntry) -> tuple[str, np.ndarray]:
+        arr = np.empty(entry.shape, dtype=np.dtype(entry.dtype))
+        if entry.length:
+            store.read_into(f"{ref.prefix}/{entry.shard}", entry.offset, byte_view(arr))
+        flat = arr.reshape(-1)
+        step = max(1, CHECK_CHUNK // max(1, arr.itemsize))
+        h = blake3()
+        for start in range(0, flat.size, step):
+            chunk = flat[start : start + step]
+            h.update(byte_view(chunk))
+            if value_check is not None:
+                value_check(entry.name, chunk)
+        require_checksum(entry.name, entry.checksum, h)
+        return entry.name, arr
+
+    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(manifest.tensors)))) as pool:
+        return dict(pool.map(load, manifest.tensors))

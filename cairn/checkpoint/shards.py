@@ -1,0 +1,116 @@
+"""Phase 1 of a save: every writer (rank) streams its tensors out as shard files.
+
+Tensors are packed, in name order, into shard files of about ``shard_bytes``; each is hashed
+chunk by chunk while it streams out of a zero-copy byte view (no full copy in memory), and the
+shards of one writer go out concurrently. A shard's key holds the save attempt's nonce and the
+rank (``cairn.checkpoint.layout.shard_key``), so ranks never collide and a losing attempt never
+overwrites the winner's bytes. Nothing here commits: see ``cairn.checkpoint.commit``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+from blake3 import blake3
+
+from cairn.checkpoint.content import CheckpointContent, check_content
+from cairn.checkpoint.layout import checkpoint_prefix, shard_key
+from cairn.checkpoint.manifest import ShardEntry, TensorEntry
+from cairn.checkpoint.options import CheckpointOptions
+from cairn.checkpoint.tensors import CHECKSUM_PREFIX, HASH_CHUNK, as_le_contiguous, byte_view
+from cairn.stores.base import Store
+
+__all__ = ["RankShards", "new_save_nonce", "write_shards"]
+
+
+@dataclass(frozen=True)
+class RankShards:
+    """What one writer (rank) wrote: its shard files and the index of its tensors."""
+
+    rank: int
+    shards: list[ShardEntry]
+    tensors: list[TensorEntry]
+
+
+@dataclass
+class _ShardPlan:
+    key: str
+    names: list[str]
+    size: int
+
+
+def new_save_nonce() -> str:
+    """One per save attempt, shared by all its ranks: names the attempt's shard files."""
+    return uuid.uuid4().hex[:16]
+
+
+def _plan_shards(arrays: Mapping[str, np.ndarray], nonce: str, rank: int, shard_bytes: int) -> list[_ShardPlan]:
+    plans: list[_ShardPlan] = []
+    current: _ShardPlan | None = None
+    for name in sorted(arrays):
+        size = arrays[name].nbytes
+        if current is None or (current.size and current.size + size > shard_bytes):
+            current = _ShardPlan(key=shard_key(nonce, rank, len(plans)), names=[], size=0)
+            plans.append(current)
+        current.names.append(name)
+        current.size += size
+    return plans
+
+
+def _write_shard(
+    store: Store, prefix: str, plan: _ShardPlan, arrays: Mapping[str, np.ndarray], rank: int
+) -> tuple[ShardEntry, list[TensorEntry]]:
+    """Stream one shard to the store, hashing each chunk on its way out."""
+    entries: list[TensorEntry] = []
+
+    def chunks() -> Iterator[memoryview]:
+        offset = 0
+        for name in plan.names:
+            arr = arrays[name]
+            view = byte_view(arr)
+            h = blake3()
+            for start in range(0, len(view), HASH_CHUNK):
+                piece = view[start : start + HASH_CHUNK]
+                h.update(piece)
+                yield piece
+            entries.append(
+                TensorEntry(
+                    name=name,
+                    dtype=arr.dtype.str,
+                    shape=list(arr.shape),
+                    shard=plan.key,
+                    offset=offset,
+                    length=arr.nbytes,
+                    checksum=CHECKSUM_PREFIX + h.hexdigest(),
+                )
+            )
+            offset += arr.nbytes
+
+    store.write_object(f"{prefix}/{plan.key}", chunks(), size=plan.size)
+    if len(entries) != len(plan.names):  # a store must consume every chunk
+        raise RuntimeError(f"store {store.url} did not consume shard {plan.key}")
+    return ShardEntry(key=plan.key, rank=rank, bytes=plan.size), entries
+
+
+def write_shards(
+    store: Store,
+    content: CheckpointContent,
+    tensors: Mapping[str, np.ndarray],
+    *,
+    nonce: str,
+    rank: int = 0,
+    options: CheckpointOptions | None = None,
+) -> RankShards:
+    """Phase 1, run by every rank for its own tensors: stream them out as shard files."""
+    options = options or CheckpointOptions()
+    check_content(content, tensors, options.limits)
+    arrays = {name: as_le_contiguous(a) for name, a in tensors.items()}
+    prefix = checkpoint_prefix(content.run_id, content.kind, content.step)
+    plans = _plan_shards(arrays, nonce, rank, options.shard_bytes)
+    with ThreadPoolExecutor(max_workers=max(1, min(options.max_workers, len(plans)))) as pool:
+        results = list(pool.map(lambda p: _write_shard(store, prefix, p, arrays, rank), plans))
+    return RankShards(rank=rank, shards=[s for s, _ in results], tensors=[e for _, es in results for e in es])
