@@ -340,7 +340,8 @@ async def _cancel(args: argparse.Namespace, client: Client) -> int:
     _print(
         args,
         {"workflow_id": args.workflow_id, "cancel": "requested"},
-        f"cancel requested for {args.workflow_id} (the running segment checkpoints first)",
+        f"cancel requested for {args.workflow_id}: the running segment checkpoints first, then the run ends "
+        "CANCELED (it takes effect when a worker picks the run up)",
     )
     return 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 import time
 import uuid
@@ -189,3 +190,18 @@ async def wait_progress(handle: WorkflowHandle[Any, Any], predicate: Any, timeou
         await asyncio.sleep(0.1)
 
 
+
+
+def cairn(
+    *args: str, env: dict[str, str] | None = None, check: bool = True, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    """The `cairn` command in a fresh process, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "workers.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        check=check,
+        timeout=timeout,
+    )

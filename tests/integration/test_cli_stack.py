@@ -14,22 +14,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO
-from tests.integration.conftest import ReservationServer, S3Server, TemporalServer
+from tests.integration.conftest import ReservationServer, S3Server, TemporalServer, cairn
 from workers.servers import free_port
 
 pytestmark = pytest.mark.integration
-
-
-def cairn(*args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "workers.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, **(env or {})},
-        check=check,
-        timeout=180,
-    )
 
 
 def test_dev_stack_up_is_idempotent_and_down_stops_only_its_own(tmp_path: Path) -> None:

@@ -180,7 +180,7 @@ async def test_crash_after_publish_publishes_once(
     )
     entries = published_entries(LocalStore(inp.store), inp.run_id)
     assert len(entries) == 1 and entries[0].checkpoint == summary.checkpoint
-    assert summary.effects["publish"].startswith(f"registry/{inp.run_id}/")
+    assert summary.effects["publish"].startswith(f".cairn/registry/{inp.run_id}/")
     assert_matches_reference(summary, inp.config)
 
 

@@ -108,3 +108,17 @@ def test_malformed_keys_are_invalid_not_retryable(s3_store: S3Store, key: str, s
         with pytest.raises(E.InvalidObjectError):
             call()
     assert s3_calls == []  # refused before anything went on the wire
+
+
+def test_retention_and_ckpt_gc_abort_a_crashed_writers_upload(s3_store: S3Store) -> None:
+    """What a worker killed mid-upload leaves behind is collected by the run's retention (and
+    `cairn ckpt gc`), after the grace period — a dry run only names it."""
+    from cairn.checkpoint.retention import RetentionPolicy, collect_garbage
+
+    key = "run/training/000000000004/0123456789abcdef/rank000-0000.bin"
+    _start_upload(s3_store, key)
+    policy = RetentionPolicy(keep_last=1, grace_seconds=0)
+    assert collect_garbage(s3_store, "run", policy, dry_run=True).aborted_uploads == [key]
+    assert _open_uploads(s3_store) == [key]
+    assert collect_garbage(s3_store, "run", policy).aborted_uploads == [key]
+    assert _open_uploads(s3_store) == []

@@ -1,0 +1,115 @@
+"""What an operator meets: status with no worker, a workflow id already running, a worker with
+Temporal down, Ctrl-C of a worker and of `run watch`, and what a worker logs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.integration.conftest import TemporalServer, cairn
+from workers.servers import free_port
+
+pytestmark = pytest.mark.integration
+
+
+def run_file(tmp_path: Path, **changes: object) -> Path:
+    body = json.loads((REPO / "examples" / "run.json").read_text())
+    body.update(run_id=f"ops-{uuid.uuid4().hex[:6]}", store=str(tmp_path / "store"), **changes)
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(body))
+    return path
+
+
+def test_status_without_a_worker_and_a_duplicate_start(
+    temporal_server: TemporalServer, tmp_path: Path, task_queue: str
+) -> None:
+    env = {"TEMPORAL_ADDRESS": temporal_server.address}
+    path = run_file(tmp_path)
+    rid = json.loads(path.read_text())["run_id"]
+    started = json.loads(cairn("run", "start", str(path), "--task-queue", task_queue, "--json", env=env).stdout)
+    assert started["workflow_id"] == rid and started["store"] == str(tmp_path / "store")
+    status = cairn("run", "status", rid, env=env, timeout=30)  # no worker polls this queue
+    assert status.returncode == 0 and f"{rid}: RUNNING" in status.stdout
+    assert "no worker is polling" in status.stdout and "None" not in status.stdout
+    as_json = json.loads(cairn("run", "status", rid, "--json", env=env).stdout)
+    assert as_json["status"] == "RUNNING" and as_json["workers_polling"] == 0
+    again = cairn("run", "start", str(path), "--task-queue", task_queue, env=env, check=False)
+    assert again.returncode == 5 and "already running" in again.stderr and "Traceback" not in again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1
+    # Ctrl-C of `run watch` stops watching, not the run.
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "workers.cli", "run", "watch", rid],
+        cwd=REPO, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(3)
+    watch.send_signal(signal.SIGINT)
+    _, err = watch.communicate(timeout=30)
+    assert watch.returncode == 130 and "the run keeps going" in err and "Traceback" not in err, err
+    assert json.loads(cairn("run", "status", rid, "--json", env=env).stdout)["status"] == "RUNNING"
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "workers.cli", "worker", "--task-queue", task_queue],
+        cwd=REPO, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        assert cairn("run", "cancel", rid, env=env).returncode == 0
+        deadline = time.monotonic() + 60
+        while (closed := json.loads(cairn("run", "status", rid, "--json", env=env).stdout))["status"] == "RUNNING":
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=60)
+    assert closed["status"] == "CANCELED"
+    text = cairn("run", "status", rid, env=env).stdout
+    assert "CANCELED" in text and "failed" not in text.lower(), text
+
+
+def test_worker_with_temporal_down_is_one_line() -> None:
+    down = cairn("worker", "--address", f"127.0.0.1:{free_port()}", check=False, timeout=60)
+    assert down.returncode == 5, down.stderr
+    lines = [line for line in down.stderr.strip().splitlines() if "cairn: error" in line]
+    assert len(lines) == 1 and "TemporalUnavailableError" in lines[0] and "Traceback" not in down.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_worker_stops_cleanly_and_logs_what_training_does(
+    temporal_server: TemporalServer, tmp_path: Path, task_queue: str, sig: signal.Signals
+) -> None:
+    env = {"TEMPORAL_ADDRESS": temporal_server.address}
+    path = run_file(
+        tmp_path, total_steps=200, steps_per_segment=200, throttle_seconds_per_step=0.02, checkpoint={"every": 10}
+    )
+    rid = json.loads(path.read_text())["run_id"]
+    log = tmp_path / "worker.log"
+    with log.open("w") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "workers.cli", "worker", "--task-queue", task_queue],
+            cwd=REPO, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            cairn("run", "start", str(path), "--task-queue", task_queue, env=env)
+            deadline = time.monotonic() + 60
+            while "committed step 20" not in log.read_text():
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.1)
+            worker.send_signal(sig)
+            worker.wait(timeout=60)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+            cairn("run", "cancel", rid, env=env, check=False)
+    text = log.read_text()
+    assert worker.returncode == 0, text
+    for line in ("segment to step 200, attempt 1", "resumed from step 0", "committed step 10", "handed back at step"):
+        assert line in text, (line, text)
+    assert "Traceback" not in text and "WARNING" not in text and "Fatal Python error" not in text, text
+    assert "Found credentials" not in text  # boto3's discovery chatter stays out
