@@ -12,6 +12,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities import faults
+from activities import metrics as m
 from activities.models import DecisionInput, EffectInput, EffectReceipt
 from activities.training import activity_errors, open_run_store
 from cairn.effects import (
@@ -26,6 +27,12 @@ from cairn.effects import (
 from cairn.stores import open_store
 
 __all__ = ["reserve_capacity", "publish_checkpoint", "release_capacity", "record_decision", "EFFECT_ACTIVITIES"]
+
+
+def _outcome(receipt: EffectReceipt) -> EffectReceipt:
+    outcome = "reconciled" if receipt.reconciled else "replayed" if receipt.replayed else "performed"
+    m.EFFECTS.labels(receipt.effect, outcome).inc()
+    return receipt
 
 
 def _key() -> str:
@@ -61,19 +68,19 @@ def reserve_capacity(inp: EffectInput) -> EffectReceipt:
     with activity_errors():
         known, pending = _begin(inp, "reserve", key, {"resource": spec.resource, "units": spec.units})
         if known is not None:
-            return EffectReceipt(effect="reserve", key=key, receipt=known, replayed=True)
+            return _outcome(EffectReceipt(effect="reserve", key=key, receipt=known, replayed=True))
         client = ReservationClient(spec.service_url)
         if pending:
             outcome = client.lookup(key)  # ask, never assume it did not happen
             if outcome is not None:
                 receipt = outcome["response"]["reservation_id"]
                 _observe(inp.store, inp.run_id, "reserve", key, receipt, reconciled=True)
-                return EffectReceipt(effect="reserve", key=key, receipt=receipt, reconciled=True)
+                return _outcome(EffectReceipt(effect="reserve", key=key, receipt=receipt, reconciled=True))
         reservation = client.reserve(key, spec.resource, spec.units, run_id=inp.run_id)
         faults.maybe_crash("after-effect-before-complete", tag="reserve")
         _observe(inp.store, inp.run_id, "reserve", key, reservation.reservation_id, replayed=reservation.replayed)
-        return EffectReceipt(
-            effect="reserve", key=key, receipt=reservation.reservation_id, replayed=reservation.replayed
+        return _outcome(
+            EffectReceipt(effect="reserve", key=key, receipt=reservation.reservation_id, replayed=reservation.replayed)
         )
 
 
@@ -85,14 +92,14 @@ def publish_checkpoint(inp: EffectInput) -> EffectReceipt:
             raise ApplicationError("publish needs the final checkpoint and fingerprint", non_retryable=True)
         known, _pending = _begin(inp, "publish", key, {"checkpoint": inp.checkpoint})
         if known is not None:
-            return EffectReceipt(effect="publish", key=key, receipt=known, replayed=True)
+            return _outcome(EffectReceipt(effect="publish", key=key, receipt=known, replayed=True))
         # The registry write is itself keyed and conditional: re-sending is the reconciliation.
         registry = open_store(inp.effects.registry or inp.store)
         entry = PublishedModel(run_id=inp.run_id, checkpoint=inp.checkpoint, fingerprint=inp.fingerprint, key=key)
         path, created = publish_model(registry, entry)
         faults.maybe_crash("after-effect-before-complete", tag="publish")
         _observe(inp.store, inp.run_id, "publish", key, path, created=created)
-        return EffectReceipt(effect="publish", key=key, receipt=path, replayed=not created)
+        return _outcome(EffectReceipt(effect="publish", key=key, receipt=path, replayed=not created))
 
 
 @activity.defn(name="release_capacity")
@@ -101,16 +108,14 @@ def release_capacity(inp: EffectInput) -> EffectReceipt:
     with activity_errors():
         if inp.reservation_id is None:
             raise ApplicationError("release needs the reservation id", non_retryable=True)
-        known, _pending = _begin(
-            inp, "release", key, {"reservation": inp.reservation_id, "reason": inp.reason}
-        )
+        known, _pending = _begin(inp, "release", key, {"reservation": inp.reservation_id, "reason": inp.reason})
         if known is not None:
-            return EffectReceipt(effect="release", key=key, receipt=known, replayed=True)
+            return _outcome(EffectReceipt(effect="release", key=key, receipt=known, replayed=True))
         released = ReservationClient(inp.effects.service_url).release(key, inp.reservation_id)
         faults.maybe_crash("after-effect-before-complete", tag="release")
         receipt = f"{released.reservation_id} {released.status}"
         _observe(inp.store, inp.run_id, "release", key, receipt, reason=inp.reason)
-        return EffectReceipt(effect="release", key=key, receipt=receipt, replayed=released.replayed)
+        return _outcome(EffectReceipt(effect="release", key=key, receipt=receipt, replayed=released.replayed))
 
 
 @activity.defn(name="record_decision")

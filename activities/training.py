@@ -29,6 +29,8 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities import faults
+from activities import metrics as m
+from activities.log_context import run_context, set_step
 from activities.models import (
     CollectInput,
     LatestCheckpointInput,
@@ -41,7 +43,7 @@ from activities.models import (
 from cairn.checkpoint import CheckpointKind, CheckpointRef, latest_committed, list_checkpoints, read_manifest
 from cairn.checkpoint.commit import CommitResult
 from cairn.checkpoint.retention import RetentionPolicy, collect_garbage
-from cairn.errors import CairnError, one_line
+from cairn.errors import CairnError, CheckpointConflictError, one_line
 from cairn.runs import claim_run, require_store_identity, store_identity
 from cairn.session import TrainingSession
 from cairn.state import TrainState
@@ -83,6 +85,9 @@ def activity_errors() -> Iterator[None]:
         yield
     except CairnError as exc:
         info = activity.info()
+        m.ACTIVITY_FAILURES.labels(info.activity_type, exc.type_name).inc()
+        if isinstance(exc, CheckpointConflictError):
+            m.CONFLICTS.inc()
         log.warning(
             "%s attempt %d failed: %s: %s", info.activity_type, info.attempt, exc.type_name, exc, exc_info=exc.retryable
         )
@@ -153,8 +158,19 @@ def train_segment(inp: TrainSegmentInput) -> TrainSegmentResult:
     # Cancellation (pause, stop, checkpoint-now, workflow cancel) and worker shutdown must not
     # interrupt a step or a commit halfway: defer the SDK's in-thread exception, poll instead,
     # commit a checkpoint at the current step, then report.
-    with activity.shield_thread_cancel_exception(), activity_errors():
-        result, why = _train_segment(inp, info)
+    with run_context(inp.run_id), activity.shield_thread_cancel_exception():
+        try:
+            with activity_errors():
+                result, why = _train_segment(inp, info)
+        except BaseException:
+            m.SEGMENTS.labels("failed").inc()
+            raise
+        return _report(inp, result, why)
+
+
+def _report(inp: TrainSegmentInput, result: TrainSegmentResult, why: str) -> TrainSegmentResult:
+    """The segment's outcome: a result, or the typed failure an interruption is reported as."""
+    m.SEGMENTS.labels({"worker-shutdown": "handed_back", "cancelled": "interrupted"}.get(why, "completed")).inc()
     if why == "worker-shutdown":
         log.info("run %s: worker shutting down; handed back at step %d", inp.run_id, result.step)
         raise ApplicationError(
@@ -186,14 +202,20 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
             info.workflow_id,
         )
         store = open_run_store(inp.store, inp.store_id)
+        restore_started = time.perf_counter()
         if inp.resume_from is not None:  # a rollback: this older checkpoint, not the latest
             session = TrainingSession.fresh(inp.run_id, store, inp.config)
             session.restore(CheckpointRef.parse(inp.resume_from))
         else:
             session = TrainingSession.resume_latest(inp.run_id, store, inp.config)
+        m.RESTORE_SECONDS.observe(time.perf_counter() - restore_started)
         resumed = session.state.step
+        set_step(resumed)
         reached_before = _previous_reach(info)
         recomputed = max(0, (reached_before or 0) - resumed) if info.attempt > 1 else 0
+        if info.attempt > 1:
+            m.RECOVERIES.inc()
+            m.STEPS_RECOMPUTED.inc(recomputed)
         log.info(
             "run %s: resumed from step %d (%s)%s",
             inp.run_id,
@@ -209,7 +231,7 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
             )
         beats.update(step=resumed)
         if resumed == 0:
-            session.checkpoint()  # step 0 is a checkpoint too: the run's origin is durable
+            _record_commit(inp.run_id, session.checkpoint())  # step 0 is a checkpoint too: the origin is durable
         durable = session.durable_ref
         beats.update(checkpoint=str(durable) if durable else None, committed_step=resumed)
         interrupted = ""
@@ -217,6 +239,8 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
         def on_step(state: TrainState) -> bool:
             nonlocal interrupted
             beats.update(step=state.step, loss=state.history["loss"][-1])
+            set_step(state.step)
+            m.STEPS.inc()
             faults.maybe_crash("mid-segment", step=state.step)
             if inp.throttle_seconds_per_step:
                 time.sleep(inp.throttle_seconds_per_step)
@@ -227,15 +251,9 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
             return bool(interrupted)
 
         def on_checkpoint(result: CommitResult) -> None:
+            _record_commit(inp.run_id, result)
             beats.update(checkpoint=str(result.ref), committed_step=result.ref.step)
             beats.beat()
-            log.info(
-                "run %s: committed step %d%s (%s)",
-                inp.run_id,
-                result.ref.step,
-                "" if result.created else " (identical, already committed)",
-                result.manifest.fingerprint[:19],
-            )
 
         last = session.run(
             inp.target_step - resumed,
@@ -268,6 +286,22 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
     return result, interrupted
 
 
+def _record_commit(run_id: str, result: CommitResult) -> None:
+    log.info(
+        "run %s: committed step %d%s (%s, %d bytes, %.3f s)",
+        run_id,
+        result.ref.step,
+        "" if result.created else " (identical, already committed)",
+        result.manifest.fingerprint[:19],
+        result.manifest.total_bytes,
+        result.seconds,
+    )
+    m.COMMITS.labels("created" if result.created else "existing").inc()
+    if result.created:
+        m.CHECKPOINT_BYTES.observe(result.manifest.total_bytes)
+        m.SAVE_SECONDS.observe(result.seconds)
+
+
 @activity.defn(name="open_run")
 async def open_run(inp: OpenRunInput) -> OpenRunResult:
     """The run's first activity: the store's identity (created on first use), the run's owner
@@ -289,7 +323,7 @@ async def open_run(inp: OpenRunInput) -> OpenRunResult:
         return asyncio.run_coroutine_threadsafe(running(workflow_id), loop).result(timeout=30)
 
     def work() -> OpenRunResult:
-        with activity_errors():
+        with run_context(inp.run_id), activity_errors():
             store = open_store(inp.store)
             faults.maybe_crash("in-activity", tag="open_run")
             if inp.store_id is not None:
@@ -314,7 +348,7 @@ async def open_run(inp: OpenRunInput) -> OpenRunResult:
 @activity.defn(name="latest_checkpoint")
 def latest_checkpoint(inp: LatestCheckpointInput) -> LatestCheckpointResult:
     """The run's last durable cursor (after an interrupted segment, or a rollback target)."""
-    with activity_errors(), Heartbeater(1.0, phase="listing"):
+    with run_context(inp.run_id), activity_errors(), Heartbeater(1.0, phase="listing"):
         store = open_run_store(inp.store, inp.store_id)
         faults.maybe_crash("in-activity", tag="latest_checkpoint")
         if inp.at_or_before is None:
@@ -333,7 +367,7 @@ def latest_checkpoint(inp: LatestCheckpointInput) -> LatestCheckpointResult:
 @activity.defn(name="collect_checkpoints")
 def collect_checkpoints(inp: CollectInput) -> int:
     """Apply retention; returns how many checkpoints were deleted."""
-    with activity_errors(), Heartbeater(1.0, phase="collecting"):
+    with run_context(inp.run_id), activity_errors(), Heartbeater(1.0, phase="collecting"):
         store = open_run_store(inp.store, inp.store_id)
         faults.maybe_crash("in-activity", tag="collect_checkpoints")
         spec = inp.retention

@@ -13,6 +13,7 @@ from typing import Any
 
 from temporalio.client import Client
 from temporalio.envconfig import ClientConfig
+from temporalio.runtime import Runtime
 
 from activities.converter import DATA_CONVERTER
 
@@ -26,7 +27,7 @@ def add_connection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--namespace", help="Temporal namespace (env TEMPORAL_NAMESPACE; default 'default')")
 
 
-async def connect(address: str | None = None, namespace: str | None = None) -> Client:
+async def connect(address: str | None = None, namespace: str | None = None, runtime: Runtime | None = None) -> Client:
     config: dict[str, Any] = dict(ClientConfig.load_client_connect_config())
     if address:
         config["target_host"] = address
@@ -35,4 +36,6 @@ async def connect(address: str | None = None, namespace: str | None = None) -> C
         config["target_host"] = DEFAULT_ADDRESS
     if namespace:
         config["namespace"] = namespace
+    if runtime is not None:
+        config["runtime"] = runtime
     return await Client.connect(**config, data_converter=DATA_CONVERTER)

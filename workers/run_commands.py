@@ -347,9 +347,10 @@ async def _cancel(args: argparse.Namespace, client: Client) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from workers.worker import configure_logging, run
+    from workers.logs import configure_logging
+    from workers.worker import run
 
-    configure_logging()
+    configure_logging(args.log_format)
     return asyncio.run(run(args))
 
 

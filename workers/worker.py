@@ -24,11 +24,13 @@ from temporalio.worker import Worker
 from activities.effects import EFFECT_ACTIVITIES
 from activities.models import DEFAULT_TASK_QUEUE
 from activities.training import TRAINING_ACTIVITIES
-from cairn.errors import TemporalUnavailableError
+from cairn.errors import ConfigError, TemporalUnavailableError
 from workers.client import add_connection_args, connect
+from workers.logs import LOG_FORMATS, configure_logging, log_format_from_env
+from workers.metrics import DEFAULT_METRICS_PORT, MetricsEndpoint, serve_metrics
 from workflows.training_run import TrainingRun
 
-__all__ = ["build_worker", "all_activities", "WORKFLOWS", "HEARTBEAT_THROTTLE", "configure_logging", "main"]
+__all__ = ["build_worker", "all_activities", "WORKFLOWS", "HEARTBEAT_THROTTLE", "main", "exit_now"]
 
 WORKFLOWS: list[type] = [TrainingRun]
 HEARTBEAT_THROTTLE = timedelta(milliseconds=200)
@@ -54,43 +56,44 @@ def build_worker(client: Client, task_queue: str = DEFAULT_TASK_QUEUE, *, max_ac
     )
 
 
-class _QuietExpectedFailures(logging.Filter):
-    """The SDK logs every failed activity with a traceback; a hand-back on SIGTERM and a
-    segment interrupted on request are expected, and the activity logs them in one line."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        return getattr(exc, "type", None) not in ("WorkerShutdown", "SegmentInterrupted")
-
-
-def configure_logging(level: int = logging.INFO) -> None:
-    """Worker logs say what training does (segments, resume points, commits, loss), once."""
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # boto3 announces credential discovery at INFO for every client it builds: not news.
-    for noisy in ("botocore", "boto3", "urllib3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    logging.getLogger("temporalio.activity").addFilter(_QuietExpectedFailures())
-
-
 async def run(args: argparse.Namespace) -> int:
     """Poll until SIGTERM/SIGINT, then shut down gracefully. Returns the exit status."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    endpoint = _start_metrics(args.metrics_port)
     try:
-        client = await connect(args.address, args.namespace)
+        client = await connect(args.address, args.namespace, runtime=endpoint.runtime if endpoint else None)
     except RuntimeError as exc:  # the SDK's connection failure
         raise TemporalUnavailableError(f"cannot connect to Temporal: {exc}") from None
     worker = build_worker(client, args.task_queue, max_activities=args.max_activities)
     target = client.service_client.config.target_host
     logging.getLogger("cairn.worker").info("polling task queue %r on %s", args.task_queue, target)
-    print(f"cairn worker: polling {args.task_queue!r} on {target}", flush=True)
+    metrics = f"; metrics on {endpoint.url}" if endpoint else ""
+    print(f"cairn worker: polling {args.task_queue!r} on {target}{metrics}", flush=True)
     async with worker:
         await stop.wait()
         print("cairn worker: shutting down gracefully (running segments checkpoint and hand back)", flush=True)
     print("cairn worker: stopped", flush=True)
     return 0
+
+
+def _start_metrics(port_text: str) -> MetricsEndpoint | None:
+    """The Prometheus endpoint; a port already taken costs the metrics, never the worker."""
+    if port_text.strip().lower() in ("off", "none", ""):
+        return None
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ConfigError(
+            "--metrics-port", expected="a port number, 0 (any free port) or 'off'", found=port_text
+        ) from None
+    try:
+        return serve_metrics(port)
+    except OSError as exc:
+        logging.getLogger("cairn.worker").error("metrics endpoint not started on port %s: %s", port, exc.strerror)
+        return None
 
 
 def exit_now(code: int) -> None:
@@ -107,16 +110,27 @@ def add_worker_args(p: argparse.ArgumentParser) -> None:
     add_connection_args(p)
     p.add_argument("--task-queue", default=DEFAULT_TASK_QUEUE, help=f"default {DEFAULT_TASK_QUEUE!r}")
     p.add_argument("--max-activities", type=int, default=4, help="concurrent activities (threads)")
+    p.add_argument(
+        "--metrics-port",
+        default=os.environ.get("CAIRN_METRICS_PORT", str(DEFAULT_METRICS_PORT)),
+        help=f"Prometheus endpoint port (env CAIRN_METRICS_PORT; default {DEFAULT_METRICS_PORT}; 0: any free; off)",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=log_format_from_env(),
+        help="text or json lines (env CAIRN_LOG_FORMAT; default text)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cairn worker", description=__doc__.splitlines()[0])
     add_worker_args(parser)
     args = parser.parse_args(argv)
-    configure_logging()
+    configure_logging(args.log_format)
     try:
         return asyncio.run(run(args))
-    except TemporalUnavailableError as exc:
+    except (TemporalUnavailableError, ConfigError) as exc:
         print(f"cairn worker: error: {exc.type_name}: {exc}", file=sys.stderr)
         return exc.exit_code
 

@@ -14,8 +14,9 @@ the condition. A losing writer deletes its own nonce-named shards; nobody else r
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 import numpy as np
@@ -40,6 +41,8 @@ class CommitResult:
     manifest: Manifest
     created: bool
     """False when an identical checkpoint was already committed under the same key."""
+    seconds: float = 0.0
+    """Wall time of the save (shards and commit), for metrics and reports."""
 
 
 def commit_manifest(
@@ -98,6 +101,7 @@ def write_checkpoint(
     options: CheckpointOptions | None = None,
 ) -> CommitResult:
     """Single-writer save: shards, then the manifest, under the (run, kind, step) key."""
+    started = time.perf_counter()
     options = options or CheckpointOptions.from_env()
     check_content(content, tensors, options.limits)
     ref = CheckpointRef(store.url, content.run_id, content.kind, content.step)
@@ -105,10 +109,12 @@ def write_checkpoint(
         # A retry (or a stale writer) of a committed step: compare, don't rewrite.
         arrays = {name: as_le_contiguous(a) for name, a in tensors.items()}
         index = [(n, a.dtype.str, list(a.shape), tensor_checksum(a)) for n, a in sorted(arrays.items())]
-        return _converge(store, ref, content.fingerprint(index), orphan_keys=[], options=options)
-    nonce = new_save_nonce()
-    rank0 = write_shards(store, content, tensors, nonce=nonce, options=options)
-    return commit_manifest(store, content, [rank0], nonce=nonce, options=options)
+        result = _converge(store, ref, content.fingerprint(index), orphan_keys=[], options=options)
+    else:
+        nonce = new_save_nonce()
+        rank0 = write_shards(store, content, tensors, nonce=nonce, options=options)
+        result = commit_manifest(store, content, [rank0], nonce=nonce, options=options)
+    return replace(result, seconds=time.perf_counter() - started)
 
 
 def _converge(

@@ -32,6 +32,8 @@ from workflows.training_run import TrainingRun
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "cairn-test")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "cairn-test-secret")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+# Worker processes started by the tests serve metrics on any free port, never the fixed default.
+os.environ.setdefault("CAIRN_METRICS_PORT", "0")
 
 
 @dataclass(frozen=True)

@@ -113,3 +113,59 @@ def test_worker_stops_cleanly_and_logs_what_training_does(
         assert line in text, (line, text)
     assert "Traceback" not in text and "WARNING" not in text and "Fatal Python error" not in text, text
     assert "Found credentials" not in text  # boto3's discovery chatter stays out
+
+
+def _scrape(url: str) -> dict[str, float]:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text = resp.read().decode()
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return values
+
+
+def test_metrics_endpoint_and_json_logs(temporal_server: TemporalServer, tmp_path: Path, task_queue: str) -> None:
+    """A worker serves Cairn's metrics and the SDK's on one Prometheus endpoint, with sane values
+    after a run; with CAIRN_LOG_FORMAT=json every line is a JSON object naming run, workflow,
+    step and attempt."""
+    port = free_port()
+    env = {"TEMPORAL_ADDRESS": temporal_server.address, "CAIRN_METRICS_PORT": str(port), "CAIRN_LOG_FORMAT": "json"}
+    path = run_file(tmp_path, total_steps=30, steps_per_segment=10, checkpoint={"every": 5})
+    rid = json.loads(path.read_text())["run_id"]
+    log = tmp_path / "worker.log"
+    with log.open("w") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "workers.cli", "worker", "--task-queue", task_queue],
+            cwd=REPO, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            done = json.loads(cairn("run", "start", str(path), "--task-queue", task_queue, "--wait", "--json",
+                                    env=env).stdout)  # fmt: skip
+            assert done["status"] == "completed" and done["steps"] == 30
+            metrics = _scrape(f"http://127.0.0.1:{port}/metrics")
+        finally:
+            worker.terminate()
+            worker.wait(timeout=60)
+    assert metrics["cairn_training_steps_total"] == 30
+    assert metrics["cairn_segments_total{outcome=completed}"] == 3
+    assert metrics["cairn_checkpoint_commits_total{outcome=created}"] == 7  # steps 0, 5, ..., 30
+    assert metrics["cairn_checkpoint_save_seconds_count"] == 7 and metrics["cairn_checkpoint_save_seconds_sum"] > 0
+    assert metrics["cairn_checkpoint_bytes_count"] == 7 and metrics["cairn_checkpoint_bytes_sum"] > 7 * 1000
+    assert metrics["cairn_checkpoint_restore_seconds_count"] == 3
+    assert metrics.get("cairn_recoveries_total", 0) == 0 and metrics.get("cairn_checkpoint_conflicts_total", 0) == 0
+    assert any(name.startswith("temporal_") for name in metrics), sorted(metrics)[:20]  # the SDK's own
+    records = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    assert records and all(
+        {"ts", "level", "message", "run_id", "workflow_id", "step", "attempt"} <= set(r) for r in records
+    )
+    commits = [r for r in records if r["message"].startswith(f"run {rid}: committed step")]
+    assert len(commits) == 7 and all(r["run_id"] == rid and r["workflow_id"] == rid for r in commits)
+    assert all(isinstance(r["step"], int) and r["attempt"] == 1 for r in commits)
+    non_json = [line for line in log.read_text().splitlines() if line and not line.startswith("{")]
+    assert all(line.startswith("cairn worker:") for line in non_json), non_json
