@@ -20,6 +20,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from cairn.checkpoint import (
@@ -312,6 +313,20 @@ def cmd_ckpt_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """A run's report from its store alone (no Temporal): loss, lr, commits, speed."""
+    from cairn.run_record import run_record
+    from workers.report import write_report
+
+    run_id = _run_id_arg(args.run, "RUN")
+    assert run_id is not None
+    record = run_record(_store_arg(args.store, must_exist=True), run_id)
+    out = Path(args.out or f"cairn-report-{run_id}")
+    result, text, files = write_report(record, out)
+    emit(args, {**result, "files": [str(f) for f in files]}, text)
+    return 0
+
+
 # -- parser -------------------------------------------------------------------------------------
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -377,6 +392,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", required=True, help="run id")
     p.add_argument("--name", required=True)
     p.set_defaults(handler=cmd_ckpt_unpin)
+
+    p = sub.add_parser("report", help="PNG plots and a summary of a run from its store (no Temporal needed)")
+    _common(p)
+    p.add_argument("store")
+    p.add_argument("run")
+    p.add_argument("--out", metavar="DIR", help="where the PNGs go (default ./cairn-report-RUN)")
+    p.set_defaults(handler=cmd_report)
 
     # Temporal-facing commands (worker, run, dev) live beside the worker they drive.
     from workers import devstack, run_commands

@@ -7,12 +7,13 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Callable
-from datetime import timedelta
+from dataclasses import replace
+from datetime import UTC, timedelta
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
-from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.enums.v1 import EventType, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus, WorkflowFailureError
@@ -23,6 +24,7 @@ from activities.models import DEFAULT_TASK_QUEUE, WORKFLOW_TYPE, RunProgress, Ru
 from cairn.bounded_json import load_json_file
 from cairn.config import config_error_from
 from cairn.errors import ConfigError, TemporalUnavailableError
+from cairn.run_record import RunRecord, TimelineEvent
 from cairn.runs import resolve_store_url
 from workers.client import add_connection_args, connect
 from workflows.training_run import TrainingRun
@@ -296,6 +298,116 @@ async def _watch(args: argparse.Namespace, client: Client) -> int:
     return await _show_result(args, client, args.workflow_id)
 
 
+async def _run_events(client: Client, workflow_id: str) -> tuple[dict[str, Any], list[TimelineEvent]]:
+    """The run's input (store, run id) and what Temporal's history says happened to its
+    segments, over every execution of the workflow id (continue-as-new included). No worker
+    is needed: history is the server's."""
+    first_input: dict[str, Any] = {}
+    events: list[TimelineEvent] = []
+    executions = [e async for e in client.list_workflows(f"WorkflowId = '{workflow_id}'")]
+    if not executions:
+        raise TemporalUnavailableError(f"no workflow with id {workflow_id!r}", field="workflow_id")
+    for execution in sorted(executions, key=lambda e: e.start_time):
+        scheduled: dict[int, str] = {}
+        handle = client.get_workflow_handle(workflow_id, run_id=execution.run_id)
+        async for event in handle.fetch_history_events():
+            at = event.event_time.ToDatetime().replace(tzinfo=UTC)
+            kind = event.event_type
+            if kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED and not first_input:
+                payloads = event.workflow_execution_started_event_attributes.input.payloads
+                first_input = _decoded(payloads[0].data) if payloads else {}
+            elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                scheduled[event.event_id] = event.activity_task_scheduled_event_attributes.activity_type.name
+            elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+                attrs = event.activity_task_started_event_attributes
+                if attrs.attempt > 1 and scheduled.get(attrs.scheduled_event_id) == "train_segment":
+                    detail = attrs.last_failure.message if attrs.HasField("last_failure") else "earlier attempt lost"
+                    events.append(TimelineEvent("failure", at, None, f"attempt {attrs.attempt - 1}: {detail}"))
+            elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+                attrs_c = event.activity_task_completed_event_attributes
+                if scheduled.get(attrs_c.scheduled_event_id) == "train_segment" and attrs_c.result.payloads:
+                    result = _decoded(attrs_c.result.payloads[0].data)
+                    if int(result.get("attempt", 1)) > 1:
+                        events.append(
+                            TimelineEvent(
+                                "restore", at, result.get("resumed_from_step"), f"attempt {result['attempt']}"
+                            )
+                        )
+            elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED:
+                attrs_f = event.activity_task_failed_event_attributes
+                failure = attrs_f.failure
+                name = failure.application_failure_info.type if failure.HasField("application_failure_info") else ""
+                events.append(TimelineEvent("interrupted" if name == "SegmentInterrupted" else "failure", at,
+                                            None, failure.message))  # fmt: skip
+            elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED:
+                events.append(TimelineEvent("interrupted", at, None, "segment cancelled on request"))
+            elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
+                events.append(TimelineEvent("failure", at, None, "activity timed out"))
+    return first_input, events
+
+
+def _decoded(data: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _place_on_steps(record: RunRecord) -> None:
+    """Events without a step sit at the step of the last commit before them."""
+    timed = sorted((c.at, c.step) for c in record.commits if c.at is not None)
+    for i, event in enumerate(record.events):
+        if event.step is None:
+            before = [step for at, step in timed if at <= event.at]
+            record.events[i] = replace(event, step=before[-1] if before else 0)
+
+
+async def _report(args: argparse.Namespace, client: Client) -> int:
+    from cairn.run_record import run_record
+    from cairn.stores import open_store
+    from workers.report import write_report
+
+    inp, events = await _run_events(client, args.workflow_id)
+    store_url, run_id = inp.get("store"), inp.get("run_id")
+    if not isinstance(store_url, str) or not isinstance(run_id, str):
+        raise ConfigError("workflow input", expected="a TrainingRun input with store and run_id", found=inp)
+    record = run_record(open_store(store_url), run_id)
+    record.events = events
+    _place_on_steps(record)
+    out = Path(args.out or f"cairn-report-{run_id}")
+    result, text, files = write_report(record, out)
+    _print(args, {"workflow_id": args.workflow_id, **result, "files": [str(f) for f in files]}, text)
+    return 0
+
+
+async def _list(args: argparse.Namespace, client: Client) -> int:
+    """Runs (TrainingRun workflows), newest first: status, start time, progress from history."""
+    rows = []
+    async for execution in client.list_workflows(f"WorkflowType = '{WORKFLOW_TYPE}'", limit=args.limit):
+        status = execution.status.name if execution.status else "UNKNOWN"
+        row: dict[str, Any] = {
+            "workflow_id": execution.id,
+            "status": status,
+            "started": execution.start_time.isoformat(timespec="seconds"),
+            "closed": execution.close_time.isoformat(timespec="seconds") if execution.close_time else None,
+            "task_queue": execution.task_queue,
+        }
+        if execution.status == WorkflowExecutionStatus.RUNNING:
+            row["step"] = live_step(await client.get_workflow_handle(execution.id).describe())
+        rows.append(row)
+    unique: dict[str, dict[str, Any]] = {}
+    for row in rows:  # newest first: keep each workflow id's latest execution (continue-as-new)
+        unique.setdefault(row["workflow_id"], row)
+    lines = [f"{'WORKFLOW ID':<32} {'STATUS':<11} {'STARTED':<26} STEP"]
+    lines += [
+        f"{r['workflow_id']:<32} {r['status']:<11} {r['started']:<26} {'-' if r.get('step') is None else r['step']}"
+        for r in unique.values()
+    ]
+    _print(args, {"runs": list(unique.values())}, "\n".join(lines) if unique else "(no runs)")
+    return 0
+
+
 async def _journal(args: argparse.Namespace, client: Client) -> int:
     from cairn.effects import load_journal
     from cairn.stores import open_store
@@ -372,6 +484,8 @@ def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> Non
         p.set_defaults(handler=_async(fn), exit_hard=True)
         return p
 
+    p = leaf("list", "list runs: status, start time, current step", _list)
+    p.add_argument("--limit", type=int, default=50, help="at most this many (newest first)")
     p = leaf("start", "start a run from a run file (see examples/run.json)", _start)
     p.add_argument("run_file", metavar="RUN.json")
     p.add_argument("--wait", action="store_true", help="wait for the result and print it")
@@ -388,11 +502,14 @@ def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> Non
         ("rollback", "restore training to the checkpoint at (or before) STEP; effects stay", _rollback),
         ("cancel", "cancel the run (the running segment checkpoints first)", _cancel),
         ("journal", "print the run's effect journal (intents, observations, decisions)", _journal),
+        ("report", "write PNG plots and a summary of a run (loss, lr, commits, failures, speed)", _report),
     ):
         p = leaf(name, help_text, fn)
         p.add_argument("workflow_id", metavar="ID")
         if name == "rollback":
             p.add_argument("step", type=int)
+        if name == "report":
+            p.add_argument("--out", metavar="DIR", help="where the PNGs go (default ./cairn-report-RUN_ID)")
         if name == "watch":
             p.add_argument("--interval", type=float, default=0.5, help="seconds between progress queries")
             p.set_defaults(

@@ -71,7 +71,7 @@ def commit_manifest(
         total_bytes=sum(e.length for e in entries),
         fingerprint=fingerprint,
         writer=WriterInfo(
-            nonce=nonce, ranks=max(1, len(ranks)), created_at=datetime.now(UTC).isoformat(timespec="seconds")
+            nonce=nonce, ranks=max(1, len(ranks)), created_at=datetime.now(UTC).isoformat(timespec="milliseconds")
         ),
     )
     if options.signer is not None:

@@ -169,3 +169,33 @@ def test_metrics_endpoint_and_json_logs(temporal_server: TemporalServer, tmp_pat
     assert all(isinstance(r["step"], int) and r["attempt"] == 1 for r in commits)
     non_json = [line for line in log.read_text().splitlines() if line and not line.startswith("{")]
     assert all(line.startswith("cairn worker:") for line in non_json), non_json
+
+
+def test_run_report_and_list(temporal_server: TemporalServer, tmp_path: Path, task_queue: str) -> None:
+    """`cairn run report` draws the run from its store and Temporal's history (an interruption
+    marked on the timeline); `cairn run list` lists it with its status."""
+    env = {"TEMPORAL_ADDRESS": temporal_server.address}
+    path = run_file(tmp_path, total_steps=60, steps_per_segment=30, throttle_seconds_per_step=0.05,
+                    checkpoint={"every": 10})  # fmt: skip
+    rid = json.loads(path.read_text())["run_id"]
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "workers.cli", "worker", "--task-queue", task_queue],
+        cwd=REPO, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        cairn("run", "start", str(path), "--task-queue", task_queue, env=env)
+        time.sleep(2.0)
+        cairn("run", "checkpoint", rid, env=env)  # an interruption: checkpoint now, carry on
+        done = json.loads(cairn("run", "result", rid, "--json", env=env).stdout)
+        assert done["status"] == "completed"
+    finally:
+        worker.terminate()
+        worker.wait(timeout=60)
+    out = tmp_path / "report"
+    report = json.loads(cairn("run", "report", rid, "--out", str(out), "--json", env=env).stdout)
+    assert report["steps"] == 60 and report["interruptions"] == 1 and report["failures"] == 0
+    assert all((out / name).stat().st_size > 5000 for name in ("loss_lr.png", "timeline.png", "throughput.png"))
+    listed = json.loads(cairn("run", "list", "--json", env=env).stdout)["runs"]
+    mine = [r for r in listed if r["workflow_id"] == rid]
+    assert len(mine) == 1 and mine[0]["status"] == "COMPLETED"
+    assert rid in cairn("run", "list", env=env).stdout
