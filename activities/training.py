@@ -252,7 +252,7 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
 
         def on_checkpoint(result: CommitResult) -> None:
             _record_commit(inp.run_id, result)
-            beats.update(checkpoint=str(result.ref), committed_step=result.ref.step)
+            beats.update(step=result.ref.step, checkpoint=str(result.ref), committed_step=result.ref.step)
             beats.beat()
 
         last = session.run(
@@ -287,6 +287,7 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
 
 
 def _record_commit(run_id: str, result: CommitResult) -> None:
+    set_step(result.ref.step)
     log.info(
         "run %s: committed step %d%s (%s, %d bytes, %.3f s)",
         run_id,

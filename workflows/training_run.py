@@ -329,7 +329,7 @@ class TrainingRun:
                 checkpoint_every=inp.checkpoint.every,
                 async_save=inp.checkpoint.mode == "async",
                 throttle_seconds_per_step=inp.throttle_seconds_per_step,
-                heartbeat_every_seconds=min(0.2, inp.heartbeat_timeout_seconds / 4),
+                heartbeat_every_seconds=min(0.1, inp.heartbeat_timeout_seconds / 4),
             ),
             start_to_close_timeout=timedelta(seconds=inp.segment_timeout_seconds),
             heartbeat_timeout=timedelta(seconds=inp.heartbeat_timeout_seconds),
