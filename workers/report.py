@@ -102,8 +102,14 @@ def write_report(record: RunRecord, out: Path) -> tuple[dict[str, Any], str, lis
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(8, 4))
+    progress = sorted(
+        [(c.at, c.step) for c in record.commits if c.at is not None]
+        + [(e.at, e.step) for e in record.events if e.kind in ("segment-end", "restore") and e.step is not None]
+    )
+    if progress:
+        ax.plot([t for t, _ in progress], [s for _, s in progress], "-", color="tab:gray", lw=1, label="progress")
     timed = [c for c in record.commits if c.at is not None]
-    ax.plot([c.at for c in timed], [c.step for c in timed], "o-", ms=3, label="committed checkpoint")
+    ax.plot([c.at for c in timed], [c.step for c in timed], "o", ms=4, label="committed checkpoint (kept)")
     for kind, (marker, color) in _MARKS.items():
         events = [e for e in record.events if e.kind == kind]
         if events:
@@ -111,7 +117,7 @@ def write_report(record: RunRecord, out: Path) -> tuple[dict[str, Any], str, lis
             ax.scatter([e.at for e in events], ys, marker=marker, color=color, s=60, label=kind, zorder=3)
     ax.set_xlabel("wall time (UTC)")
     ax.set_ylabel("step")
-    ax.set_title(f"run {record.run_id}: commits, failures and restores")
+    ax.set_title(f"run {record.run_id}: progress, commits, failures and restores")
     ax.legend(loc="upper left")
     fig.autofmt_xdate()
     fig.tight_layout()

@@ -309,6 +309,7 @@ async def _run_events(client: Client, workflow_id: str) -> tuple[dict[str, Any],
         raise TemporalUnavailableError(f"no workflow with id {workflow_id!r}", field="workflow_id")
     for execution in sorted(executions, key=lambda e: e.start_time):
         scheduled: dict[int, str] = {}
+        started_at: dict[int, Any] = {}
         handle = client.get_workflow_handle(workflow_id, run_id=execution.run_id)
         async for event in handle.fetch_history_events():
             at = event.event_time.ToDatetime().replace(tzinfo=UTC)
@@ -320,6 +321,7 @@ async def _run_events(client: Client, workflow_id: str) -> tuple[dict[str, Any],
                 scheduled[event.event_id] = event.activity_task_scheduled_event_attributes.activity_type.name
             elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
                 attrs = event.activity_task_started_event_attributes
+                started_at[attrs.scheduled_event_id] = at
                 if attrs.attempt > 1 and scheduled.get(attrs.scheduled_event_id) == "train_segment":
                     detail = attrs.last_failure.message if attrs.HasField("last_failure") else "earlier attempt lost"
                     events.append(TimelineEvent("failure", at, None, f"attempt {attrs.attempt - 1}: {detail}"))
@@ -327,10 +329,12 @@ async def _run_events(client: Client, workflow_id: str) -> tuple[dict[str, Any],
                 attrs_c = event.activity_task_completed_event_attributes
                 if scheduled.get(attrs_c.scheduled_event_id) == "train_segment" and attrs_c.result.payloads:
                     result = _decoded(attrs_c.result.payloads[0].data)
-                    if int(result.get("attempt", 1)) > 1:
+                    events.append(TimelineEvent("segment-end", at, result.get("step"), "segment completed"))
+                    if int(result.get("attempt", 1)) > 1:  # the retry resumed from its last durable checkpoint
+                        resumed_at = started_at.get(attrs_c.scheduled_event_id, at)
                         events.append(
                             TimelineEvent(
-                                "restore", at, result.get("resumed_from_step"), f"attempt {result['attempt']}"
+                                "restore", resumed_at, result.get("resumed_from_step"), f"attempt {result['attempt']}"
                             )
                         )
             elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED:
@@ -355,12 +359,17 @@ def _decoded(data: bytes) -> dict[str, Any]:
 
 
 def _place_on_steps(record: RunRecord) -> None:
-    """Events without a step sit at the step of the last commit before them."""
-    timed = sorted((c.at, c.step) for c in record.commits if c.at is not None)
+    """Events without a step sit at the step of the last known point before them (a commit, a
+    segment's end, a restore), else of the first one after them."""
+    known = sorted(
+        [(c.at, c.step) for c in record.commits if c.at is not None]
+        + [(e.at, e.step) for e in record.events if e.step is not None]
+    )
     for i, event in enumerate(record.events):
         if event.step is None:
-            before = [step for at, step in timed if at <= event.at]
-            record.events[i] = replace(event, step=before[-1] if before else 0)
+            before = [step for at, step in known if at <= event.at]
+            after = [step for at, step in known if at > event.at]
+            record.events[i] = replace(event, step=before[-1] if before else (after[0] if after else 0))
 
 
 async def _report(args: argparse.Namespace, client: Client) -> int:
