@@ -13,8 +13,9 @@ from temporalio.exceptions import ApplicationError
 
 from activities import faults
 from activities import metrics as m
+from activities.log_context import run_context
 from activities.models import DecisionInput, EffectInput, EffectReceipt
-from activities.training import activity_errors, open_run_store
+from activities.training import Heartbeater, activity_errors, heartbeat_interval, open_run_store
 from cairn.effects import (
     JournalEntry,
     PublishedModel,
@@ -65,7 +66,7 @@ def _observe(store_url: str, run_id: str, effect: str, key: str, receipt: str, *
 def reserve_capacity(inp: EffectInput) -> EffectReceipt:
     key = _key()
     spec = inp.effects
-    with activity_errors():
+    with run_context(inp.run_id), activity_errors(), Heartbeater(heartbeat_interval(), phase="effect"):
         known, pending = _begin(inp, "reserve", key, {"resource": spec.resource, "units": spec.units})
         if known is not None:
             return _outcome(EffectReceipt(effect="reserve", key=key, receipt=known, replayed=True))
@@ -87,7 +88,7 @@ def reserve_capacity(inp: EffectInput) -> EffectReceipt:
 @activity.defn(name="publish_checkpoint")
 def publish_checkpoint(inp: EffectInput) -> EffectReceipt:
     key = _key()
-    with activity_errors():
+    with run_context(inp.run_id), activity_errors(), Heartbeater(heartbeat_interval(), phase="effect"):
         if inp.checkpoint is None or inp.fingerprint is None:
             raise ApplicationError("publish needs the final checkpoint and fingerprint", non_retryable=True)
         known, _pending = _begin(inp, "publish", key, {"checkpoint": inp.checkpoint})
@@ -105,7 +106,7 @@ def publish_checkpoint(inp: EffectInput) -> EffectReceipt:
 @activity.defn(name="release_capacity")
 def release_capacity(inp: EffectInput) -> EffectReceipt:
     key = _key()
-    with activity_errors():
+    with run_context(inp.run_id), activity_errors(), Heartbeater(heartbeat_interval(), phase="effect"):
         if inp.reservation_id is None:
             raise ApplicationError("release needs the reservation id", non_retryable=True)
         known, _pending = _begin(inp, "release", key, {"reservation": inp.reservation_id, "reason": inp.reason})
@@ -121,7 +122,7 @@ def release_capacity(inp: EffectInput) -> EffectReceipt:
 @activity.defn(name="record_decision")
 def record_decision(inp: DecisionInput) -> int:
     """Journal a workflow decision (e.g. a rollback and what it does not undo)."""
-    with activity_errors():
+    with run_context(inp.run_id), activity_errors(), Heartbeater(heartbeat_interval(), phase="effect"):
         entry = JournalEntry(kind="decision", effect=inp.decision, key=_key(), detail=dict(inp.detail))
         return append_entry(open_run_store(inp.store, inp.store_id), inp.run_id, entry).version
 

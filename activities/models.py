@@ -67,10 +67,19 @@ class EffectsSpec(_Model):
     resource: str = "FILTER-A"
     units: Annotated[int, Field(gt=0)] = 2
     registry: str | None = None
-    """Store URL of the model registry that ``publish`` writes to (default: the run's store)."""
+    """Store URL of the model registry that ``publish`` writes to (default: the run's store);
+    absolute or ``s3://``, like ``store``."""
     timeout_seconds: Annotated[float, Field(gt=0, le=600)] = 15.0
     """Start-to-close timeout of each effect activity: how soon a worker that died mid-effect
     is given up on and the effect retried (with the same key) elsewhere."""
+
+    @field_validator("registry")
+    @classmethod
+    def _registry_is_absolute(cls, value: str | None) -> str | None:
+        problem = None if value is None else store_url_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
 
 ATTEMPTS_WINDOW = 32
@@ -125,7 +134,7 @@ class TrainingRunInput(_Model):
     retention: RetentionSpec | None = RetentionSpec()
     segments_per_run: Annotated[int, Field(gt=0)] = 20
     """Continue-as-new after this many segments, so each run's history stays bounded."""
-    heartbeat_timeout_seconds: Annotated[float, Field(gt=0, le=300)] = 10.0
+    heartbeat_timeout_seconds: Annotated[float, Field(ge=1, le=300)] = 10.0
     segment_timeout_seconds: Annotated[float, Field(gt=0)] = 3600.0
     throttle_seconds_per_step: Annotated[float, Field(ge=0, le=10)] = 0.0
     """Sleep after each step: pacing for demos and drills (simulates a heavier model)."""

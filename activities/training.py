@@ -44,7 +44,7 @@ from cairn.checkpoint import CheckpointKind, CheckpointRef, latest_committed, li
 from cairn.checkpoint.commit import CommitResult
 from cairn.checkpoint.retention import RetentionPolicy, collect_garbage
 from cairn.errors import CairnError, CheckpointConflictError, one_line
-from cairn.runs import claim_run, require_store_identity, store_identity
+from cairn.runs import claim_run, require_run_owner, require_store_identity, store_identity
 from cairn.session import TrainingSession
 from cairn.state import TrainState
 from cairn.stores import open_store
@@ -142,12 +142,19 @@ def open_run_store(url: str, store_id: str | None) -> Store:
     return store
 
 
+def heartbeat_interval(default: float = 1.0) -> float:
+    """A quarter of this activity's heartbeat timeout, at most ``default``: a busy phase can
+    never outlast the timeout between two heartbeats."""
+    timeout = activity.info().heartbeat_timeout
+    return default if timeout is None else max(0.05, min(default, timeout.total_seconds() / 4))
+
+
 def _previous_reach(info: activity.Info) -> int | None:
     """The furthest step an earlier attempt reported, from its last heartbeat."""
     details = info.heartbeat_details
     if not details or not isinstance(details[0], dict):
         return None
-    reached = [details[0].get(k) for k in ("step", "committed_step")]
+    reached = [details[0].get(k) for k in ("step", "reached", "committed_step")]
     steps = [int(s) for s in reached if isinstance(s, int) and not isinstance(s, bool)]
     return max(steps) if steps else None
 
@@ -192,7 +199,15 @@ def _report(inp: TrainSegmentInput, result: TrainSegmentResult, why: str) -> Tra
 
 
 def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSegmentResult, str]:
-    beats = Heartbeater(inp.heartbeat_every_seconds, step=None, checkpoint=None, attempt=info.attempt, loss=None)
+    reached_before = _previous_reach(info)
+    beats = Heartbeater(
+        min(inp.heartbeat_every_seconds, heartbeat_interval()),
+        step=None,
+        reached=reached_before,  # kept, so an attempt that dies early does not erase an earlier reach
+        checkpoint=None,
+        attempt=info.attempt,
+        loss=None,
+    )
     with beats:
         log.info(
             "run %s: segment to step %d, attempt %d (workflow %s)",
@@ -211,7 +226,7 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
         m.RESTORE_SECONDS.observe(time.perf_counter() - restore_started)
         resumed = session.state.step
         set_step(resumed)
-        reached_before = _previous_reach(info)
+        require_run_owner(store, inp.run_id, info.workflow_id)
         recomputed = max(0, (reached_before or 0) - resumed) if info.attempt > 1 else 0
         if info.attempt > 1:
             m.RECOVERIES.inc()
@@ -238,7 +253,7 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
 
         def on_step(state: TrainState) -> bool:
             nonlocal interrupted
-            beats.update(step=state.step, loss=state.history["loss"][-1])
+            beats.update(step=state.step, reached=max(state.step, reached_before or 0), loss=state.history["loss"][-1])
             set_step(state.step)
             m.STEPS.inc()
             faults.maybe_crash("mid-segment", step=state.step)
@@ -340,16 +355,17 @@ async def open_run(inp: OpenRunInput) -> OpenRunResult:
             return OpenRunResult(store_id=store_id, checkpoint=str(ref), step=ref.step, fingerprint=fingerprint)
 
     task = asyncio.ensure_future(asyncio.to_thread(work))  # to_thread carries the activity's context
+    interval = heartbeat_interval()
     while not task.done():
         activity.heartbeat({"phase": "open"})
-        await asyncio.wait({task}, timeout=1.0)
+        await asyncio.wait({task}, timeout=interval)
     return task.result()
 
 
 @activity.defn(name="latest_checkpoint")
 def latest_checkpoint(inp: LatestCheckpointInput) -> LatestCheckpointResult:
     """The run's last durable cursor (after an interrupted segment, or a rollback target)."""
-    with run_context(inp.run_id), activity_errors(), Heartbeater(1.0, phase="listing"):
+    with run_context(inp.run_id), activity_errors(), Heartbeater(heartbeat_interval(), phase="listing"):
         store = open_run_store(inp.store, inp.store_id)
         faults.maybe_crash("in-activity", tag="latest_checkpoint")
         if inp.at_or_before is None:
@@ -368,7 +384,7 @@ def latest_checkpoint(inp: LatestCheckpointInput) -> LatestCheckpointResult:
 @activity.defn(name="collect_checkpoints")
 def collect_checkpoints(inp: CollectInput) -> int:
     """Apply retention; returns how many checkpoints were deleted."""
-    with run_context(inp.run_id), activity_errors(), Heartbeater(1.0, phase="collecting"):
+    with run_context(inp.run_id), activity_errors(), Heartbeater(heartbeat_interval(), phase="collecting"):
         store = open_run_store(inp.store, inp.store_id)
         faults.maybe_crash("in-activity", tag="collect_checkpoints")
         spec = inp.retention

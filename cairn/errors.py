@@ -7,6 +7,7 @@ expected vs found value, so a refused import says exactly why::
      ├── ConfigError                  a trainer/run config, input or path is malformed   no    2
      │    ├── ReferenceSyntaxError      a checkpoint reference is not STORE/RUN/KIND/STEP   no    2
      │    ├── StoreIdentityError        this store is not the one the run was started on     no    2
+     │    ├── StoreNotFoundError        no such bucket / the store cannot be created or read no    2
      │    └── RunOwnershipError         another workflow already trains this run id         no    2
      ├── StorageError                 the store could not be read or written               yes   3
      │    └── ObjectNotFoundError     a key the caller named does not exist                yes   3
@@ -29,7 +30,9 @@ expected vs found value, so a refused import says exactly why::
      ├── EffectError                  an external side effect was refused                 no    4
      │    ├── EffectUnavailableError    the service could not be reached (outcome unknown)  yes   4
      │    └── IdempotencyConflictError  same idempotency key, different request body        no    4
-     └── TemporalUnavailableError     the Temporal frontend is unreachable or refused      yes   5
+     ├── TemporalUnavailableError     the Temporal frontend cannot be reached              yes   5
+     │    └── TemporalRefusedError      it answered no: unknown workflow id, id already running no 5
+     └── CommandInterrupted           Ctrl-C                                               no  130
 
 Policy is declared on the classes (``retryable``, ``exit_code``), never probed: the activity
 edge reads ``retryable`` to build a Temporal ``ApplicationError``; the CLI reads ``exit_code``.
@@ -65,6 +68,9 @@ __all__ = [
     "ReferenceSyntaxError",
     "RunOwnershipError",
     "StoreIdentityError",
+    "StoreNotFoundError",
+    "TemporalRefusedError",
+    "CommandInterrupted",
     "TemporalUnavailableError",
     "TrainingDivergedError",
     "one_line",
@@ -132,6 +138,11 @@ class ReferenceSyntaxError(ConfigError):
 class StoreIdentityError(ConfigError):
     """The store opened here is not the store the run was started on (e.g. a relative or
     local path that resolves to another directory on another host)."""
+
+
+class StoreNotFoundError(ConfigError):
+    """The store does not exist or cannot be used at all (no such bucket, access denied, a
+    directory that cannot be created): a retry would meet the same answer."""
 
 
 class RunOwnershipError(ConfigError):
@@ -233,7 +244,19 @@ class IdempotencyConflictError(EffectError):
 
 
 class TemporalUnavailableError(CairnError):
-    """The Temporal frontend could not be reached or refused the request."""
+    """The Temporal frontend could not be reached."""
 
     retryable = True
     exit_code = 5
+
+
+class TemporalRefusedError(TemporalUnavailableError):
+    """Temporal answered, and the answer is no: an unknown workflow id, an id already running."""
+
+    retryable = False
+
+
+class CommandInterrupted(CairnError):
+    """The user interrupted a command (Ctrl-C)."""
+
+    exit_code = 130

@@ -10,10 +10,11 @@ Three rules keep a run on one store and one writer:
    create-if-absent. A run records the identity it started on; an activity that opens a store
    with another identity (or none: another host's empty local directory) refuses with
    ``StoreIdentityError`` — several hosts need a shared (S3) store.
-3. **One workflow per run id.** The run's owner record (``RUN/owner.json``) names the
-   workflow training it. A second workflow with another id is refused with
-   ``RunOwnershipError`` while the owner is still running; a closed or unknown owner is taken
-   over (a run restarted after it was terminated continues from its latest checkpoint).
+3. **One workflow per run id.** The run's owner record (the latest ``RUN/owners/SEQ.json``)
+   names the workflow training it; every segment checks it before training. A second
+   workflow with another id is refused with ``RunOwnershipError`` while the owner is still
+   running; a closed or unknown owner is taken over (a run restarted after it was terminated
+   continues from its latest checkpoint).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from cairn.checkpoint.layout import STORE_ID_KEY, owner_key
+from cairn.checkpoint.layout import STORE_ID_KEY, owner_key, owners_prefix
 from cairn.errors import ConfigError, ObjectNotFoundError, RunOwnershipError, StoreIdentityError
 from cairn.stores.base import Store
 
@@ -41,6 +42,7 @@ __all__ = [
     "owner_key",
     "read_owner",
     "claim_run",
+    "require_run_owner",
 ]
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
@@ -126,36 +128,66 @@ class OwnerRecord:
     claimed_at: str
 
 
+def _claims(store: Store, run_id: str) -> list[tuple[int, str]]:
+    """(sequence number, key) of every claim of the run, in order."""
+    out = []
+    for info in store.list(owners_prefix(run_id)):
+        name = info.key.rsplit("/", 1)[-1]
+        if name.endswith(".json") and name[:-5].isascii() and name[:-5].isdigit():
+            out.append((int(name[:-5]), info.key))
+    return sorted(out)
+
+
 def read_owner(store: Store, run_id: str) -> OwnerRecord | None:
-    try:
-        body = json.loads(store.read(owner_key(run_id)))
-        return OwnerRecord(**{k: str(body[k]) for k in ("run_id", "workflow_id", "store_id", "claimed_at")})
-    except ObjectNotFoundError:
+    """The run's owner: its latest claim (None when nobody ever claimed the run)."""
+    claims = _claims(store, run_id)
+    if not claims:
         return None
-    except (ValueError, KeyError, TypeError):
-        return None  # a malformed record names no live owner; the claim below replaces it
+    try:
+        body = json.loads(store.read(claims[-1][1]))
+        return OwnerRecord(**{k: str(body[k]) for k in ("run_id", "workflow_id", "store_id", "claimed_at")})
+    except (ObjectNotFoundError, ValueError, KeyError, TypeError):
+        return None  # a malformed record names no live owner; the next claim replaces it
 
 
 def claim_run(
     store: Store, run_id: str, workflow_id: str, store_id: str, *, owner_running: Callable[[str], bool]
 ) -> OwnerRecord:
-    """Record ``workflow_id`` as the run's trainer, or refuse if another workflow still is."""
+    """Record ``workflow_id`` as the run's trainer, or refuse while another workflow still is.
+
+    Claims are numbered objects created by create-if-absent (``RUN/owners/SEQ.json``); the
+    latest is the owner. Taking over from a closed owner creates the next number, so of two
+    workflows taking over at once exactly one wins; the other re-reads and is refused.
+    """
     mine = OwnerRecord(run_id=run_id, workflow_id=workflow_id, store_id=store_id, claimed_at=_now())
     data = json.dumps(asdict(mine)).encode()
-    if store.put_if_absent(owner_key(run_id), data):
-        return mine
-    current = read_owner(store, run_id)
-    if current is not None and current.workflow_id == workflow_id:
-        return current  # a retry, or the same workflow after continue-as-new
-    if current is not None and owner_running(current.workflow_id):
+    for _ in range(8):
+        claims = _claims(store, run_id)
+        current = read_owner(store, run_id) if claims else None
+        if current is not None and current.workflow_id == workflow_id:
+            return current  # a retry, or the same workflow after continue-as-new
+        if current is not None and owner_running(current.workflow_id):
+            raise RunOwnershipError(
+                f"run {run_id!r} is being trained by workflow {current.workflow_id!r} (since {current.claimed_at}); "
+                "two workflows on one run id would interleave its checkpoints: use another run_id, "
+                "or stop that workflow first",
+                field="run_id",
+            )
+        seq = claims[-1][0] + 1 if claims else 0
+        if store.put_if_absent(owner_key(run_id, seq), data):
+            return mine
+    raise RunOwnershipError(f"run {run_id!r}: the claim kept changing hands; try again", field="run_id")
+
+
+def require_run_owner(store: Store, run_id: str, workflow_id: str) -> None:
+    """Refuse to train a run whose latest claim names another workflow (it was taken over)."""
+    owner = read_owner(store, run_id)
+    if owner is not None and owner.workflow_id != workflow_id:
         raise RunOwnershipError(
-            f"run {run_id!r} is being trained by workflow {current.workflow_id!r} (since {current.claimed_at}); "
-            "two workflows on one run id would interleave its checkpoints: use another run_id, "
-            "or stop that workflow first",
+            f"run {run_id!r} now belongs to workflow {owner.workflow_id!r} (claimed {owner.claimed_at}); "
+            f"this workflow ({workflow_id!r}) stops instead of interleaving its checkpoints",
             field="run_id",
         )
-    store.write_object(owner_key(run_id), [data], size=len(data))  # the owner is gone: take over
-    return mine
 
 
 def _now() -> str:

@@ -15,13 +15,14 @@ import argparse
 import json
 import math
 import os
+import re
 import signal
 import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from cairn.checkpoint import (
     CheckpointKind,
@@ -37,9 +38,9 @@ from cairn.checkpoint.retention import RetentionPolicy, collect_garbage, pin, pi
 from cairn.checkpoint.validate import check_training_manifest, check_training_values
 from cairn.config import load_config
 from cairn.data import load_dataset
-from cairn.errors import CairnError, ConfigError
+from cairn.errors import CairnError, CommandInterrupted, ConfigError, StoreNotFoundError
 from cairn.session import MAX_STEPS, TrainingSession, default_run_id
-from cairn.stores import LocalStore, open_store
+from cairn.stores import open_store
 from cairn.stores.base import Store
 
 Handler = Callable[[argparse.Namespace], int]
@@ -50,12 +51,6 @@ class CommandFailed(Exception):
 
     def __init__(self, code: int) -> None:
         self.code = code
-
-
-class Interrupted(CairnError):
-    """The user interrupted a command (Ctrl-C)."""
-
-    exit_code = 130
 
 
 def _finite(value: Any) -> Any:
@@ -89,12 +84,35 @@ def _run_id_arg(value: str | None, flag: str) -> str | None:
 
 def _store_arg(url: str, *, must_exist: bool) -> Store:
     """Open a store named on the command line; reading commands refuse one that does not exist."""
+    expected = "a directory path or s3://bucket/prefix"
     if not url or not url.strip():
-        raise ConfigError("--store", expected="a directory path or s3://bucket/prefix", found=url)
+        raise ConfigError("--store", expected=expected, found=url)
+    if "://" in url and not url.startswith(("s3://", "file://", "memory://")):
+        raise ConfigError("store", expected=expected, found=f"{url} (unsupported scheme)")
     store = open_store(url)
-    if must_exist and isinstance(store, LocalStore) and not store.root.is_dir():
-        raise ConfigError("store", expected="an existing directory (a store written by cairn)", found=url)
+    if must_exist and not store.root_exists():
+        raise StoreNotFoundError(
+            "store", expected="an existing store (a directory, or a bucket and prefix written by cairn)", found=url
+        )
     return store
+
+
+def _count(text: str) -> int:
+    """An integer argument in ASCII digits (``int()`` would also take other scripts' digits)."""
+    if not re.fullmatch(r"-?[0-9]+", text.strip()):
+        raise argparse.ArgumentTypeError(f"expected an integer in ASCII digits, found {text!r}")
+    return int(text)
+
+
+class CairnArgumentParser(argparse.ArgumentParser):
+    """Usage errors become a ``UsageError``: one line, exit 2, and a JSON object with --json."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}")
+
+
+class UsageError(ConfigError):
+    """The command line itself is wrong (an unknown flag, a missing or malformed argument)."""
 
 
 # -- train ----------------------------------------------------------------------------------
@@ -142,7 +160,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         result = session.run(args.steps, checkpoint_every=args.checkpoint_every, on_step=on_step)
     except KeyboardInterrupt:
         last = session.durable_ref
-        raise Interrupted(
+        raise CommandInterrupted(
             "aborted by a second Ctrl-C; "
             + (f"last committed checkpoint: {last}" if last else "no checkpoint was committed")
             + (f"; resume with: {_resume_command(args, str(last), session.run_id)}" if last else "")
@@ -313,6 +331,21 @@ def cmd_ckpt_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def report_dir(out: str | None, run_id: str) -> Path:
+    """Where a report goes: an existing or creatable directory, checked before any work."""
+    path = Path(out or f"cairn-report-{run_id}")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".cairn-write-probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(
+            "--out", expected="a directory that can be written", found=f"{path} ({exc.strerror})"
+        ) from None
+    return path
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     """A run's report from its store alone (no Temporal): loss, lr, commits, speed."""
     from cairn.run_record import run_record
@@ -321,8 +354,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     run_id = _run_id_arg(args.run, "RUN")
     assert run_id is not None
     record = run_record(_store_arg(args.store, must_exist=True), run_id)
-    out = Path(args.out or f"cairn-report-{run_id}")
-    result, text, files = write_report(record, out)
+    result, text, files = write_report(record, report_dir(args.out, run_id))
     emit(args, {**result, "files": [str(f) for f in files]}, text)
     return 0
 
@@ -338,15 +370,15 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cairn", description="Durable, resumable ML training on Temporal.")
+    parser = CairnArgumentParser(prog="cairn", description="Durable, resumable ML training on Temporal.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train in-process, checkpointing to a store")
     _common(p)
     p.add_argument("--config", help="trainer config JSON (see examples/config.json)")
-    p.add_argument("--steps", type=int, required=True, help="number of updates to run")
+    p.add_argument("--steps", type=_count, required=True, help="number of updates to run")
     p.add_argument("--store", required=True, help="directory or s3://bucket/prefix")
-    p.add_argument("--checkpoint-every", type=int, help="commit a checkpoint every K steps")
+    p.add_argument("--checkpoint-every", type=_count, help="commit a checkpoint every K steps")
     p.add_argument("--resume", metavar="CKPT", help="checkpoint reference to resume from")
     p.add_argument("--weights-only", action="store_true", help="resume theta only (does NOT reproduce training)")
     p.add_argument("--run-id", help="run id (default: derived from the config, or the resumed run's)")
@@ -410,7 +442,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parser.parse_args(words)
+    except UsageError as exc:
+        sys.stderr.write(parser.format_usage())
+        return report_error(argparse.Namespace(json="--json" in words, debug=False), exc)
     try:
         code = _dispatch(args)
         sys.stdout.flush()
@@ -458,7 +495,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         note = getattr(args, "interrupt_note", None)
         what = note.format_map(vars(args)) if note else "interrupted"
-        return report_error(args, Interrupted(what))
+        return report_error(args, CommandInterrupted(what))
 
 
 if __name__ == "__main__":

@@ -57,9 +57,8 @@ class MetricsEndpoint:
 
 def serve_metrics(port: int = DEFAULT_METRICS_PORT, host: str = "0.0.0.0") -> MetricsEndpoint:  # noqa: S104
     """Start the endpoint (a daemon thread) and the SDK runtime whose metrics it includes."""
+    server, _thread = start_http_server(port, addr=host, registry=REGISTRY)  # first: a busy port leaks nothing
     internal = f"127.0.0.1:{free_port()}"
     runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=internal)))
     REGISTRY.register(_SdkMetrics(f"http://{internal}/metrics"))
-    server, _thread = start_http_server(port, addr=host, registry=REGISTRY)
-    bound = int(server.server_address[1])
-    return MetricsEndpoint(port=bound, runtime=runtime)
+    return MetricsEndpoint(port=int(server.server_address[1]), runtime=runtime)

@@ -18,12 +18,12 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.models import DEFAULT_TASK_QUEUE, WORKFLOW_TYPE, RunProgress, RunSummary, TrainingRunInput
 from cairn.bounded_json import load_json_file
 from cairn.config import config_error_from
-from cairn.errors import ConfigError, TemporalUnavailableError
+from cairn.errors import ConfigError, TemporalRefusedError, TemporalUnavailableError
 from cairn.run_record import RunRecord, TimelineEvent
 from cairn.runs import resolve_store_url
 from workers.client import add_connection_args, connect
@@ -40,14 +40,35 @@ def load_run_input(path: str, cwd: str | Path | None = None) -> TrainingRunInput
     data = load_json_file(path, what="run file")
     if isinstance(data, dict) and isinstance(data.get("store"), str):
         data["store"] = resolve_store_url(data["store"], cwd)
+    effects = data.get("effects") if isinstance(data, dict) else None
+    if isinstance(effects, dict) and isinstance(effects.get("registry"), str):
+        effects["registry"] = resolve_store_url(effects["registry"], cwd)
     try:
         return TrainingRunInput.model_validate(data)
     except ValidationError as exc:
         raise config_error_from(exc, path, TrainingRunInput) from None
 
 
-def _async(fn: Callable[[argparse.Namespace, Client], Any]) -> Callable[[argparse.Namespace], int]:
+_REFUSALS = {
+    RPCStatusCode.NOT_FOUND,
+    RPCStatusCode.ALREADY_EXISTS,
+    RPCStatusCode.INVALID_ARGUMENT,
+    RPCStatusCode.FAILED_PRECONDITION,
+    RPCStatusCode.PERMISSION_DENIED,
+    RPCStatusCode.UNAUTHENTICATED,
+}
+"""Temporal's answers that a retry would get again: reported as ``TemporalRefusedError``."""
+
+
+def _async(
+    fn: Callable[[argparse.Namespace, Client], Any], prepare: Callable[[argparse.Namespace], None] | None = None
+) -> Callable[[argparse.Namespace], int]:
+    """A command that talks to Temporal; ``prepare`` checks local input before connecting."""
+
     def handler(args: argparse.Namespace) -> int:
+        if prepare is not None:
+            prepare(args)
+
         async def go() -> int:
             try:
                 client = await connect(args.address, args.namespace)
@@ -57,7 +78,9 @@ def _async(fn: Callable[[argparse.Namespace, Client], Any]) -> Callable[[argpars
                 code: int = await fn(args, client)
                 return code
             except RPCError as exc:
-                raise TemporalUnavailableError(f"Temporal refused: {exc.message}") from None
+                if exc.status in _REFUSALS:
+                    raise TemporalRefusedError(f"Temporal refused: {exc.message}") from None
+                raise TemporalUnavailableError(f"Temporal did not answer: {exc.message}") from None
 
         return asyncio.run(go())
 
@@ -90,13 +113,17 @@ def _summary_text(s: RunSummary) -> str:
     return "\n".join(lines)
 
 
+def _load_start_input(args: argparse.Namespace) -> None:
+    args.run_input = load_run_input(args.run_file)  # a bad file is exit 2 even with Temporal down
+
+
 async def _start(args: argparse.Namespace, client: Client) -> int:
-    inp = load_run_input(args.run_file)
+    inp: TrainingRunInput = args.run_input
     workflow_id = args.workflow_id or inp.run_id
     try:
         handle = await client.start_workflow(TrainingRun.run, inp, id=workflow_id, task_queue=args.task_queue)
     except WorkflowAlreadyStartedError:
-        raise TemporalUnavailableError(
+        raise TemporalRefusedError(
             f"a workflow with id {workflow_id!r} is already running: watch it with `cairn run watch {workflow_id}`, "
             "or start this run under another --workflow-id",
             field="workflow_id",
@@ -306,7 +333,7 @@ async def _run_events(client: Client, workflow_id: str) -> tuple[dict[str, Any],
     events: list[TimelineEvent] = []
     executions = [e async for e in client.list_workflows(f"WorkflowId = '{workflow_id}'")]
     if not executions:
-        raise TemporalUnavailableError(f"no workflow with id {workflow_id!r}", field="workflow_id")
+        raise TemporalRefusedError(f"no workflow with id {workflow_id!r}", field="workflow_id")
     for execution in sorted(executions, key=lambda e: e.start_time):
         scheduled: dict[int, str] = {}
         started_at: dict[int, Any] = {}
@@ -375,6 +402,7 @@ def _place_on_steps(record: RunRecord) -> None:
 async def _report(args: argparse.Namespace, client: Client) -> int:
     from cairn.run_record import run_record
     from cairn.stores import open_store
+    from workers.cli import report_dir
     from workers.report import write_report
 
     inp, events = await _run_events(client, args.workflow_id)
@@ -384,8 +412,7 @@ async def _report(args: argparse.Namespace, client: Client) -> int:
     record = run_record(open_store(store_url), run_id)
     record.events = events
     _place_on_steps(record)
-    out = Path(args.out or f"cairn-report-{run_id}")
-    result, text, files = write_report(record, out)
+    result, text, files = write_report(record, report_dir(args.out, run_id))
     _print(args, {"workflow_id": args.workflow_id, **result, "files": [str(f) for f in files]}, text)
     return 0
 
@@ -486,16 +513,21 @@ def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> Non
     run = sub.add_parser("run", help="start, watch and steer TrainingRun workflows")
     run_sub = run.add_subparsers(dest="run_command", required=True)
 
-    def leaf(name: str, help_text: str, fn: Callable[[argparse.Namespace, Client], Any]) -> argparse.ArgumentParser:
+    def leaf(
+        name: str,
+        help_text: str,
+        fn: Callable[[argparse.Namespace, Client], Any],
+        prepare: Callable[[argparse.Namespace], None] | None = None,
+    ) -> argparse.ArgumentParser:
         p = run_sub.add_parser(name, help=help_text)
         common(p)
         add_connection_args(p)
-        p.set_defaults(handler=_async(fn), exit_hard=True)
+        p.set_defaults(handler=_async(fn, prepare), exit_hard=True)
         return p
 
     p = leaf("list", "list runs: status, start time, current step", _list)
     p.add_argument("--limit", type=int, default=50, help="at most this many (newest first)")
-    p = leaf("start", "start a run from a run file (see examples/run.json)", _start)
+    p = leaf("start", "start a run from a run file (see examples/run.json)", _start, _load_start_input)
     p.add_argument("run_file", metavar="RUN.json")
     p.add_argument("--wait", action="store_true", help="wait for the result and print it")
     p.add_argument("--workflow-id", help="default: the run_id")

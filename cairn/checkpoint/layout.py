@@ -5,7 +5,7 @@
     STORE/
       .cairn/store-id.json                  the store's identity            (cairn.runs)
       .cairn/registry/RUN/ENTRY.json        published models                (cairn.effects.registry)
-      RUN/owner.json                        the workflow training RUN       (cairn.runs)
+      RUN/owners/SEQ.json                   claims: the latest names the run's trainer (cairn.runs)
       RUN/pins/NAME.json                    named pins                      (cairn.checkpoint.retention)
       RUN/KIND/STEP/manifest.json           a committed checkpoint: the commit marker
       RUN/KIND/STEP/NONCE/rankRRR-NNNN.bin  its shards, named per save attempt and rank
@@ -36,6 +36,7 @@ __all__ = [
     "pins_prefix",
     "pin_key",
     "owner_key",
+    "owners_prefix",
     "registry_prefix",
     "registry_entry_key",
 ]
@@ -102,8 +103,13 @@ def pin_key(run_id: str, name: str) -> str:
     return f"{pins_prefix(run_id)}{name}.json"
 
 
-def owner_key(run_id: str) -> str:
-    return f"{run_id}/owner.json"
+def owners_prefix(run_id: str) -> str:
+    return f"{run_id}/owners/"
+
+
+def owner_key(run_id: str, seq: int) -> str:
+    """The ``seq``-th claim of a run (12 digits, so keys sort by number)."""
+    return f"{owners_prefix(run_id)}{seq:0{STEP_DIGITS}d}.json"
 
 
 def registry_prefix(run_id: str) -> str:

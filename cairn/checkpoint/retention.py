@@ -12,6 +12,7 @@ than the grace period (it may be being written right now).
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -45,6 +46,9 @@ class RetentionPolicy:
             raise ConfigError("retention.keep_last", expected=">= 1 (the latest is always kept)", found=self.keep_last)
         if self.keep_every is not None and self.keep_every < 1:
             raise ConfigError("retention.keep_every", expected=">= 1", found=self.keep_every)
+        if not math.isfinite(self.grace_seconds) or self.grace_seconds < 0:
+            # a shard younger than the grace period may be being written right now
+            raise ConfigError("retention.grace_seconds", expected="a finite number >= 0", found=self.grace_seconds)
 
 
 @dataclass

@@ -114,6 +114,11 @@ class Store(ABC):
         """
         return []
 
+    def root_exists(self) -> bool:
+        """Whether the store itself exists (a directory, a bucket with objects under the prefix);
+        reading commands refuse a store that does not, instead of reporting it empty."""
+        return True
+
     def exists(self, key: str) -> bool:
         try:
             self.size(key)

@@ -21,7 +21,14 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from cairn.errors import CairnError, ConfigError, InvalidObjectError, ObjectNotFoundError, StorageError
+from cairn.errors import (
+    CairnError,
+    ConfigError,
+    InvalidObjectError,
+    ObjectNotFoundError,
+    StorageError,
+    StoreNotFoundError,
+)
 from cairn.stores.base import Chunk, ObjectInfo, Store, split_key
 
 __all__ = ["LocalStore"]
@@ -56,6 +63,13 @@ def _os_error(exc: OSError, doing: str, path: Path) -> CairnError:
         return InvalidObjectError(str(path), expected="a regular file written by the store", found="a symlink")
     if exc.errno in (errno.EISDIR, errno.ENOTDIR):
         return InvalidObjectError(f"cannot {doing} {path}: {exc.strerror}")
+    unusable = {errno.EACCES, errno.EPERM, errno.EROFS}
+    if doing in ("write", "commit"):
+        unusable.add(errno.ENOENT)  # a directory that cannot be created (e.g. under /proc)
+    if exc.errno in unusable:  # the same answer on every retry: fail fast, say what to fix
+        return StoreNotFoundError(
+            f"cannot {doing} {path}: {exc.strerror} (the store cannot be used: check the path and its permissions)"
+        )
     return StorageError(f"cannot {doing} {path}: {exc.strerror or exc}")
 
 
@@ -182,6 +196,9 @@ class LocalStore(Store):
                 os.close(dir_fd)
         except OSError as exc:
             raise _os_error(exc, "write", final) from exc
+
+    def root_exists(self) -> bool:
+        return self.root.is_dir()
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         parts = split_key(key)

@@ -31,13 +31,16 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from cairn.errors import ConfigError, ObjectNotFoundError, StorageError
+from cairn.errors import ConfigError, ObjectNotFoundError, StorageError, StoreNotFoundError
 from cairn.stores.base import Chunk, ObjectInfo, Store, split_key
 
 __all__ = ["S3Store"]
 
 MiB = 1 << 20
-_NOT_FOUND = {"NoSuchKey", "404", "NotFound", "NoSuchBucket"}
+_NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
+_NO_STORE = {"NoSuchBucket": "no such bucket", "AccessDenied": "access denied",
+             "InvalidAccessKeyId": "the access key is not known to the server",
+             "SignatureDoesNotMatch": "the secret key does not match"}  # fmt: skip
 _PRECONDITION = {"PreconditionFailed", "412"}
 _CONFLICT = {"ConditionalRequestConflict", "409", "OperationAborted"}
 
@@ -49,6 +52,10 @@ def _translate(what: str) -> Iterator[None]:
     except ClientError as exc:
         code = str(exc.response.get("Error", {}).get("Code", ""))
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if code in _NO_STORE:  # the same answer on every retry: fail fast, say what to fix
+            raise StoreNotFoundError(
+                f"{what}: {_NO_STORE[code]} (check the bucket name, the endpoint and the credentials)"
+            ) from exc
         if code in _NOT_FOUND or status == 404:
             raise ObjectNotFoundError(f"{what}: not found") from exc
         raise StorageError(f"{what}: {code or status}: {exc}") from exc
@@ -295,6 +302,19 @@ class S3Store(Store):
                 continue
             aborted.append(full[len(self._base) :])
         return aborted
+
+    def root_exists(self) -> bool:
+        """The bucket exists and, with a prefix, holds at least one object under it."""
+        try:
+            with _translate(f"head bucket {self.bucket}"):
+                self.client.head_bucket(Bucket=self.bucket)
+        except (ObjectNotFoundError, StoreNotFoundError):
+            return False
+        if not self.prefix:
+            return True
+        with _translate(f"list {self.url}"):
+            resp = self.client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix + "/", MaxKeys=1)
+        return bool(resp.get("KeyCount", 0))
 
     def ensure_bucket(self) -> None:
         """Create the bucket if it does not exist (dev stacks and tests)."""

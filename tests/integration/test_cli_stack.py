@@ -101,7 +101,7 @@ def test_run_commands_end_to_end(
         verified = cairn("ckpt", "verify", done["checkpoint"], "--json")
         assert json.loads(verified.stdout)["ok"] is True
         missing = cairn("run", "status", "no-such-run", env=env, check=False)
-        assert missing.returncode == 5 and "TemporalUnavailableError" in missing.stderr
+        assert missing.returncode == 5 and "TemporalRefusedError" in missing.stderr
         assert len(missing.stderr.strip().splitlines()) == 1
     finally:
         worker.terminate()

@@ -18,8 +18,10 @@ from cairn.checkpoint import latest_committed
 from cairn.runs import STORE_ID_KEY, read_owner
 from cairn.stores import LocalStore
 from tests.integration.conftest import (
+    S3Server,
     TemporalServer,
     assert_matches_reference,
+    cairn,
     run_input,
     start_worker_process,
     wait_progress,
@@ -193,3 +195,23 @@ async def test_storage_outage_failure_reads_in_one_line(
     assert "could not connect" in failure.message.lower() or "connect" in failure.message.lower(), failure.message
     assert len(failure.message) < 600 and not failure.HasField("cause"), failure
     assert failure.application_failure_info.non_retryable is False  # storage trouble heals: retried
+
+
+async def test_a_store_that_does_not_exist_fails_the_run_at_once(
+    client: Client, task_queue: str, tmp_path: Path, seaweedfs: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mistyped bucket is not storage trouble that heals: the run ends FAILED within seconds
+    (StoreNotFoundError, non-retryable) instead of retrying forever; the CLI says so with exit 2."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", seaweedfs.endpoint)
+    inp = run_input(tmp_path, store="s3://no-such-bucket-cairn/runs")
+    async with build_worker(client, task_queue):
+        handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
+        with pytest.raises(WorkflowFailureError) as failed:
+            await asyncio.wait_for(handle.result(), timeout=30)
+    cause = innermost(failed.value)
+    assert getattr(cause, "type", None) == "StoreNotFoundError" and "no such bucket" in str(cause), cause
+    env = {"AWS_ENDPOINT_URL_S3": seaweedfs.endpoint}
+    missing_bucket = cairn("ckpt", "list", "s3://no-such-bucket-cairn/runs", env=env, check=False)
+    assert missing_bucket.returncode == 2 and "StoreNotFoundError" in missing_bucket.stderr
+    missing_prefix = cairn("ckpt", "list", f"s3://{seaweedfs.bucket}/no-such-prefix", env=env, check=False)
+    assert missing_prefix.returncode == 2 and "no-such-prefix" in missing_prefix.stderr

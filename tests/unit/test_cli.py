@@ -320,3 +320,45 @@ def test_report_from_the_store_writes_pngs_and_a_summary(tmp_path: Path, capsys:
     assert "60 steps" in (out / "summary.txt").read_text()
     code, _, err = run(capsys, "report", store, "nope", "--out", str(out))
     assert code == 2 and "nope" in err
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["train", "--config", CONFIG, "--steps", "abc", "--store", "S", "--json"], "--steps"),
+        (["train", "--config", CONFIG, "--steps", "\u0663", "--store", "S", "--json"], "ASCII digits"),
+        (["ckpt", "list", "--json"], "store"),
+        (["nosuchcommand", "--json"], "invalid choice"),
+    ],
+    ids=["not-a-number", "arabic-digit", "missing-argument", "unknown-command"],
+)
+def test_usage_errors_are_json_with_json(capsys: pytest.CaptureFixture[str], argv: list[str], needle: str) -> None:
+    code, out, err = run(capsys, *argv)
+    body = json.loads(out)
+    assert code == 2 and body["error"]["type"] == "UsageError" and needle in body["error"]["message"]
+    assert "Traceback" not in err
+
+
+def test_bad_inputs_found_in_review(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = str(tmp_path / "s")
+    assert run(capsys, "train", "--config", CONFIG, "--steps", "3", "--store", store, "--run-id", "r")[0] == 0
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    code, _, err = run(capsys, "report", store, "r", "--out", str(a_file))
+    assert code == 2 and "--out" in err and "Traceback" not in err
+    code, _, err = run(capsys, "ckpt", "gc", store, "--run", "r", "--grace-seconds", "-5")
+    assert code == 2 and "grace_seconds" in err
+    code, _, err = run(capsys, "train", "--config", CONFIG, "--steps", "1", "--store", "http://x/y")
+    assert code == 2 and "unsupported scheme" in err and not (tmp_path / "http:").exists()
+
+
+def test_run_start_checks_the_file_before_connecting(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A bad run file is exit 2 with the field named, even with no Temporal server to talk to."""
+    from workers.servers import free_port
+
+    body = json.loads((REPO / "examples" / "run.json").read_text())
+    body["checkpoint"] = {"evry": 3}
+    bad = tmp_path / "run.json"
+    bad.write_text(json.dumps(body))
+    code, _, err = run(capsys, "run", "start", str(bad), "--address", f"127.0.0.1:{free_port()}")
+    assert code == 2 and "checkpoint.evry" in err and "did you mean 'every'" in err, err

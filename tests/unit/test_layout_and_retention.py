@@ -57,7 +57,8 @@ def test_layout_parses_only_checkpoint_keys() -> None:
     assert key is not None and (key.run_id, key.kind, key.step, key.is_manifest) == ("run", "training", 7, False)
     manifest = parse_checkpoint_key(manifest_key("run", "training", 7))
     assert manifest is not None and manifest.is_manifest
-    for other in [pin_key("run", "best"), "run/owner.json", f"{RESERVED_PREFIX}store-id.json", "run/training/12/x"]:
+    others = [pin_key("run", "best"), "run/owners/000000000000.json", f"{RESERVED_PREFIX}store-id.json", "run/x/12/y"]
+    for other in others:
         assert parse_checkpoint_key(other) is None, other
     assert not RUN_ID_PATTERN.match(RESERVED_PREFIX.rstrip("/"))  # nothing of ours can be a run
 

@@ -111,3 +111,31 @@ def test_checkout_guard_sees_new_files_but_not_tool_caches(tmp_path: Path) -> No
     assert checkout_files(tmp_path) == before
     (tmp_path / ".cairn" / "store").mkdir(parents=True)
     assert checkout_files(tmp_path) - before == {".cairn", ".cairn/store"}
+
+
+def test_two_takeovers_at_once_leave_one_owner() -> None:
+    """B and C both see the closed owner A; C's claim lands first, B's create-if-absent of the
+    same number fails, B re-reads, finds C running, and is refused."""
+    from cairn.checkpoint.layout import owner_key
+    from cairn.runs import require_run_owner
+
+    class RacingStore(MemoryStore):
+        raced = False
+
+        def put_if_absent(self, key: str, data: bytes) -> bool:
+            if key == owner_key("run", 1) and not self.raced:
+                self.raced = True  # C wins the race just before B's write
+                body = json.dumps({"run_id": "run", "workflow_id": "wf-c", "store_id": "s", "claimed_at": "t"})
+                super().put_if_absent(key, body.encode())
+            return super().put_if_absent(key, data)
+
+    store = RacingStore("race")
+    claim_run(store, "run", "wf-a", "s", owner_running=lambda _: False)
+    running = {"wf-c"}
+    with pytest.raises(RunOwnershipError, match="wf-c"):
+        claim_run(store, "run", "wf-b", "s", owner_running=running.__contains__)
+    owner = read_owner(store, "run")
+    assert owner is not None and owner.workflow_id == "wf-c"
+    require_run_owner(store, "run", "wf-c")
+    with pytest.raises(RunOwnershipError, match="now belongs to workflow 'wf-c'"):
+        require_run_owner(store, "run", "wf-a")  # A's stale segment stops instead of training on
