@@ -136,19 +136,32 @@ def test_metrics_endpoint_and_json_logs(temporal_server: TemporalServer, tmp_pat
     step and attempt."""
     port = free_port()
     env = {"TEMPORAL_ADDRESS": temporal_server.address, "CAIRN_METRICS_PORT": str(port), "CAIRN_LOG_FORMAT": "json"}
-    path = run_file(tmp_path, total_steps=30, steps_per_segment=10, checkpoint={"every": 5})
+    path = run_file(
+        tmp_path, total_steps=30, steps_per_segment=10, checkpoint={"every": 5}, throttle_seconds_per_step=0.05
+    )
     rid = json.loads(path.read_text())["run_id"]
     log = tmp_path / "worker.log"
+    url = f"http://127.0.0.1:{port}/metrics"
     with log.open("w") as out:
         worker = subprocess.Popen(
             [sys.executable, "-m", "workers.cli", "worker", "--task-queue", task_queue],
             cwd=REPO, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:
-            done = json.loads(cairn("run", "start", str(path), "--task-queue", task_queue, "--wait", "--json",
-                                    env=env).stdout)  # fmt: skip
+            cairn("run", "start", str(path), "--task-queue", task_queue, env=env)
+            deadline = time.monotonic() + 60
+            while True:  # scraped during the run: steps climb before the run is over
+                try:
+                    during = _scrape(url).get("cairn_training_steps_total", 0)
+                except OSError:
+                    during = 0
+                if 0 < during < 30:
+                    break
+                assert time.monotonic() < deadline and during < 30, during
+                time.sleep(0.1)
+            done = json.loads(cairn("run", "result", rid, "--json", env=env).stdout)
             assert done["status"] == "completed" and done["steps"] == 30
-            metrics = _scrape(f"http://127.0.0.1:{port}/metrics")
+            metrics = _scrape(url)
         finally:
             worker.terminate()
             worker.wait(timeout=60)
