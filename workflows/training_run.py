@@ -54,7 +54,10 @@ __all__ = ["TrainingRun"]
 SEGMENT_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=10),
+    # A crashed segment is retried at most 2 s after its loss is detected, however often the
+    # same segment has crashed (a growing backoff made recovery after repeated kills take 10 s
+    # and more). A retry costs one restore; storage trouble retries at the same pace.
+    maximum_interval=timedelta(seconds=2),
     maximum_attempts=0,  # unlimited: storage trouble heals; corrupt state is non-retryable
 )
 SHORT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10))
