@@ -11,6 +11,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -27,6 +28,18 @@ def run_file(tmp_path: Path, **changes: object) -> Path:
     path = tmp_path / "run.json"
     path.write_text(json.dumps(body))
     return path
+
+
+def cli_worker(task_queue: str, env: dict[str, str], out: IO[str] | None = None) -> subprocess.Popen[str]:
+    """`cairn worker` in its own process, its output to ``out`` (default: discarded)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "workers.cli", "worker", "--task-queue", task_queue],
+        cwd=REPO,
+        env={**os.environ, **env},
+        stdout=out if out is not None else subprocess.DEVNULL,
+        stderr=subprocess.STDOUT if out is not None else subprocess.DEVNULL,
+        text=True,
+    )
 
 
 def test_status_without_a_worker_and_a_duplicate_start(
@@ -55,10 +68,7 @@ def test_status_without_a_worker_and_a_duplicate_start(
     _, err = watch.communicate(timeout=30)
     assert watch.returncode == 130 and "the run keeps going" in err and "Traceback" not in err, err
     assert json.loads(cairn("run", "status", rid, "--json", env=env).stdout)["status"] == "RUNNING"
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "workers.cli", "worker", "--task-queue", task_queue],
-        cwd=REPO, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    worker = cli_worker(task_queue, env)
     try:
         assert cairn("run", "cancel", rid, env=env).returncode == 0
         deadline = time.monotonic() + 60
@@ -91,10 +101,7 @@ def test_worker_stops_cleanly_and_logs_what_training_does(
     rid = json.loads(path.read_text())["run_id"]
     log = tmp_path / "worker.log"
     with log.open("w") as out:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "workers.cli", "worker", "--task-queue", task_queue],
-            cwd=REPO, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        worker = cli_worker(task_queue, env, out)
         try:
             cairn("run", "start", str(path), "--task-queue", task_queue, env=env)
             deadline = time.monotonic() + 60
@@ -143,10 +150,7 @@ def test_metrics_endpoint_and_json_logs(temporal_server: TemporalServer, tmp_pat
     log = tmp_path / "worker.log"
     url = f"http://127.0.0.1:{port}/metrics"
     with log.open("w") as out:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "workers.cli", "worker", "--task-queue", task_queue],
-            cwd=REPO, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        worker = cli_worker(task_queue, env, out)
         try:
             cairn("run", "start", str(path), "--task-queue", task_queue, env=env)
             deadline = time.monotonic() + 60
@@ -191,10 +195,7 @@ def test_run_report_and_list(temporal_server: TemporalServer, tmp_path: Path, ta
     path = run_file(tmp_path, total_steps=60, steps_per_segment=30, throttle_seconds_per_step=0.05,
                     checkpoint={"every": 10})  # fmt: skip
     rid = json.loads(path.read_text())["run_id"]
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "workers.cli", "worker", "--task-queue", task_queue],
-        cwd=REPO, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    worker = cli_worker(task_queue, env)
     try:
         cairn("run", "start", str(path), "--task-queue", task_queue, env=env)
         time.sleep(2.0)
