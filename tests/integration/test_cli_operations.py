@@ -192,13 +192,17 @@ def test_run_report_and_list(temporal_server: TemporalServer, tmp_path: Path, ta
     """`cairn run report` draws the run from its store and Temporal's history (an interruption
     marked on the timeline); `cairn run list` lists it with its status."""
     env = {"TEMPORAL_ADDRESS": temporal_server.address}
-    path = run_file(tmp_path, total_steps=60, steps_per_segment=30, throttle_seconds_per_step=0.05,
+    path = run_file(tmp_path, total_steps=90, steps_per_segment=60, throttle_seconds_per_step=0.05,
                     checkpoint={"every": 10})  # fmt: skip
     rid = json.loads(path.read_text())["run_id"]
     worker = cli_worker(task_queue, env)
     try:
         cairn("run", "start", str(path), "--task-queue", task_queue, env=env)
-        time.sleep(2.0)
+        first_commit = tmp_path / "store" / rid / "training" / f"{10:012d}" / "manifest.json"
+        deadline = time.monotonic() + 60
+        while not first_commit.exists():  # the first segment is underway, 2.5 s of it left
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
         cairn("run", "checkpoint", rid, env=env)  # an interruption: checkpoint now, carry on
         done = json.loads(cairn("run", "result", rid, "--json", env=env).stdout)
         assert done["status"] == "completed"
@@ -207,7 +211,7 @@ def test_run_report_and_list(temporal_server: TemporalServer, tmp_path: Path, ta
         worker.wait(timeout=60)
     out = tmp_path / "report"
     report = json.loads(cairn("run", "report", rid, "--out", str(out), "--json", env=env).stdout)
-    assert report["steps"] == 60 and report["interruptions"] == 1 and report["failures"] == 0
+    assert report["steps"] == 90 and report["interruptions"] == 1 and report["failures"] == 0
     assert all((out / name).stat().st_size > 5000 for name in ("loss_lr.png", "timeline.png", "throughput.png"))
     listed = json.loads(cairn("run", "list", "--json", env=env).stdout)["runs"]
     mine = [r for r in listed if r["workflow_id"] == rid]

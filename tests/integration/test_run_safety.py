@@ -71,7 +71,8 @@ async def test_another_store_behind_the_same_path_fails_the_run(
 async def test_second_workflow_on_a_run_id_is_refused_then_may_take_over(
     client: Client, task_queue: str, tmp_path: Path
 ) -> None:
-    inp = run_input(tmp_path, total_steps=30, steps_per_segment=30, throttle_seconds_per_step=0.03)
+    # 3 s of training: the second workflow's claim lands while the first is surely running
+    inp = run_input(tmp_path, total_steps=30, steps_per_segment=30, throttle_seconds_per_step=0.1)
     async with build_worker(client, task_queue):
         first = await client.start_workflow(TrainingRun.run, inp, id=f"{inp.run_id}-a", task_queue=task_queue)
         await wait_progress(first, lambda p: p["phase"] == "training")
@@ -100,8 +101,8 @@ async def test_kill_inside_a_short_activity_does_not_stall(
 ) -> None:
     """SIGKILL inside each short activity: the run is retried after the heartbeat timeout (3 s),
     not after a start-to-close timeout of minutes (a 309 s stall before)."""
-    inp = run_input(
-        tmp_path, total_steps=20, steps_per_segment=10, checkpoint={"every": 5}, throttle_seconds_per_step=0.05
+    inp = run_input(  # one 1 s segment: room for a checkpoint-now signal to land inside it
+        tmp_path, total_steps=20, steps_per_segment=20, checkpoint={"every": 5}, throttle_seconds_per_step=0.05
     )
     env = {
         **os.environ,
