@@ -17,7 +17,7 @@ from temporalio.api.enums.v1 import EventType, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus, WorkflowFailureError
-from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.models import DEFAULT_TASK_QUEUE, WORKFLOW_TYPE, RunProgress, RunSummary, TrainingRunInput
@@ -417,9 +417,16 @@ async def _report(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
+def _progress_text(row: dict[str, Any]) -> str:
+    if row.get("step") is None:
+        return "-"
+    return f"{row['step']}/{row['total']}" if row.get("total") is not None else str(row["step"])
+
+
 async def _list(args: argparse.Namespace, client: Client) -> int:
     """Runs (TrainingRun workflows), newest first: status, start time, progress from history."""
     rows = []
+    seen: set[str] = set()
     async for execution in client.list_workflows(f"WorkflowType = '{WORKFLOW_TYPE}'", limit=args.limit):
         status = execution.status.name if execution.status else "UNKNOWN"
         row: dict[str, Any] = {
@@ -431,13 +438,19 @@ async def _list(args: argparse.Namespace, client: Client) -> int:
         }
         if execution.status == WorkflowExecutionStatus.RUNNING:
             row["step"] = live_step(await client.get_workflow_handle(execution.id).describe())
+        elif execution.status == WorkflowExecutionStatus.COMPLETED and execution.id not in seen:
+            handle = client.get_workflow_handle_for(TrainingRun.run, execution.id, run_id=execution.run_id)
+            with contextlib.suppress(ApplicationError):  # a result an older release wrote: no progress shown
+                summary = await handle.result()  # from history: no worker needed
+                row.update(step=summary.steps, total=summary.total_steps)
+        seen.add(execution.id)
         rows.append(row)
     unique: dict[str, dict[str, Any]] = {}
     for row in rows:  # newest first: keep each workflow id's latest execution (continue-as-new)
         unique.setdefault(row["workflow_id"], row)
     lines = [f"{'WORKFLOW ID':<32} {'STATUS':<11} {'STARTED':<26} STEP"]
     lines += [
-        f"{r['workflow_id']:<32} {r['status']:<11} {r['started']:<26} {'-' if r.get('step') is None else r['step']}"
+        f"{r['workflow_id']:<32} {r['status']:<11} {r['started']:<26} {_progress_text(r)}"
         for r in unique.values()
     ]
     _print(args, {"runs": list(unique.values())}, "\n".join(lines) if unique else "(no runs)")

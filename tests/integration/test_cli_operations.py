@@ -215,5 +215,5 @@ def test_run_report_and_list(temporal_server: TemporalServer, tmp_path: Path, ta
     assert all((out / name).stat().st_size > 5000 for name in ("loss_lr.png", "timeline.png", "throughput.png"))
     listed = json.loads(cairn("run", "list", "--json", env=env).stdout)["runs"]
     mine = [r for r in listed if r["workflow_id"] == rid]
-    assert len(mine) == 1 and mine[0]["status"] == "COMPLETED"
+    assert len(mine) == 1 and mine[0]["status"] == "COMPLETED" and mine[0]["step"] == mine[0]["total"] == 90
     assert rid in cairn("run", "list", env=env).stdout
