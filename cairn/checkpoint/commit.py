@@ -103,10 +103,10 @@ def write_checkpoint(
     """Single-writer save: shards, then the manifest, under the (run, kind, step) key."""
     started = time.perf_counter()
     options = options or CheckpointOptions.from_env()
-    check_content(content, tensors, options.limits)
     ref = CheckpointRef(store.url, content.run_id, content.kind, content.step)
     if store.exists(manifest_key(content.run_id, content.kind, content.step)):
         # A retry (or a stale writer) of a committed step: compare, don't rewrite.
+        check_content(content, tensors, options.limits)  # (write_shards checks it on the other path)
         arrays = {name: as_le_contiguous(a) for name, a in tensors.items()}
         index = [(n, a.dtype.str, list(a.shape), tensor_checksum(a)) for n, a in sorted(arrays.items())]
         result = _converge(store, ref, content.fingerprint(index), orphan_keys=[], options=options)

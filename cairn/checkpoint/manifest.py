@@ -26,6 +26,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from cairn.checkpoint.layout import RUN_ID_PATTERN
 from cairn.state import Lineage
+from cairn.stores.base import key_problem
 
 __all__ = [
     "FORMAT_NAME",
@@ -45,17 +46,9 @@ SUPPORTED_VERSIONS = frozenset({1})
 
 
 def shard_key_problem(key: str) -> str | None:
-    """Why ``key`` is not a safe shard key relative to a checkpoint prefix, or None if it is."""
-    if not key:
-        return "empty"
-    if key.startswith("/"):
-        return "absolute (leading '/')"
-    for char, name in (("\\", "a backslash"), ("\0", "NUL"), ("\n", "a newline"), ("\r", "a carriage return")):
-        if char in key:
-            return f"contains {name}"
-    if any(part in ("", ".", "..") for part in key.split("/")):
-        return "has an empty, '.' or '..' segment"
-    return None
+    """Why ``key`` is not a safe shard key relative to a checkpoint prefix, or None if it is:
+    the store's key rules, and no backslash (a path separator elsewhere)."""
+    return "contains a backslash" if "\\" in key else key_problem(key)
 
 
 def _safe_shard_key(key: str) -> str:

@@ -31,23 +31,37 @@ from dataclasses import dataclass
 
 from cairn.errors import InvalidObjectError, ObjectNotFoundError
 
-__all__ = ["Store", "ObjectInfo", "Chunk", "split_key"]
+__all__ = ["Store", "ObjectInfo", "Chunk", "key_problem", "split_key"]
 
 Chunk = bytes | bytearray | memoryview
 
-_FORBIDDEN_CHARS = ("\x00", "\n", "\r")
+
+def key_problem(key: str) -> str | None:
+    """Why ``key`` cannot name one object inside a store (None when it can): the one statement
+    of the key rules, shared by the stores and the manifest's shard keys."""
+    if not key:
+        return "empty"
+    if key.startswith("/"):
+        return "absolute (leading '/')"
+    for char, name in (("\0", "NUL"), ("\n", "a newline"), ("\r", "a carriage return")):
+        if char in key:
+            return f"contains {name}"
+    if any(part in ("", ".", "..") for part in key.split("/")):
+        return "has an empty, '.' or '..' segment"
+    return None
 
 
 def split_key(key: str) -> list[str]:
     """The segments of ``key``; ``InvalidObjectError`` if it could name something outside the
-    store or is not one object's name (empty, '.', '..' or empty segments, a leading '/',
-    NUL or a line break)."""
-    parts = key.split("/")
-    if any(p in ("", ".", "..") for p in parts) or any(c in key for c in _FORBIDDEN_CHARS):
+    store or is not one object's name (``key_problem``)."""
+    problem = key_problem(key)
+    if problem is not None:
         raise InvalidObjectError(
-            "object key", expected="'/'-separated names, no '', '.', '..', NUL or line break", found=repr(key)
+            f"object key {problem}",
+            expected="'/'-separated names, no '', '.', '..', NUL or line break",
+            found=repr(key),
         )
-    return parts
+    return key.split("/")
 
 
 @dataclass(frozen=True)
