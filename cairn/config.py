@@ -22,7 +22,7 @@ from __future__ import annotations
 import difflib
 import json
 from pathlib import Path
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -34,6 +34,9 @@ __all__ = [
     "DatasetConfig",
     "OptimizerConfig",
     "TrainConfig",
+    "TrainerSpec",
+    "InitFrom",
+    "BUILTIN_TRAINER",
     "load_config",
     "parse_config",
     "config_error_from",
@@ -81,6 +84,13 @@ class DatasetConfig(_Strict):
     n_classes: Annotated[int, Field(gt=1, le=4096)] = 3
     noise: Annotated[float, Field(ge=0.0, le=1e6, allow_inf_nan=False)] = 0.5
     version: str = "synthetic-v1"
+    sampling: Literal["replacement", "epoch"] = "replacement"
+    """``replacement``: each batch draws indices from the training RNG (the v1 behaviour);
+    ``epoch``: a seeded permutation per epoch, without replacement (``cairn.sampler``)."""
+    val_fraction: Annotated[float, Field(ge=0.0, lt=0.5, allow_inf_nan=False)] = 0.0
+    """Share of the examples held out for validation (evaluated at every epoch end)."""
+    test_fraction: Annotated[float, Field(ge=0.0, lt=0.5, allow_inf_nan=False)] = 0.0
+    """Share held out as the final test split (``cairn eval --split test``; exposures are counted)."""
 
     @model_validator(mode="after")
     def _path_matches_source(self) -> DatasetConfig:
@@ -113,6 +123,36 @@ class OptimizerConfig(_Strict):
     min_lr_ratio: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] = 0.1
 
 
+TRAINER_PATH = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+BUILTIN_TRAINER = "cairn.trainers.mlp:MLPTrainer"
+
+
+class TrainerSpec(_Strict):
+    """Which trainer runs the arithmetic, by import path, and its own config section.
+
+    ``options`` is validated by the trainer's own pydantic model when the trainer is loaded.
+    """
+
+    factory: Annotated[str, Field(pattern=TRAINER_PATH, max_length=256)]
+    """``package.module:Factory`` (a ``cairn.trainers.Trainer`` subclass or a function returning one)."""
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class InitFrom(_Strict):
+    """Start a new stage from another run's checkpoint: its weights only, not a resume.
+
+    The new run's config may differ from the reference's only in ``may_change`` (top-level
+    config fields; ``stage`` and ``init_from`` itself always may). The reference's fingerprint
+    is recorded in the lineage.
+    """
+
+    checkpoint: Annotated[str, Field(min_length=1, max_length=2048)]
+    may_change: list[Literal["seed", "batch_size", "data", "optimizer", "trainer", "tokenizer_version"]] = [
+        "optimizer",
+        "data",
+    ]
+
+
 class TrainConfig(_Strict):
     """Everything that defines a training run's arithmetic."""
 
@@ -123,6 +163,13 @@ class TrainConfig(_Strict):
     optimizer: OptimizerConfig = OptimizerConfig()
     tokenizer_version: str = "none"
     stage: str = "train"
+    trainer: TrainerSpec | None = None
+    """None: the built-in numpy MLP (``cairn.trainers.mlp:MLPTrainer``)."""
+    init_from: InitFrom | None = None
+
+    @property
+    def trainer_path(self) -> str:
+        return self.trainer.factory if self.trainer is not None else BUILTIN_TRAINER
 
     @model_validator(mode="after")
     def _fits_in_memory(self) -> TrainConfig:
@@ -142,9 +189,34 @@ class TrainConfig(_Strict):
             )
         return self
 
+    def to_json(self) -> dict[str, Any]:
+        """The config as it is stored in checkpoints and hashed into run ids and fingerprints.
+
+        Fields added after format v1 are left out while they hold their default, so a v1
+        config keeps its identity (run id, fingerprint) and v1 checkpoints read unchanged.
+        """
+        body = self.model_dump(mode="json")
+        for path, default in _V1_OMITTED_AT_DEFAULT:
+            *parents, leaf = path
+            node = body
+            for part in parents:
+                node = node[part]
+            if node.get(leaf, default) == default:
+                node.pop(leaf, None)
+        return body
+
     def canonical_json(self) -> str:
         """Stable text form: sorted keys, no whitespace. Used in fingerprints."""
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+
+
+_V1_OMITTED_AT_DEFAULT: tuple[tuple[tuple[str, ...], object], ...] = (
+    (("trainer",), None),
+    (("init_from",), None),
+    (("data", "sampling"), "replacement"),
+    (("data", "val_fraction"), 0.0),
+    (("data", "test_fraction"), 0.0),
+)
 
 
 def _models_in(annotation: object) -> list[type[BaseModel]]:

@@ -17,19 +17,16 @@ import numpy as np
 from cairn.checkpoint.async_save import AsyncCheckpointer, SaveHandle
 from cairn.checkpoint.commit import CommitResult
 from cairn.checkpoint.layout import RUN_ID_PATTERN
-from cairn.checkpoint.manager import latest_committed, load_training, save_training
-from cairn.checkpoint.manifest import CheckpointKind
+from cairn.checkpoint.manager import latest_committed, load_training, load_training_with_trainer, save_training
 from cairn.checkpoint.options import CheckpointOptions
-from cairn.checkpoint.reader import read_manifest
 from cairn.checkpoint.ref import CheckpointRef
-from cairn.checkpoint.validate import check_training_manifest
 from cairn.config import TrainConfig
-from cairn.data import Dataset, load_dataset
 from cairn.errors import ConfigError, TrainingDivergedError
+from cairn.lifecycle import initial_state
 from cairn.state import TrainState
 from cairn.stores import open_store
 from cairn.stores.base import Store
-from cairn.trainer import init_state, train, weights_only
+from cairn.trainers.base import Trainer, load_trainer
 
 __all__ = ["TrainingSession", "default_run_id", "MAX_STEPS", "require_finite"]
 
@@ -53,25 +50,22 @@ def _check_run_id(run_id: str) -> str:
 
 
 def require_finite(state: TrainState, last_commit: CommitResult | None = None, *, arrays: bool = True) -> None:
-    """Refuse a diverged state (NaN/inf loss, weights or moments) before it can be committed.
+    """Refuse a diverged state (NaN/inf loss, or any float tensor) before it can be committed.
 
     The loss is checked after every update (one float); the arrays before every commit.
     """
-    loss = state.history["loss"][-1] if state.history["loss"] else 0.0
+    loss = state.history["loss"][-1] if state.history.get("loss") else 0.0
     bad = None if math.isfinite(loss) else "loss"
     if bad is None and arrays:
-        for group, tensors in (("theta", state.params), ("adam.m", state.m), ("adam.v", state.v)):
-            for name, arr in tensors.items():
-                if not np.isfinite(arr.sum()) and not np.isfinite(arr).all():
-                    bad = f"{group}/{name}"
-                    break
-            if bad:
+        for name, arr in state.tensors.items():
+            if arr.dtype.kind == "f" and not np.isfinite(arr.sum()) and not np.isfinite(arr).all():
+                bad = name
                 break
     if bad is not None:
         last = f"last committed checkpoint: {last_commit.ref}" if last_commit else "no checkpoint was committed"
         raise TrainingDivergedError(
             f"training diverged at step {state.step}: {bad} is not finite (loss {loss!r}); nothing was "
-            f"committed at this step; {last} (lower optimizer.lr or check the data)",
+            f"committed at this step; {last} (lower the learning rate or check the data)",
             field=bad,
         )
 
@@ -82,14 +76,14 @@ class TrainingSession:
         run_id: str,
         store: Store,
         state: TrainState,
-        dataset: Dataset,
+        trainer: Trainer,
         *,
         options: CheckpointOptions | None = None,
     ) -> None:
         self.run_id = _check_run_id(run_id)
         self.store = store
         self.state = state
-        self.dataset = dataset
+        self.trainer = trainer
         self.options = options
         """Signer, limits and shard settings for every save and restore of this session;
         None: ``CheckpointOptions.from_env()`` at each save and restore."""
@@ -99,9 +93,11 @@ class TrainingSession:
     # -- construction -------------------------------------------------------------------
     @classmethod
     def fresh(cls, run_id: str, store: Store | str, config: TrainConfig, **kw: Any) -> TrainingSession:
+        """Step 0 of a run (or, with ``config.init_from``, a new stage from a reference's weights)."""
         store = open_store(store) if isinstance(store, str) else store
-        dataset = load_dataset(config.data)
-        return cls(run_id, store, init_state(config, dataset), dataset, **kw)
+        trainer = load_trainer(config)
+        options = kw.get("options") or CheckpointOptions.from_env()
+        return cls(run_id, store, initial_state(trainer, options=options), trainer, **kw)
 
     @classmethod
     def from_checkpoint(
@@ -114,45 +110,46 @@ class TrainingSession:
         weights_only_restore: bool = False,
         **kw: Any,
     ) -> TrainingSession:
-        """Resume from ``ref`` (validated); checkpoints go to ``store`` (default: ref's store)."""
+        """Resume from ``ref`` (validated); checkpoints go to ``store`` (default: ref's store).
+
+        Without ``config`` the checkpoint's own config is used, and its trainer is imported
+        only if trusted (``cairn.trainers.trainer_for_checkpoint``).
+        """
         source = open_store(ref.store_url)
         target = source if store is None else (open_store(store) if isinstance(store, str) else store)
         options = kw.get("options") or CheckpointOptions.from_env()
-        if config is None:
-            # The checkpoint's own config (manifest only) tells which dataset to rebuild.
-            manifest = read_manifest(source, ref, expect_kind=CheckpointKind.TRAINING, options=options)
-            config = check_training_manifest(manifest)
-        dataset = load_dataset(config.data)
-        state, _ = load_training(source, ref, run_config=config, dataset_hash=dataset.content_hash, options=options)
+        trainer = load_trainer(config) if config is not None else None
+        state, _, trainer = load_training_with_trainer(source, ref, trainer=trainer, options=options)
         if weights_only_restore:
-            state = weights_only(state, dataset)
-        return cls(run_id or ref.run_id, target, state, dataset, **kw)
+            state = trainer.weights_only(state)
+        return cls(run_id or ref.run_id, target, state, trainer, **kw)
 
     @classmethod
     def resume_latest(cls, run_id: str, store: Store | str, config: TrainConfig, **kw: Any) -> TrainingSession:
         """Continue from the run's last durable cursor, or start fresh when it has none."""
         store = open_store(store) if isinstance(store, str) else store
-        session = cls.fresh(run_id, store, config, **kw)
         ref = latest_committed(store, run_id)
-        if ref is not None:
-            session.restore(ref)
+        if ref is None:
+            return cls.fresh(run_id, store, config, **kw)
+        trainer = load_trainer(config)
+        session = cls(run_id, store, trainer.init_state(), trainer, **kw)
+        session.restore(ref)
         return session
 
     @property
     def checkpoint_options(self) -> CheckpointOptions:
         return self.options or CheckpointOptions.from_env()
 
+    @property
+    def dataset(self) -> Any:
+        """The built-in trainer's dataset (kept for callers of the v1 API)."""
+        return getattr(self.trainer, "dataset", None)
+
     # -- state replacement --------------------------------------------------------------
     def restore(self, ref: CheckpointRef) -> None:
         """Replace this session's state with ``ref``'s, only if it passes validation."""
         source = self.store if ref.store_url == self.store.url else open_store(ref.store_url)
-        state, _ = load_training(
-            source,
-            ref,
-            run_config=self.state.config,
-            dataset_hash=self.dataset.content_hash,
-            options=self.checkpoint_options,
-        )
+        state, _ = load_training(source, ref, trainer=self.trainer, options=self.checkpoint_options)
         self.state = state
         self.restored_from = ref
 
@@ -191,9 +188,7 @@ class TrainingSession:
         """
         if checkpoint_every is not None and checkpoint_every <= 0:
             raise ConfigError("checkpoint_every", expected="> 0", found=checkpoint_every)
-        saver = (
-            AsyncCheckpointer(self.store, self.run_id, options=self.checkpoint_options) if async_save else None
-        )
+        saver = AsyncCheckpointer(self.store, self.run_id, options=self.checkpoint_options) if async_save else None
         pending: SaveHandle | None = None
 
         def settle(work: TrainState) -> None:
@@ -221,7 +216,7 @@ class TrainingSession:
             return bool(on_step is not None and on_step(work))
 
         try:
-            self.state = train(self.state, self.dataset, steps, on_step=step_hook)
+            self.state = self.trainer.train(self.state, steps, on_step=step_hook)
             settle(self.state)
         finally:
             if saver is not None:

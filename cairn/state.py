@@ -6,6 +6,7 @@ reproduce the forward function, not training: resuming needs every field here.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,10 +15,23 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from cairn.config import TrainConfig
 
-__all__ = ["Lineage", "TrainState", "HISTORY_KEYS", "param_shapes", "rng_state_problem"]
+__all__ = ["Lineage", "ReferenceSnapshot", "TrainState", "HISTORY_KEYS", "param_shapes", "rng_state_problem"]
 
 HISTORY_KEYS = ("loss", "lr")
 _U128 = 1 << 128
+
+
+class ReferenceSnapshot(BaseModel):
+    """The checkpoint a new stage started from, and what the stage may change relative to it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    checkpoint: str
+    fingerprint: str
+    run_id: str
+    step: int = Field(ge=0)
+    may_change: list[str]
+    """Top-level config fields this stage was allowed to change (the stage contract)."""
 
 
 class Lineage(BaseModel):
@@ -33,7 +47,21 @@ class Lineage(BaseModel):
     """Fingerprint of the checkpoint this state was resumed from (None for a fresh run)."""
     stage_contract: str = "train"
     final_test_exposures: int = Field(default=0, ge=0)
-    """How many times the held-out final test split has been evaluated in this lineage."""
+    """Final-test exposures inherited from the reference this stage started from (``init_from``);
+    this run's own exposures are in its lifecycle log (``cairn.lifecycle``)."""
+    trainer: str | None = None
+    """Import path of the trainer (None: the built-in MLP)."""
+    model_hash: str | None = None
+    """sha256 over the model's tensor names, dtypes and shapes (its architecture)."""
+    reproducibility: str | None = None
+    """The contract the run trains under: ``bit-exact`` or ``tolerance`` (None: bit-exact, built-in)."""
+    reference: ReferenceSnapshot | None = None
+    """The checkpoint this stage was initialised from (``init_from``): weights only, not a resume."""
+
+    def fingerprint_json(self) -> dict[str, Any]:
+        """The lineage as content: without ``parent`` (provenance) and without unset fields added
+        after format v1, so v1 checkpoints keep their fingerprints."""
+        return self.model_dump(mode="json", exclude={"parent"}, exclude_none=True)
 
 
 def param_shapes(config: TrainConfig, n_features: int) -> dict[str, tuple[int, ...]]:
@@ -46,38 +74,55 @@ def param_shapes(config: TrainConfig, n_features: int) -> dict[str, tuple[int, .
 
 @dataclass
 class TrainState:
-    """One point of a training run. Arrays are float64; ``history`` lists are per update."""
+    """One point of a training run, as every trainer hands it to the durable machinery.
+
+    ``tensors`` holds every array of the state by its checkpoint name (for the built-in MLP:
+    ``theta/W1``, ``adam.m/W1``, ``adam.v/W1`` ...; for the PyTorch adapter: ``param/...``,
+    ``buffer/...``, ``optim/...``, ``rng/torch``). ``history`` lists are per update (``loss``,
+    ``lr``) or per evaluation (``val_step``, ``val_loss``, ``val_accuracy``). ``meta`` is the
+    trainer's own JSON state (optimizer param groups, scheduler, data position, contract); the
+    built-in MLP has none.
+    """
 
     config: TrainConfig
     lineage: Lineage
-    params: dict[str, np.ndarray]
-    m: dict[str, np.ndarray]
-    v: dict[str, np.ndarray]
+    tensors: dict[str, np.ndarray]
     step: int
     cursor: int
     rng_state: dict[str, Any]
     history: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in HISTORY_KEYS})
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def group(self, prefix: str) -> dict[str, np.ndarray]:
+        """The tensors named ``prefix/NAME``, by NAME (the same arrays, not copies)."""
+        head = prefix + "/"
+        return {k[len(head) :]: a for k, a in self.tensors.items() if k.startswith(head)}
+
+    @property
+    def params(self) -> dict[str, np.ndarray]:
+        """The built-in MLP's theta (views of ``tensors``)."""
+        return self.group("theta")
+
+    @property
+    def m(self) -> dict[str, np.ndarray]:
+        return self.group("adam.m")
+
+    @property
+    def v(self) -> dict[str, np.ndarray]:
+        return self.group("adam.v")
 
     def copy(self) -> TrainState:
-        """A deep copy: nothing in the copy aliases this state's arrays or lists."""
+        """A deep copy: nothing in the copy aliases this state's arrays, lists or meta."""
         return TrainState(
             config=self.config,
             lineage=self.lineage,
-            params={k: a.copy() for k, a in self.params.items()},
-            m={k: a.copy() for k, a in self.m.items()},
-            v={k: a.copy() for k, a in self.v.items()},
+            tensors={k: np.array(a, copy=True) for k, a in self.tensors.items()},
             step=self.step,
             cursor=self.cursor,
-            rng_state=_copy_rng_state(self.rng_state),
+            rng_state=copy.deepcopy(self.rng_state),
             history={k: list(v) for k, v in self.history.items()},
+            meta=copy.deepcopy(self.meta),
         )
-
-
-def _copy_rng_state(state: dict[str, Any]) -> dict[str, Any]:
-    out = dict(state)
-    if isinstance(state.get("state"), dict):
-        out["state"] = dict(state["state"])
-    return out
 
 
 def rng_state_problem(state: Any) -> tuple[str, str, Any] | None:

@@ -1,9 +1,11 @@
-"""A pure, seeded, float64 trainer: S_{t+1} = F(S_t, D_t).
+"""The built-in trainer's arithmetic: a pure, seeded, float64 MLP. S_{t+1} = F(S_t, D_t).
 
 An MLP (or softmax regression) trained with Adam on a deterministic dataset. Each update
-draws ``batch_size`` example indices from the training RNG (PCG64); the data cursor counts
-those draws. No hidden globals, no wall clock, no unseeded randomness: the same state and
-data give the same next state, bit for bit.
+draws ``batch_size`` example indices from the training RNG (PCG64), or — with
+``data.sampling = "epoch"`` — takes the next batch of the epoch's seeded permutation
+(``cairn.sampler``); the data cursor counts the examples drawn. No hidden globals, no wall
+clock, no unseeded randomness: the same state and data give the same next state, bit for bit.
+``cairn.trainers.mlp.MLPTrainer`` wires these functions into the trainer interface.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 from cairn.config import TrainConfig
 from cairn.data import Dataset
 from cairn.errors import ConfigError
+from cairn.sampler import EpochSampler
 from cairn.state import HISTORY_KEYS, Lineage, TrainState, param_shapes
 
 __all__ = ["init_state", "advance", "train", "learning_rate", "weights_only", "loss_and_grads"]
@@ -54,12 +57,15 @@ def init_state(config: TrainConfig, dataset: Dataset) -> TrainState:
         tokenizer_version=config.tokenizer_version,
         stage_contract=config.stage,
     )
+    tensors: dict[str, np.ndarray] = {}
+    for name, theta in params.items():
+        tensors[f"theta/{name}"] = theta
+        tensors[f"adam.m/{name}"] = np.zeros_like(theta)
+        tensors[f"adam.v/{name}"] = np.zeros_like(theta)
     return TrainState(
         config=config,
         lineage=lineage,
-        params=params,
-        m={k: np.zeros_like(a) for k, a in params.items()},
-        v={k: np.zeros_like(a) for k, a in params.items()},
+        tensors=tensors,
         step=0,
         cursor=0,
         rng_state=fresh_rng_state(config),
@@ -74,7 +80,8 @@ def weights_only(state: TrainState, dataset: Dataset) -> TrainState:
     not training: the next update already differs from the uninterrupted run.
     """
     fresh = init_state(state.config, dataset)
-    fresh.params = {k: a.copy() for k, a in state.params.items()}
+    for name, theta in state.params.items():
+        fresh.tensors[f"theta/{name}"] = theta.copy()
     return fresh
 
 
@@ -124,19 +131,27 @@ def loss_and_grads(
     }
 
 
-def _update_in_place(state: TrainState, dataset: Dataset, rng: np.random.Generator) -> None:
+def _update_in_place(
+    state: TrainState, dataset: Dataset, rng: np.random.Generator, sampler: EpochSampler | None
+) -> None:
     config = state.config
     opt = config.optimizer
-    idx = rng.integers(0, dataset.n_examples, size=config.batch_size)
-    loss, grads = loss_and_grads(state.params, dataset.x[idx], dataset.y[idx])
+    # With replacement from the training RNG (v1), or the next batch of the epoch's permutation.
+    idx = (
+        sampler.batch(state.step)
+        if sampler is not None
+        else rng.integers(0, dataset.n_examples, size=config.batch_size)
+    )
+    params, moments1, moments2 = state.params, state.m, state.v
+    loss, grads = loss_and_grads(params, dataset.x[idx], dataset.y[idx])
     t = state.step + 1
     lr = learning_rate(config, t)
     bc1 = 1.0 - opt.beta1**t
     bc2 = 1.0 - opt.beta2**t
-    for name, theta in state.params.items():
+    for name, theta in params.items():
         g = grads[name]
-        m = state.m[name]
-        v = state.v[name]
+        m = moments1[name]
+        v = moments2[name]
         m *= opt.beta1
         m += (1.0 - opt.beta1) * g
         v *= opt.beta2
@@ -156,11 +171,16 @@ def train(
     dataset: Dataset,
     steps: int,
     on_step: StepCallback | None = None,
+    *,
+    sampler: EpochSampler | None = None,
+    after_update: Callable[[TrainState], None] | None = None,
 ) -> TrainState:
     """Apply ``steps`` updates and return the new state; ``state`` itself is not modified.
 
     ``on_step`` sees the working state after each update (e.g. to checkpoint every K
-    steps); it must copy what it keeps, and may return True to stop early.
+    steps); it must copy what it keeps, and may return True to stop early. ``sampler`` draws
+    batches epoch by epoch instead of from the RNG; ``after_update`` completes the state of an
+    update before ``on_step`` sees it (the trainer's evaluation at epoch ends).
     """
     if steps < 0:
         raise ConfigError("steps", expected=">= 0", found=steps)
@@ -171,8 +191,10 @@ def train(
         # Overflow in a diverging run is reported once, as TrainingDivergedError, by the
         # session's finiteness checks (before any commit), not as a stream of RuntimeWarnings.
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            _update_in_place(work, dataset, rng)
+            _update_in_place(work, dataset, rng, sampler)
         work.rng_state = dict(rng.bit_generator.state)
+        if after_update is not None:
+            after_update(work)
         if on_step is not None and on_step(work):
             break
     return work

@@ -34,14 +34,16 @@ from cairn.checkpoint import (
 )
 from cairn.checkpoint.compare import compare_states
 from cairn.checkpoint.layout import RUN_ID_PATTERN
+from cairn.checkpoint.manager import load_training_with_trainer
 from cairn.checkpoint.retention import RetentionPolicy, collect_garbage, pin, pinned_steps, unpin
-from cairn.checkpoint.validate import check_training_manifest, check_training_values
-from cairn.config import load_config
-from cairn.data import load_dataset
+from cairn.checkpoint.validate import check_training_manifest, manifest_config
+from cairn.config import BUILTIN_TRAINER, TrainConfig, load_config, parse_config
 from cairn.errors import CairnError, CommandInterrupted, ConfigError, StoreNotFoundError
+from cairn.lifecycle import exposure_count, record_test_exposure
 from cairn.session import MAX_STEPS, TrainingSession, default_run_id
 from cairn.stores import open_store
 from cairn.stores.base import Store
+from cairn.trainers.base import Trainer, check_finite, load_trainer, trainer_for_checkpoint
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -126,6 +128,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     _run_id_arg(args.run_id, "--run-id")
     store = _store_arg(args.store, must_exist=False)
     config = load_config(args.config) if args.config else None
+    if args.trainer is not None:
+        config = _with_trainer(config, args.trainer)
     if args.resume:
         ref = _ref(args.resume)
         default_id = f"{ref.run_id}-weights-only" if args.weights_only else ref.run_id
@@ -194,6 +198,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 130 if interrupted else 0
 
 
+def _with_trainer(config: TrainConfig | None, factory: str) -> TrainConfig:
+    """The config with ``trainer.factory`` set from ``--trainer`` (its options kept)."""
+    body = config.to_json() if config is not None else {}
+    options = (body.get("trainer") or {}).get("options", {})
+    return parse_config({**body, "trainer": {"factory": factory, "options": options}}, "--trainer")
+
+
 def _resume_command(args: argparse.Namespace, ref: str, run_id: str, steps: int | None = None) -> str:
     return f"cairn train --resume {ref} --steps {steps if steps is not None else 'N'} --store {args.store}" + (
         f" --run-id {run_id}" if run_id != CheckpointRef.parse(ref).run_id else ""
@@ -203,13 +214,16 @@ def _resume_command(args: argparse.Namespace, ref: str, run_id: str, steps: int 
 # -- ckpt -------------------------------------------------------------------------------------
 def cmd_ckpt_show(args: argparse.Namespace) -> int:
     ref = _ref(args.checkpoint)
-    manifest = read_manifest(open_store(ref.store_url), ref, expect_kind=None)
+    store = open_store(ref.store_url)
+    manifest = read_manifest(store, ref, expect_kind=None)
     body = manifest.model_dump(mode="json")
     body["checkpoint"] = str(ref)
-    if args.json:
-        print(json.dumps(body, sort_keys=True))
-        return 0
     lineage = manifest.lineage
+    exposures = exposure_count(store, ref.run_id, lineage) if ref.kind == CheckpointKind.TRAINING else 0
+    body["final_test_exposures"] = exposures
+    if args.json:
+        print(to_json(body))
+        return 0
     print(f"checkpoint   {ref}")
     print(f"kind         {manifest.kind.value}   format v{manifest.format_version}")
     print(f"run          {manifest.run_id}   step {manifest.step}   cursor {manifest.cursor}")
@@ -220,7 +234,19 @@ def cmd_ckpt_show(args: argparse.Namespace) -> int:
         print(f"dataset      {lineage.dataset_version} {lineage.dataset_hash}")
         print(f"model        {lineage.model_version}   tokenizer {lineage.tokenizer_version}")
         print(f"parent       {lineage.parent or '-'}")
-        print(f"stage        {lineage.stage_contract}   final-test exposures {lineage.final_test_exposures}")
+        print(f"trainer      {lineage.trainer or BUILTIN_TRAINER}   contract {lineage.reproducibility or 'bit-exact'}")
+        if lineage.model_hash:
+            print(f"architecture {lineage.model_hash}")
+        print(f"stage        {lineage.stage_contract}   final-test exposures {exposures}")
+        if lineage.reference is not None:
+            r = lineage.reference
+            print(f"reference    {r.checkpoint} ({r.fingerprint[:19]}...)   may change: {', '.join(r.may_change)}")
+        if exposures >= 2:
+            print(
+                f"warning: the final test split has been evaluated {exposures} times in this lineage; "
+                "its score is no longer an unbiased estimate",
+                file=sys.stderr,
+            )
     for t in manifest.tensors:
         print(f"  {t.name:<24} {t.dtype} {t.shape!s:<14} {t.length:>12} B  {t.checksum[:19]}")
     return 0
@@ -232,13 +258,15 @@ def cmd_ckpt_verify(args: argparse.Namespace) -> int:
     store = open_store(ref.store_url)
     manifest = read_manifest(store, ref, expect_kind=ref.kind)
     if ref.kind == CheckpointKind.TRAINING:
-        config = check_training_manifest(manifest)
-        dataset_hash = None
-        if config.data.source == "synthetic" or (config.data.path and os.path.isfile(config.data.path)):
-            dataset_hash = load_dataset(config.data).content_hash  # rebuildable: check the data too
-            check_training_manifest(manifest, run_config=config, dataset_hash=dataset_hash)
-        verify_tensors(store, ref, manifest, value_check=check_training_values)
-        data_note = "dataset hash checked" if dataset_hash else "dataset not available here: hash not checked"
+        config = manifest_config(manifest)
+        trainer = _trainer_here(config, load_config(args.config) if args.config else None)
+        if trainer is not None:
+            check_training_manifest(manifest, trainer=trainer)
+            verify_tensors(store, ref, manifest, value_check=trainer.check_values)
+            data_note = "model and dataset hash checked"
+        else:
+            verify_tensors(store, ref, manifest, value_check=check_finite)
+            data_note = "trainer or dataset not available here: model and dataset hash not checked"
         detail = f"training state at step {manifest.step}, cursor {manifest.cursor}, {data_note}"
     else:
         verify_tensors(store, ref, manifest)
@@ -251,20 +279,42 @@ def cmd_ckpt_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _trainer_here(found: TrainConfig, given: TrainConfig | None) -> Trainer | None:
+    """The trainer that can check a checkpoint on this machine, or None when its package or its
+    data file is not here (a checkpoint naming an untrusted trainer is refused, not skipped)."""
+    try:
+        return trainer_for_checkpoint(found, given)
+    except ConfigError as exc:
+        if "is not installed" in str(exc) or "data.path" in str(exc) or "dataset file" in str(exc):
+            return None
+        raise
+
+
 def cmd_ckpt_compare(args: argparse.Namespace) -> int:
     ref_a, ref_b = _ref(args.a), _ref(args.b)
-    state_a, man_a = load_training(open_store(ref_a.store_url), ref_a)
-    state_b, man_b = load_training(open_store(ref_b.store_url), ref_b)
-    diffs = compare_states(state_a, state_b)
+    for flag, value in (("--rtol", args.rtol), ("--atol", args.atol)):
+        if not (math.isfinite(value) and 0 <= value <= 1):
+            raise ConfigError(flag, expected="a number in [0, 1]", found=value)
+    given = load_config(args.config) if args.config else None
+    state_a, man_a = load_training(open_store(ref_a.store_url), ref_a, run_config=given)
+    state_b, man_b = load_training(open_store(ref_b.store_url), ref_b, run_config=given)
+    diffs = compare_states(state_a, state_b, rtol=args.rtol, atol=args.atol)
+    tolerant = bool(args.rtol or args.atol)
     payload = {
         "a": str(ref_a),
         "b": str(ref_b),
         "identical": not diffs,
+        "contract": f"tolerance rtol={args.rtol:g} atol={args.atol:g}" if tolerant else "bit-exact",
         "fingerprints": [man_a.fingerprint, man_b.fingerprint],
         "differences": [d.to_json() for d in diffs],
     }
     if not diffs:
-        emit(args, payload, "identical: theta, m, v, t, rng, cursor, history, config and lineage match bit for bit")
+        how = f"within rtol={args.rtol:g}, atol={args.atol:g}" if tolerant else "bit for bit"
+        emit(
+            args,
+            payload,
+            f"identical: every tensor, t, rng, cursor, trainer state, history, config and lineage match {how}",
+        )
         return 0
     lines = [f"DIFFERENT: {len(diffs)} field(s) differ"]
     for d in diffs:
@@ -331,6 +381,37 @@ def cmd_ckpt_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Evaluate a checkpoint on a held-out split; a test-split evaluation is an exposure, logged."""
+    ref = _ref(args.checkpoint)
+    if ref.kind != CheckpointKind.TRAINING:
+        raise ConfigError("checkpoint.kind", expected="training", found=ref.kind.value)
+    store = open_store(ref.store_url)
+    given = load_config(args.config) if args.config else None
+    trainer = load_trainer(given) if given is not None else None
+    state, manifest, trainer = load_training_with_trainer(store, ref, trainer=trainer)
+    metrics = trainer.evaluate(state, args.split)
+    if metrics is None:
+        raise ConfigError(
+            "--split", expected=f"a split this run holds out (set data.{args.split}_fraction)", found=args.split
+        )
+    payload: dict[str, Any] = {"checkpoint": str(ref), "split": args.split, "step": state.step, **metrics}
+    text = f"{args.split} at step {state.step}: loss {metrics['loss']:.6f}, accuracy {metrics['accuracy']:.4f}"
+    if args.split == "test":
+        count = record_test_exposure(store, ref, manifest.fingerprint, metrics, state.lineage)
+        payload["final_test_exposures"] = count
+        text += f"\nfinal-test exposures of this lineage: {count} (logged in {store.url}/{ref.run_id}/lifecycle/)"
+        if count >= 2:
+            payload["warning"] = "the final test split has been evaluated more than once"
+            print(
+                f"warning: the final test split has now been evaluated {count} times in this lineage; "
+                "its score is no longer an unbiased estimate",
+                file=sys.stderr,
+            )
+    emit(args, payload, text)
+    return 0
+
+
 def report_dir(out: str | None, run_id: str) -> Path:
     """Where a report goes: an existing or creatable directory, checked before any work."""
     path = Path(out or f"cairn-report-{run_id}")
@@ -382,7 +463,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="CKPT", help="checkpoint reference to resume from")
     p.add_argument("--weights-only", action="store_true", help="resume theta only (does NOT reproduce training)")
     p.add_argument("--run-id", help="run id (default: derived from the config, or the resumed run's)")
+    p.add_argument(
+        "--trainer",
+        metavar="MODULE:CLASS",
+        help="trainer by import path (default: the config's, else the built-in MLP)",
+    )
     p.set_defaults(handler=cmd_train)
+
+    p = sub.add_parser("eval", help="evaluate a checkpoint on its validation or final test split")
+    _common(p)
+    p.add_argument("checkpoint")
+    p.add_argument("--split", choices=["val", "test"], default="val")
+    p.add_argument("--config", help="the run's config (trusts the trainer it names)")
+    p.set_defaults(handler=cmd_eval)
 
     ckpt = sub.add_parser("ckpt", help="inspect, verify, compare, list and collect checkpoints")
     ckpt_sub = ckpt.add_subparsers(dest="ckpt_command", required=True)
@@ -393,11 +486,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = ckpt_sub.add_parser("verify", help="exit 0 only when intact and valid")
     _common(p)
     p.add_argument("checkpoint")
+    p.add_argument("--config", help="the run's config (trusts the trainer it names)")
     p.set_defaults(handler=cmd_ckpt_verify)
     p = ckpt_sub.add_parser("compare", help="compare two training states bit for bit")
     _common(p)
     p.add_argument("a")
     p.add_argument("b")
+    p.add_argument("--rtol", type=float, default=0.0, help="relative tolerance (default 0: bit for bit)")
+    p.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default 0: bit for bit)")
+    p.add_argument("--config", help="the runs' config (trusts the trainer it names)")
     p.set_defaults(handler=cmd_ckpt_compare)
     p = ckpt_sub.add_parser("list", help="list committed checkpoints")
     _common(p)

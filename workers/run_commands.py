@@ -450,8 +450,7 @@ async def _list(args: argparse.Namespace, client: Client) -> int:
         unique.setdefault(row["workflow_id"], row)
     lines = [f"{'WORKFLOW ID':<32} {'STATUS':<11} {'STARTED':<26} STEP"]
     lines += [
-        f"{r['workflow_id']:<32} {r['status']:<11} {r['started']:<26} {_progress_text(r)}"
-        for r in unique.values()
+        f"{r['workflow_id']:<32} {r['status']:<11} {r['started']:<26} {_progress_text(r)}" for r in unique.values()
     ]
     _print(args, {"runs": list(unique.values())}, "\n".join(lines) if unique else "(no runs)")
     return 0

@@ -67,7 +67,7 @@ class CheckpointContent:
             "step": self.step,
             "cursor": self.cursor,
             "config": self.config,
-            "lineage": None if self.lineage is None else self.lineage.model_dump(mode="json", exclude={"parent"}),
+            "lineage": None if self.lineage is None else self.lineage.fingerprint_json(),
             "rng": self.rng,
             "meta": self.meta,
             "tensors": sorted([n, d, list(s), c] for n, d, s, c in tensors),

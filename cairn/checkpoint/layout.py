@@ -7,6 +7,7 @@
       .cairn/registry/RUN/ENTRY.json        published models                (cairn.effects.registry)
       RUN/owners/SEQ.json                   claims: the latest names the run's trainer (cairn.runs)
       RUN/pins/NAME.json                    named pins                      (cairn.checkpoint.retention)
+      RUN/lifecycle/SEQ.json                the run's lifecycle log: final-test exposures (cairn.lifecycle)
       RUN/KIND/STEP/manifest.json           a committed checkpoint: the commit marker
       RUN/KIND/STEP/NONCE/rankRRR-NNNN.bin  its shards, named per save attempt and rank
 
@@ -38,6 +39,8 @@ __all__ = [
     "owner_key",
     "owners_prefix",
     "registry_prefix",
+    "lifecycle_prefix",
+    "lifecycle_key",
     "registry_entry_key",
 ]
 
@@ -110,6 +113,15 @@ def owners_prefix(run_id: str) -> str:
 def owner_key(run_id: str, seq: int) -> str:
     """The ``seq``-th claim of a run (12 digits, so keys sort by number)."""
     return f"{owners_prefix(run_id)}{seq:0{STEP_DIGITS}d}.json"
+
+
+def lifecycle_prefix(run_id: str) -> str:
+    return f"{run_id}/lifecycle/"
+
+
+def lifecycle_key(run_id: str, seq: int) -> str:
+    """The ``seq``-th lifecycle event of a run (numbered, create-if-absent; checkpoints stay immutable)."""
+    return f"{lifecycle_prefix(run_id)}{seq:0{STEP_DIGITS}d}.json"
 
 
 def registry_prefix(run_id: str) -> str:

@@ -6,6 +6,8 @@ committed checkpoints (a manifest exists); a half-written prefix is invisible he
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from cairn.checkpoint.commit import CommitResult, write_checkpoint
@@ -15,16 +17,18 @@ from cairn.checkpoint.manifest import CheckpointKind, Manifest
 from cairn.checkpoint.options import CheckpointOptions
 from cairn.checkpoint.reader import read_manifest, read_tensors
 from cairn.checkpoint.ref import CheckpointRef
-from cairn.checkpoint.validate import check_training_manifest, check_training_values
+from cairn.checkpoint.validate import check_training_manifest
 from cairn.config import TrainConfig
-from cairn.state import HISTORY_KEYS, TrainState
+from cairn.state import TrainState
 from cairn.stores.base import Store
+from cairn.trainers.base import Trainer, check_eval_history
 
 __all__ = [
     "training_tensors",
     "training_content",
     "save_training",
     "load_training",
+    "load_training_with_trainer",
     "list_checkpoints",
     "latest_committed",
 ]
@@ -32,13 +36,9 @@ __all__ = [
 
 def training_tensors(state: TrainState) -> dict[str, np.ndarray]:
     """The arrays of a training state, by checkpoint tensor name (views, not copies)."""
-    tensors: dict[str, np.ndarray] = {}
-    for name in state.params:
-        tensors[f"theta/{name}"] = state.params[name]
-        tensors[f"adam.m/{name}"] = state.m[name]
-        tensors[f"adam.v/{name}"] = state.v[name]
-    for key in HISTORY_KEYS:
-        tensors[f"history/{key}"] = np.asarray(state.history[key], dtype=np.float64)
+    tensors = dict(state.tensors)
+    for key, values in state.history.items():
+        tensors[f"history/{key}"] = np.asarray(values, dtype=np.float64)
     return tensors
 
 
@@ -49,9 +49,10 @@ def training_content(run_id: str, state: TrainState) -> CheckpointContent:
         run_id=run_id,
         step=state.step,
         cursor=state.cursor,
-        config=state.config.model_dump(mode="json"),
+        config=state.config.to_json(),
         lineage=state.lineage,
         rng=state.rng_state,
+        meta=state.meta,
     )
 
 
@@ -66,36 +67,48 @@ def load_training(
     store: Store,
     ref: CheckpointRef,
     *,
+    trainer: Trainer | None = None,
     run_config: TrainConfig | None = None,
-    dataset_hash: str | None = None,
     options: CheckpointOptions | None = None,
 ) -> tuple[TrainState, Manifest]:
     """Validate a training checkpoint completely and build a new TrainState from it.
 
-    Nothing is returned (and so nothing can replace a run's state) unless every rule passed.
+    ``trainer`` is the run's trainer: the checkpoint is checked against its model (tensor
+    specs, invariants, data). Without it the checkpoint's own trainer is used, if trusted
+    (``cairn.trainers.trainer_for_checkpoint``). Nothing is returned (and so nothing can
+    replace a run's state) unless every rule passed.
     """
+    state, manifest, _ = load_training_with_trainer(store, ref, trainer=trainer, run_config=run_config, options=options)
+    return state, manifest
+
+
+def load_training_with_trainer(
+    store: Store,
+    ref: CheckpointRef,
+    *,
+    trainer: Trainer | None = None,
+    run_config: TrainConfig | None = None,
+    options: CheckpointOptions | None = None,
+) -> tuple[TrainState, Manifest, Trainer]:
+    """``load_training``, also returning the trainer that validated the checkpoint."""
     options = options or CheckpointOptions.from_env()
     manifest = read_manifest(store, ref, expect_kind=CheckpointKind.TRAINING, options=options)
-    config = check_training_manifest(manifest, run_config=run_config, dataset_hash=dataset_hash)
-    arrays = read_tensors(store, ref, manifest, max_workers=options.max_workers, value_check=check_training_values)
-    assert manifest.lineage is not None and manifest.rng is not None  # checked above
-    group: dict[str, dict[str, np.ndarray]] = {"theta": {}, "adam.m": {}, "adam.v": {}}
-    for name, arr in arrays.items():
-        head, _, tail = name.partition("/")
-        if head in group:
-            group[head][tail] = arr
+    config, trainer = check_training_manifest(manifest, run_config=run_config, trainer=trainer)
+    arrays = read_tensors(store, ref, manifest, max_workers=options.max_workers, value_check=trainer.check_values)
+    assert manifest.lineage is not None  # checked above
+    history = {name[len("history/") :]: arr.tolist() for name, arr in arrays.items() if name.startswith("history/")}
+    check_eval_history(manifest.step, history)
     state = TrainState(
         config=config,
         lineage=manifest.lineage.model_copy(update={"parent": manifest.fingerprint}),
-        params=group["theta"],
-        m=group["adam.m"],
-        v=group["adam.v"],
+        tensors={name: arr for name, arr in arrays.items() if not name.startswith("history/")},
         step=manifest.step,
         cursor=manifest.cursor,
-        rng_state=dict(manifest.rng),
-        history={k: arrays[f"history/{k}"].tolist() for k in HISTORY_KEYS},
+        rng_state=copy.deepcopy(manifest.rng) if manifest.rng is not None else {},
+        history=history,
+        meta=copy.deepcopy(manifest.meta),
     )
-    return state, manifest
+    return state, manifest, trainer
 
 
 def list_checkpoints(

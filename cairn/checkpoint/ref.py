@@ -45,9 +45,7 @@ class CheckpointRef:
             raise ReferenceSyntaxError(field="checkpoint", expected=expected, found=raw)
         store_url, run_id, kind, step = parts
         if not RUN_ID_PATTERN.match(run_id):
-            raise ReferenceSyntaxError(
-                "not a valid run id", field="checkpoint.run_id", expected=expected, found=run_id
-            )
+            raise ReferenceSyntaxError("not a valid run id", field="checkpoint.run_id", expected=expected, found=run_id)
         try:
             kind_enum = CheckpointKind(kind)
         except ValueError:

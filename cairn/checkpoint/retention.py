@@ -34,7 +34,6 @@ from cairn.stores.base import ObjectInfo, Store
 __all__ = ["RetentionPolicy", "GcPlan", "plan_gc", "collect_garbage", "pin", "unpin", "pinned_steps"]
 
 
-
 @dataclass(frozen=True)
 class RetentionPolicy:
     keep_last: int = 3

@@ -1,16 +1,20 @@
 """Training-state rules: what a training checkpoint must satisfy before it replaces a run's state.
 
 Format-level rules (size bounds, format version, kind, schema, layout, checksums, signature,
-fingerprint) live in ``cairn.checkpoint.format``; this module adds what makes the bytes a
-*training state* for *this run*:
+fingerprint) live in ``cairn.checkpoint.reader``; this module adds what makes the bytes a
+*training state* for *this run and this model*:
 
 - config: parses as a TrainConfig and matches the run on every identity field
-  (``IDENTITY_FIELDS``: model shapes and version, dataset, seed, batch size, tokenizer);
-- lineage: agrees with the checkpoint's own config (model version, tokenizer version, dataset
-  version), and its dataset content hash equals the run's dataset;
-- tensor set: exactly theta, Adam m and v (shaped like theta), loss/lr history, all float64;
-- values: all finite, v >= 0;
-- invariants: cursor == step * batch_size, len(history) == step, RNG state well formed.
+  (``IDENTITY_FIELDS``: trainer and its options, model, dataset, seed, batch size, tokenizer,
+  ``init_from``); a checkpoint naming another trainer is refused before anything is imported;
+- lineage: agrees with what the trainer says of itself (model, tokenizer and dataset versions,
+  model architecture hash, reproducibility contract), and its dataset content hash equals the
+  run's data;
+- tensor set: exactly the trainer's ``tensor_specs`` (names, dtypes, shapes — asked of the
+  model, not a hard-coded list) plus the history: ``loss``/``lr`` with one value per step and,
+  for trainers with a validation split, ``val_step``/``val_loss``/``val_accuracy`` of equal length;
+- values: finite everywhere, and the trainer's own value rules (the MLP's Adam v >= 0);
+- invariants: the trainer's ``check_state`` (cursor vs step, RNG form, data position, ...).
 """
 
 from __future__ import annotations
@@ -26,31 +30,30 @@ from cairn.errors import (
     IncompatibleConfigError,
     InvariantError,
     ManifestError,
-    NonFiniteError,
     TensorSpecError,
 )
-from cairn.state import HISTORY_KEYS, param_shapes, rng_state_problem
+from cairn.trainers.base import EVAL_HISTORY, STEP_HISTORY, TensorSpec, Trainer, trainer_for_checkpoint
 
 __all__ = [
     "IDENTITY_FIELDS",
     "expected_tensors",
     "check_training_manifest",
-    "check_training_values",
     "check_config_compatible",
+    "manifest_config",
 ]
 
-IDENTITY_FIELDS = ("seed", "batch_size", "model", "data", "tokenizer_version")
+IDENTITY_FIELDS = ("trainer", "seed", "batch_size", "model", "data", "tokenizer_version", "init_from")
 F8 = np.dtype("<f8").str
 
 
-def expected_tensors(config: TrainConfig, step: int) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """Tensor name -> (dtype, shape) that a training checkpoint at ``step`` must hold."""
-    out: dict[str, tuple[str, tuple[int, ...]]] = {}
-    for name, shape in param_shapes(config, config.data.n_features).items():
-        for group in ("theta", "adam.m", "adam.v"):
-            out[f"{group}/{name}"] = (F8, shape)
-    for key in HISTORY_KEYS:
-        out[f"history/{key}"] = (F8, (step,))
+def expected_tensors(trainer: Trainer, manifest: Manifest) -> dict[str, TensorSpec]:
+    """Tensor name -> spec that a training checkpoint of ``trainer`` at the manifest's step must hold."""
+    out = dict(trainer.tensor_specs(manifest.step, manifest.meta))
+    out.update({f"history/{k}": TensorSpec(F8, (manifest.step,)) for k in STEP_HISTORY})
+    if trainer.eval_history:
+        found = {t.name: t.shape for t in manifest.tensors}
+        n = found.get("history/val_step", [0])[0] if found.get("history/val_step") else 0
+        out.update({f"history/{k}": TensorSpec(F8, (n,)) for k in EVAL_HISTORY})
     return out
 
 
@@ -79,87 +82,75 @@ def check_config_compatible(run: TrainConfig, found: TrainConfig) -> None:
             )
 
 
+def manifest_config(manifest: Manifest) -> TrainConfig:
+    """The checkpoint's own config, parsed (no trainer is imported)."""
+    if manifest.config is None:
+        raise ManifestError(field="config", expected="the full trainer config", found=None)
+    try:
+        return TrainConfig.model_validate(manifest.config)
+    except ValidationError as exc:
+        raise ManifestError(str(config_error_from(exc, "manifest config", TrainConfig))) from exc
+
+
 def check_training_manifest(
     manifest: Manifest,
     *,
     run_config: TrainConfig | None = None,
-    dataset_hash: str | None = None,
-) -> TrainConfig:
-    """Metadata rules, checked before any tensor bytes are read. Returns the checkpoint's config."""
-    if manifest.config is None:
-        raise ManifestError(field="config", expected="the full trainer config", found=None)
-    try:
-        config = TrainConfig.model_validate(manifest.config)
-    except ValidationError as exc:
-        raise ManifestError(str(config_error_from(exc, "manifest config", TrainConfig))) from exc
+    trainer: Trainer | None = None,
+) -> tuple[TrainConfig, Trainer]:
+    """Metadata rules, checked before any tensor bytes are read.
+
+    ``trainer`` is the run's trainer (built from ``run_config``); without it, the trainer the
+    checkpoint names is loaded under ``trainer_for_checkpoint``'s trust rule. Returns the
+    checkpoint's config and the trainer that validates (and will train) it.
+    """
+    config = manifest_config(manifest)
+    if trainer is not None and run_config is None:
+        run_config = trainer.config
     if run_config is not None:
         check_config_compatible(run_config, config)
+    if trainer is None:
+        trainer = trainer_for_checkpoint(config, run_config)
     lineage = manifest.lineage
     if lineage is None:
         raise ManifestError(field="lineage", expected="dataset and model versions", found=None)
-    if dataset_hash is not None and lineage.dataset_hash != dataset_hash:
+    if lineage.dataset_hash != trainer.data_hash:
         raise IncompatibleConfigError(
             "checkpoint was trained on different data",
             field="lineage.dataset_hash",
-            expected=dataset_hash,
+            expected=trainer.data_hash,
             found=lineage.dataset_hash,
         )
-    for field, in_config, in_lineage in (
-        ("model_version", config.model.version, lineage.model_version),
-        ("tokenizer_version", config.tokenizer_version, lineage.tokenizer_version),
-        ("dataset_version", config.data.version, lineage.dataset_version),
-    ):
-        if in_config != in_lineage:
+    own = trainer.lineage()
+    for field in ("model_version", "tokenizer_version", "dataset_version", "trainer", "model_hash", "reproducibility"):
+        want, got = getattr(own, field), getattr(lineage, field)
+        if want != got:
             raise InvariantError(
-                "lineage disagrees with the checkpoint's config",
+                "lineage disagrees with the checkpoint's config and model",
                 field=f"lineage.{field}",
-                expected=in_config,
-                found=in_lineage,
+                expected=want,
+                found=got,
             )
-    problem = rng_state_problem(manifest.rng)
-    if problem:
-        raise InvariantError("RNG state is malformed", field=problem[0], expected=problem[1], found=problem[2])
-    if manifest.cursor != manifest.step * config.batch_size:
-        raise InvariantError(
-            "data cursor must equal step x batch_size",
-            field="cursor",
-            expected=manifest.step * config.batch_size,
-            found=manifest.cursor,
-        )
-    want = expected_tensors(config, manifest.step)
+    trainer.check_state(manifest.step, manifest.cursor, manifest.rng, manifest.meta)
+    want_specs = expected_tensors(trainer, manifest)
     have = {t.name: (t.dtype, tuple(t.shape)) for t in manifest.tensors}
-    missing = sorted(set(want) - set(have))
+    missing = sorted(set(want_specs) - set(have))
     if missing:
-        raise TensorSpecError("missing tensors", field="tensors", expected=missing, found=sorted(have))
-    extra = sorted(set(have) - set(want))
+        raise TensorSpecError("missing tensors", field="tensors", expected=missing, found=sorted(have)[:20])
+    extra = sorted(set(have) - set(want_specs))
     if extra:
-        raise TensorSpecError("unexpected tensors", field="tensors", expected=sorted(want), found=extra)
-    for name, (dtype, shape) in want.items():
+        raise TensorSpecError("unexpected tensors", field="tensors", expected=sorted(want_specs)[:20], found=extra)
+    for name, spec in want_specs.items():
         got_dtype, got_shape = have[name]
-        if got_dtype != dtype:
-            raise TensorSpecError(field=f"tensors[{name}].dtype", expected=dtype, found=got_dtype)
-        if got_shape != shape and name.startswith("history/"):
+        if got_dtype != spec.dtype:
+            raise TensorSpecError(field=f"tensors[{name}].dtype", expected=spec.dtype, found=got_dtype)
+        if got_shape != spec.shape and name.startswith("history/"):
             raise InvariantError(
-                "len(history) must equal step",
+                "len(history) must equal step" if name[8:] in STEP_HISTORY else "evaluation histories must agree",
                 field=f"tensors[{name}].shape",
-                expected=list(shape),
+                expected=list(spec.shape),
                 found=list(got_shape),
             )
-        if got_shape != shape:
-            raise TensorSpecError(field=f"tensors[{name}].shape", expected=list(shape), found=list(got_shape))
-    return config
-
-
-def check_training_values(name: str, values: np.ndarray) -> None:
-    """Value rules for (a chunk of) one tensor: finite everywhere, Adam's v >= 0."""
-    # A sum over values with any NaN/inf is NaN/inf: one cheap pass proves the common case;
-    # the exact (allocating) test runs only when the sum is not finite (or overflowed).
-    if not np.isfinite(values.sum()) and not np.isfinite(values).all():
-        bad = int(values.size - np.count_nonzero(np.isfinite(values)))
-        raise NonFiniteError(
-            "tensor holds NaN or infinity", field=f"tensors[{name}]", expected="finite", found=f"{bad} non-finite"
-        )
-    if name.startswith("adam.v/") and values.size and values.min() < 0:
-        raise InvariantError(
-            "Adam second moment must be >= 0", field=f"tensors[{name}]", expected=">= 0", found=float(values.min())
-        )
+        if got_shape != spec.shape:
+            raise TensorSpecError(field=f"tensors[{name}].shape", expected=list(spec.shape), found=list(got_shape))
+    return config, trainer
