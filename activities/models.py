@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from cairn.checkpoint.layout import RUN_ID_PATTERN
 from cairn.config import TrainConfig
@@ -21,6 +21,7 @@ __all__ = [
     "WORKFLOW_TYPE",
     "CheckpointPolicy",
     "RetentionSpec",
+    "SegmentSpec",
     "EffectsSpec",
     "RunCarry",
     "TrainingRunInput",
@@ -111,6 +112,12 @@ class RunCarry(_Model):
     resume_from: str | None = None
     """A checkpoint the next segment must resume from (set by a rollback)."""
     rollbacks: int = 0
+    total_steps: int | None = None
+    """The run's length in updates (resolved from ``total_epochs`` when given in epochs)."""
+    steps_per_epoch: int | None = None
+    reproducibility: str | None = None
+    val_loss: float | None = None
+    val_accuracy: float | None = None
 
     @field_validator("attempts")
     @classmethod
@@ -123,13 +130,32 @@ class RunCarry(_Model):
         self.attempts = [*self.attempts, attempt][-ATTEMPTS_WINDOW:]
 
 
+class SegmentSpec(_Model):
+    """How much training one segment activity does: ``steps`` updates, or ``epochs`` whole
+    epochs (a segment then ends on an epoch boundary, so the workflow drives epochs)."""
+
+    steps: Annotated[int, Field(gt=0)] | None = None
+    epochs: Annotated[int, Field(gt=0, le=10**6)] | None = None
+
+    @model_validator(mode="after")
+    def _one_unit(self) -> SegmentSpec:
+        if (self.steps is None) == (self.epochs is None):
+            raise ValueError("give exactly one of steps or epochs")
+        return self
+
+
 class TrainingRunInput(_Model):
     run_id: Annotated[str, Field(pattern=RUN_ID_PATTERN.pattern)]
     config: TrainConfig
-    total_steps: Annotated[int, Field(ge=0, le=10**12)]
+    total_steps: Annotated[int, Field(ge=0, le=10**12)] | None = None
+    """Updates to train in all; or give ``total_epochs`` instead."""
+    total_epochs: Annotated[int, Field(ge=0, le=10**6)] | None = None
+    """Epochs to train in all (the trainer says how many updates an epoch is)."""
     store: str
     """Absolute path or ``s3://bucket/prefix`` (``cairn run start`` resolves relative paths)."""
     steps_per_segment: Annotated[int, Field(gt=0)] = 50
+    segment: SegmentSpec | None = None
+    """Segment size in steps or epochs (``{"epochs": 1}``); overrides ``steps_per_segment``."""
     checkpoint: CheckpointPolicy = CheckpointPolicy()
     retention: RetentionSpec | None = RetentionSpec()
     segments_per_run: Annotated[int, Field(gt=0)] = 20
@@ -150,6 +176,12 @@ class TrainingRunInput(_Model):
             raise ValueError(problem)
         return value
 
+    @model_validator(mode="after")
+    def _one_total(self) -> TrainingRunInput:
+        if (self.total_steps is None) == (self.total_epochs is None):
+            raise ValueError("give exactly one of total_steps or total_epochs")
+        return self
+
 
 class OpenRunInput(_Model):
     run_id: str
@@ -157,6 +189,9 @@ class OpenRunInput(_Model):
     workflow_id: str
     store_id: str | None = None
     """Known after continue-as-new: the store must still be that one."""
+    config: TrainConfig | None = None
+    """The run's config: its trainer is loaded once here, so a worker without the trainer's
+    package fails the run at once (non-retryable) instead of looping on segments."""
 
 
 class OpenRunResult(_Model):
@@ -164,6 +199,9 @@ class OpenRunResult(_Model):
     checkpoint: str | None
     step: int
     fingerprint: str | None
+    steps_per_epoch: int | None = None
+    trainer: str | None = None
+    reproducibility: str | None = None
 
 
 class TrainSegmentInput(_Model):
@@ -188,6 +226,9 @@ class TrainSegmentResult(_Model):
     checkpoint: str
     fingerprint: str
     loss: float | None
+    val_loss: float | None = None
+    val_accuracy: float | None = None
+    """The latest evaluation on the validation split (at an epoch end), if the trainer has one."""
     attempt: int
     resumed_from_step: int
     recomputed_steps: int
@@ -266,6 +307,12 @@ class RunProgress(_Model):
     retried_segments: int = 0
     recomputed_steps: int
     continued_as_new: int
+    epoch: float | None = None
+    """Epochs done (fractional mid-epoch); None when the trainer did not say how long an epoch is."""
+    steps_per_epoch: int | None = None
+    val_loss: float | None = None
+    val_accuracy: float | None = None
+    reproducibility: str | None = None
 
 
 class RunSummary(_Model):
@@ -284,6 +331,9 @@ class RunSummary(_Model):
     loss: float | None
     effects: dict[str, str] = Field(default_factory=dict)
     """Effect name -> receipt id (issue 5: reservation, publish, release)."""
+    val_loss: float | None = None
+    val_accuracy: float | None = None
+    reproducibility: str | None = None
 
 
 RunCarry.model_rebuild()

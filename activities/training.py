@@ -49,6 +49,7 @@ from cairn.session import TrainingSession
 from cairn.state import TrainState
 from cairn.stores import open_store
 from cairn.stores.base import Store
+from cairn.trainers.base import load_trainer
 
 __all__ = [
     "train_segment",
@@ -280,6 +281,8 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
         assert last is not None
         state = session.state
         loss = state.history["loss"][-1] if state.history["loss"] else None
+        val_loss = state.history["val_loss"][-1] if state.history.get("val_loss") else None
+        val_accuracy = state.history["val_accuracy"][-1] if state.history.get("val_accuracy") else None
         log.info(
             "run %s: segment ended at step %d, loss %s, checkpoint %s%s",
             inp.run_id,
@@ -294,6 +297,8 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
             checkpoint=str(last.ref),
             fingerprint=last.manifest.fingerprint,
             loss=loss,
+            val_loss=val_loss,
+            val_accuracy=val_accuracy,
             attempt=info.attempt,
             resumed_from_step=resumed,
             recomputed_steps=recomputed,
@@ -347,12 +352,24 @@ async def open_run(inp: OpenRunInput) -> OpenRunResult:
             store_id = store_identity(store, create=True)
             assert store_id is not None
             claim_run(store, inp.run_id, inp.workflow_id, store_id, owner_running=owner_running)
+            trainer = load_trainer(inp.config) if inp.config is not None else None
+            about = (
+                {}
+                if trainer is None
+                else {
+                    "steps_per_epoch": trainer.steps_per_epoch,
+                    "trainer": trainer.path,
+                    "reproducibility": trainer.reproducibility,
+                }
+            )
             ref = latest_committed(store, inp.run_id)
             if ref is None:
-                return OpenRunResult(store_id=store_id, checkpoint=None, step=0, fingerprint=None)
+                return OpenRunResult(store_id=store_id, checkpoint=None, step=0, fingerprint=None, **about)
             manifest = read_manifest(store, ref, expect_kind=None)
             fingerprint = manifest.fingerprint
-            return OpenRunResult(store_id=store_id, checkpoint=str(ref), step=ref.step, fingerprint=fingerprint)
+            return OpenRunResult(
+                store_id=store_id, checkpoint=str(ref), step=ref.step, fingerprint=fingerprint, **about
+            )
 
     task = asyncio.ensure_future(asyncio.to_thread(work))  # to_thread carries the activity's context
     interval = heartbeat_interval()

@@ -108,6 +108,10 @@ def _summary_text(s: RunSummary) -> str:
     ]
     if s.loss is not None:
         lines.append(f"loss         {s.loss:.6f}")
+    if s.val_loss is not None:
+        lines.append(f"validation   loss {s.val_loss:.6f}, accuracy {s.val_accuracy or 0:.4f}")
+    if s.reproducibility:
+        lines.append(f"contract     {s.reproducibility}")
     for name, receipt in s.effects.items():
         lines.append(f"effect       {name}: {receipt}")
     return "\n".join(lines)
@@ -242,8 +246,13 @@ async def _status(args: argparse.Namespace, client: Client) -> int:
         payload.update(progress.model_dump())
         lines.append(
             f"{args.workflow_id}: {status} - {progress.phase}, step {progress.step}/{progress.total}"
+            + (f", epoch {progress.epoch:.2f}" if progress.epoch is not None else "")
             + (f", loss {progress.loss:.4f}" if progress.loss is not None else "")
         )
+        if progress.val_loss is not None:
+            lines.append(
+                f"  validation  loss {progress.val_loss:.4f}, accuracy {progress.val_accuracy or 0:.4f} (last epoch end)"
+            )
         lines.append(f"  checkpoint  {progress.checkpoint or '- (none committed yet)'}")
         lines.append(
             f"  segments    {_attempts_text(progress.attempts, progress.segments, progress.retried_segments)}; "
@@ -317,6 +326,7 @@ async def _watch(args: argparse.Namespace, client: Client) -> int:
             bar.set_postfix(
                 phase=progress.phase if progress else "no worker",
                 loss="-" if progress is None or progress.loss is None else f"{progress.loss:.4f}",
+                val_acc="-" if progress is None or progress.val_accuracy is None else f"{progress.val_accuracy:.3f}",
                 retried=progress.retried_segments if progress else "-",
                 refresh=False,
             )

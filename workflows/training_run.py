@@ -83,7 +83,7 @@ class TrainingRun:
             run_id=inp.run_id if inp else "",
             phase=self._phase,  # type: ignore[arg-type]
             step=self._carry.step,
-            total=inp.total_steps if inp else 0,
+            total=self._total(inp) if inp else 0,
             loss=self._carry.loss,
             checkpoint=self._carry.checkpoint,
             attempts=list(self._carry.attempts),
@@ -91,7 +91,19 @@ class TrainingRun:
             retried_segments=self._carry.retried_segments,
             recomputed_steps=self._carry.recomputed_steps,
             continued_as_new=self._carry.continued_as_new,
+            epoch=self._carry.step / spe if (spe := self._carry.steps_per_epoch) else None,
+            steps_per_epoch=self._carry.steps_per_epoch,
+            val_loss=self._carry.val_loss,
+            val_accuracy=self._carry.val_accuracy,
+            reproducibility=self._carry.reproducibility,
         )
+
+    def _total(self, inp: TrainingRunInput) -> int:
+        """The run's length in updates (``total_epochs`` resolves once the trainer said how
+        many updates an epoch is; until then, 0)."""
+        if inp.total_steps is not None:
+            return inp.total_steps
+        return self._carry.total_steps or 0
 
     @workflow.query
     def info(self) -> RunInfo:
@@ -163,7 +175,7 @@ class TrainingRun:
             self._phase = "failed"
             await self._release(inp, reason="failed")
             raise
-        if inp.effects is not None and self._carry.step >= inp.total_steps:
+        if inp.effects is not None and self._carry.step >= self._total(inp):
             receipt = await self._effect(publish_checkpoint, "publish", inp)
             self._carry.effects["publish"] = receipt.receipt
         await self._release(inp, reason="completed")
@@ -172,7 +184,7 @@ class TrainingRun:
 
     async def _train(self, inp: TrainingRunInput) -> None:
         segments_this_run = 0
-        while (self._carry.step < inp.total_steps or self._rollback_to is not None) and not self._carry.stop_requested:
+        while (self._carry.step < self._total(inp) or self._rollback_to is not None) and not self._carry.stop_requested:
             if self._carry.paused:
                 self._phase = "paused"
                 await workflow.wait_condition(lambda: not self._carry.paused or self._carry.stop_requested)
@@ -279,20 +291,35 @@ class TrainingRun:
         latest one (e.g. a workflow restarted after it was terminated), never from scratch."""
         latest: OpenRunResult = await workflow.execute_activity(
             open_run,
-            OpenRunInput(run_id=inp.run_id, store=inp.store, workflow_id=workflow.info().workflow_id),
+            OpenRunInput(
+                run_id=inp.run_id, store=inp.store, workflow_id=workflow.info().workflow_id, config=inp.config
+            ),
             activity_id="open-run",
             **self._bookkeeping(inp),
         )
-        if latest.step > inp.total_steps:
+        self._carry = RunCarry(
+            step=latest.step,
+            checkpoint=latest.checkpoint,
+            fingerprint=latest.fingerprint,
+            store_id=latest.store_id,
+            steps_per_epoch=latest.steps_per_epoch,
+            reproducibility=latest.reproducibility,
+        )
+        if inp.total_epochs is not None:
+            if latest.steps_per_epoch is None:
+                raise ApplicationError(
+                    "total_epochs: this worker's open_run did not report the epoch length; give total_steps",
+                    type="ConfigError",
+                    non_retryable=True,
+                )
+            self._carry.total_steps = inp.total_epochs * latest.steps_per_epoch
+        if latest.step > self._total(inp):
             raise ApplicationError(
                 f"run {inp.run_id} already has a committed checkpoint at step {latest.step}, "
-                f"past total_steps={inp.total_steps}",
+                f"past total_steps={self._total(inp)}",
                 type="InvariantError",
                 non_retryable=True,
             )
-        self._carry = RunCarry(
-            step=latest.step, checkpoint=latest.checkpoint, fingerprint=latest.fingerprint, store_id=latest.store_id
-        )
 
     def _summary(self, inp: TrainingRunInput) -> RunSummary:
         return RunSummary(
@@ -300,8 +327,8 @@ class TrainingRun:
             checkpoint=self._carry.checkpoint,
             fingerprint=self._carry.fingerprint,
             steps=self._carry.step,
-            total_steps=inp.total_steps,
-            stopped_early=self._carry.step < inp.total_steps,
+            total_steps=self._total(inp),
+            stopped_early=self._carry.step < self._total(inp),
             attempts=list(self._carry.attempts),
             segments=self._carry.segments,
             retried_segments=self._carry.retried_segments,
@@ -309,6 +336,9 @@ class TrainingRun:
             continued_as_new=self._carry.continued_as_new,
             loss=self._carry.loss,
             effects=dict(self._carry.effects),
+            val_loss=self._carry.val_loss,
+            val_accuracy=self._carry.val_accuracy,
+            reproducibility=self._carry.reproducibility,
         )
 
     def _continue_as_new(self, inp: TrainingRunInput) -> None:
@@ -317,7 +347,7 @@ class TrainingRun:
 
     async def _run_segment(self, inp: TrainingRunInput, target: int | None = None) -> None:
         if target is None:
-            target = min(self._carry.step + inp.steps_per_segment, inp.total_steps)
+            target = min(self._segment_end(inp), self._total(inp))
         self._checkpoint_now = False
         resume_from, self._carry.resume_from = self._carry.resume_from, None
         handle = workflow.start_activity(
@@ -351,6 +381,23 @@ class TrainingRun:
             handle.cancel()
         await self._settle(inp, handle)
 
+    def _segment_end(self, inp: TrainingRunInput) -> int:
+        """Where the next segment stops: ``segment.steps`` on, or the end of the
+        ``segment.epochs``-th epoch boundary from here (an interrupted epoch is finished first)."""
+        step, spe, seg = self._carry.step, self._carry.steps_per_epoch, inp.segment
+        if seg is None:
+            return step + inp.steps_per_segment
+        if seg.steps is not None:
+            return step + seg.steps
+        assert seg.epochs is not None
+        if not spe:
+            raise ApplicationError(
+                "segment.epochs: this worker's open_run did not report the epoch length; use segment.steps",
+                type="ConfigError",
+                non_retryable=True,
+            )
+        return (step // spe + seg.epochs) * spe
+
     async def _settle(self, inp: TrainingRunInput, handle: workflow.ActivityHandle[TrainSegmentResult]) -> None:
         """Record the segment's outcome; after an interruption, read the last durable cursor."""
         try:
@@ -380,6 +427,9 @@ class TrainingRun:
         self._carry.checkpoint = result.checkpoint
         self._carry.fingerprint = result.fingerprint
         self._carry.loss = result.loss
+        if result.val_loss is not None:
+            self._carry.val_loss = result.val_loss
+            self._carry.val_accuracy = result.val_accuracy
 
 
 def _interruption_report(cause: BaseException | None) -> dict[str, int]:

@@ -192,8 +192,6 @@ async def wait_progress(handle: WorkflowHandle[Any, Any], predicate: Any, timeou
         await asyncio.sleep(0.1)
 
 
-
-
 def cairn(
     *args: str, env: dict[str, str] | None = None, check: bool = True, timeout: float = 180
 ) -> subprocess.CompletedProcess[str]:

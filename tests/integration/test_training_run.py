@@ -43,9 +43,7 @@ pytestmark = pytest.mark.integration
 async def test_run_completes_bit_identical(client: Client, task_queue: str, tmp_path: Path) -> None:
     inp = run_input(tmp_path)
     async with build_worker(client, task_queue):
-        summary = await client.execute_workflow(
-            TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue
-        )
+        summary = await client.execute_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
     assert summary.steps == 40 and not summary.stopped_early
     assert summary.attempts == [1, 1, 1] and summary.recomputed_steps == 0
     assert summary.segments == 3 and summary.retried_segments == 0

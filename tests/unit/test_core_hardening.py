@@ -24,11 +24,11 @@ from cairn.checkpoint import CheckpointContent, CheckpointKind, CheckpointRef, r
 from cairn.checkpoint import reader as fmt
 from cairn.checkpoint.compare import compare_states
 from cairn.checkpoint.signing import signer_from_env
-from cairn.trainers.base import check_finite as check_training_values
 from cairn.config import DatasetConfig, TrainConfig, config_error_from, load_config, parse_config
 from cairn.data import load_dataset
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore, MemoryStore
+from cairn.trainers.base import check_finite as check_training_values
 from tests.conftest import guarded, refused_within_bounds, rewrite_manifest, small_config, write_broken
 
 INFERENCE = CheckpointKind.INFERENCE

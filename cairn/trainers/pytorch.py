@@ -1,0 +1,605 @@
+"""The PyTorch adapter: bring an ``nn.Module``, any ``torch.optim`` optimizer, an optional LR
+scheduler and a dataset; get full-state checkpoints, validated import and bit-exact resume.
+
+Subclass ``TorchTrainer`` and implement ``build``::
+
+    class MyTrainer(TorchTrainer):
+        Options = MyOptions                 # a TorchOptions subclass: your config section
+
+        def build(self) -> TorchSetup:
+            model = MyNet(self.options.width)
+            opt = torch.optim.AdamW(model.parameters(), lr=self.options.lr)
+            return TorchSetup(model=model, optimizer=opt, train=(x, y), val=(xv, yv), version="mynet-v1")
+
+and name it in the run config: ``"trainer": {"factory": "mypkg.train:MyTrainer", "options": {...}}``.
+
+**What a checkpoint holds** (raw tensors and JSON — never pickle; reading uses no
+``torch.load``): every parameter (``param/NAME``) and buffer (``buffer/NAME``); the
+optimizer's per-parameter state (``optim/NAME/KEY``, tensors, with non-tensor values in
+``meta.optimizer.scalars``) and its param groups (``meta.optimizer.param_groups``, parameters
+by name); the scheduler's state (``meta.scheduler``); the RNG states — torch's CPU generator
+(``rng/torch``), numpy's global generator (``rng/numpy`` + ``rng.numpy``) and Python's
+``random`` (``rng.python``); and the data position (``meta.data``: epoch, position). Tensors
+are handed to the writer as zero-copy numpy views of the live tensors.
+
+**Reproducibility contract.** On CPU, in the same build of torch, with
+``torch.use_deterministic_algorithms(True)`` and a fixed thread count (``options.threads``,
+set and recorded by the adapter), a resumed run is bit-identical to an uninterrupted one
+(``lineage.reproducibility = "bit-exact"``). Set ``options.deterministic = false`` (or run
+kernels without deterministic implementations) and the run records ``"tolerance"``: compare
+with ``cairn ckpt compare --rtol/--atol``. The adapter owns the process's global RNGs and
+thread settings while it trains, so a worker runs one torch segment at a time (a lock).
+
+**Data.** ``train``/``val``/``test`` are ``(x, y)`` pairs of tensors or arrays (indexed by
+batch), or any map-style ``torch.utils.data.Dataset`` (items collated with
+``default_collate``). Batches come from ``cairn.sampler.EpochSampler``: a seeded permutation
+per epoch, so a resume mid-epoch draws exactly the batches the uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+from torch.utils.data import Dataset as TorchDataset
+from torch.utils.data import default_collate
+
+from cairn.config import TrainConfig
+from cairn.errors import ConfigError, InvariantError, TensorSpecError
+from cairn.sampler import EpochSampler
+from cairn.state import Lineage, TrainState
+from cairn.trainers.base import StepCallback, TensorSpec, Trainer, check_finite, model_hash
+
+__all__ = ["TorchOptions", "TorchSetup", "TorchTrainer", "DataSplit"]
+
+DataSplit = tuple[Any, Any] | TorchDataset  # type: ignore[type-arg]
+_PROCESS_LOCK = threading.RLock()
+"""Global RNGs, thread count and deterministic mode are process-wide: one torch trainer at a time."""
+_MT_WORDS = 624
+
+
+class TorchOptions(BaseModel):
+    """The adapter's own options; subclass it to add your model's (it is your config section)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    threads: int = Field(default=1, ge=1, le=256)
+    """Intra-op threads (``torch.set_num_threads``): part of the bit-exact contract."""
+    deterministic: bool = True
+    """``torch.use_deterministic_algorithms``; false: the run records the tolerance contract."""
+    scheduler_interval: Literal["step", "epoch"] = "step"
+    """When the LR scheduler steps: after every update, or at every epoch end."""
+    eval_batch_size: int = Field(default=1024, ge=1, le=1 << 20)
+
+
+@dataclass
+class TorchSetup:
+    """What ``TorchTrainer.build`` returns: the objects the adapter trains and checkpoints."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    train: DataSplit
+    scheduler: Any = None
+    """A ``torch.optim.lr_scheduler.LRScheduler`` (its ``state_dict`` must be plain JSON)."""
+    val: DataSplit | None = None
+    test: DataSplit | None = None
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy
+    version: str = "torch-model-v1"
+    """The model's version, recorded in the lineage."""
+    data_version: str = "data-v1"
+
+
+def _as_tensor(value: Any) -> torch.Tensor:
+    return value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
+
+
+class _Split:
+    """A data split with batch access by index array, and its content hash."""
+
+    def __init__(self, data: DataSplit, name: str) -> None:
+        self.name = name
+        if isinstance(data, tuple):
+            if len(data) != 2:
+                raise ConfigError(f"{name} data", expected="an (x, y) pair", found=f"a tuple of {len(data)}")
+            self.x, self.y = _as_tensor(data[0]), _as_tensor(data[1])
+            if self.x.shape[0] != self.y.shape[0]:
+                raise ConfigError(
+                    f"{name} data", expected="x and y of equal length", found=(self.x.shape, self.y.shape)
+                )
+            self.dataset: Any = None
+            self.n = int(self.x.shape[0])
+        else:
+            self.dataset, self.x, self.y = data, None, None
+            self.n = len(data)  # type: ignore[arg-type]
+
+    def batch(self, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.x is not None:
+            index = torch.from_numpy(np.ascontiguousarray(idx, dtype=np.int64))
+            return self.x[index], self.y[index]
+        xb, yb = default_collate([self.dataset[int(i)] for i in idx])
+        return xb, yb
+
+    def content_hash(self, h: Any) -> None:
+        h.update(f"{self.name}:{self.n}".encode())
+        batches = [np.arange(s, min(s + 4096, self.n)) for s in range(0, self.n, 4096)]
+        for idx in batches:
+            for t in self.batch(idx):
+                arr = t.detach().contiguous().numpy()
+                h.update(f"{arr.dtype.str}{arr.shape}".encode())
+                h.update(arr.tobytes())
+
+
+def _jsonable(value: Any, where: str) -> Any:
+    """Plain JSON of optimizer/scheduler state values (tuples -> lists, 0-d tensors refused
+    here: tensors go to the tensor section)."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value
+    if isinstance(value, tuple | list):
+        return [_jsonable(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v, f"{where}.{k}") for k, v in value.items()}
+    raise TensorSpecError(
+        "state the adapter cannot write as JSON", field=where, expected="plain JSON values", found=type(value).__name__
+    )
+
+
+def _restore_like(template: Any, value: Any) -> Any:
+    """``value`` (from JSON) in the Python type of ``template`` (a tuple stays a tuple)."""
+    if isinstance(template, tuple) and isinstance(value, list):
+        return tuple(_restore_like(t, v) for t, v in zip(template, value, strict=False))
+    if isinstance(template, float) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+class TorchTrainer(Trainer):
+    """The adapter. Subclass it, set ``Options`` and implement ``build``; see the module docstring."""
+
+    Options: type[BaseModel] = TorchOptions
+    options: TorchOptions
+
+    def __init__(self, config: TrainConfig, options: BaseModel) -> None:
+        super().__init__(config, options)
+        if not isinstance(options, TorchOptions):
+            raise ConfigError("trainer.options", expected="a TorchOptions subclass", found=type(options).__name__)
+        self._optim_probe: dict[str, TensorSpec] | None = None
+        with self._runtime():
+            self._setup()
+        hasher = hashlib.sha256()
+        for split in self.splits.values():
+            split.content_hash(hasher)
+        self._data_hash = "sha256:" + hasher.hexdigest()
+        self.sampler = EpochSampler(self.splits["train"].n, config.batch_size, config.seed)
+        self.eval_history = "val" in self.splits
+
+    # -- the user's part ------------------------------------------------------------------
+    def build(self) -> TorchSetup:
+        """Build the model, optimizer, scheduler and data (called with the RNGs seeded)."""
+        raise NotImplementedError(f"{type(self).__name__}.build")
+
+    # -- runtime ----------------------------------------------------------------------------
+    @contextmanager
+    def _runtime(self) -> Iterator[None]:
+        with _PROCESS_LOCK:
+            torch.set_num_threads(self.options.threads)
+            torch.use_deterministic_algorithms(self.options.deterministic)
+            yield
+
+    def _setup(self) -> None:
+        seed = self.config.seed
+        torch.manual_seed(seed)
+        np.random.seed(seed % (1 << 32))
+        random.seed(seed)
+        setup = self.build()
+        if not isinstance(setup, TorchSetup):
+            raise ConfigError(f"{self.path}.build()", expected="a TorchSetup", found=type(setup).__name__)
+        self.setup = setup
+        self.model = setup.model
+        self.optimizer = setup.optimizer
+        self.scheduler = setup.scheduler
+        self.splits = {
+            name: _Split(data, name)
+            for name, data in (("train", setup.train), ("val", setup.val), ("test", setup.test))
+            if data is not None
+        }
+        self.params = dict(self.model.named_parameters())
+        self.buffers = dict(self.model.named_buffers())
+        names = {id(p): n for n, p in self.params.items()}
+        self.group_params: list[list[str]] = []
+        for i, group in enumerate(self.optimizer.param_groups):
+            try:
+                self.group_params.append([names[id(p)] for p in group["params"]])
+            except KeyError:
+                raise ConfigError(
+                    f"optimizer.param_groups[{i}]", expected="parameters of the model only", found="a foreign tensor"
+                ) from None
+        for name, t in [*self.params.items(), *self.buffers.items()]:
+            if t.device.type != "cpu":
+                raise ConfigError(f"model tensor {name}", expected="on the CPU", found=str(t.device))
+
+    # -- identity ---------------------------------------------------------------------------
+    @property
+    def data_hash(self) -> str:
+        return self._data_hash
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.sampler.steps_per_epoch
+
+    @property
+    def reproducibility(self) -> str:
+        return "bit-exact" if self.options.deterministic else "tolerance"
+
+    def lineage(self) -> Lineage:
+        return Lineage(
+            dataset_version=self.setup.data_version,
+            dataset_hash=self.data_hash,
+            model_version=self.setup.version,
+            tokenizer_version=self.config.tokenizer_version,
+            stage_contract=self.config.stage,
+            trainer=self.path,
+            model_hash=model_hash({n: s for n, s in self._weight_specs().items()}),
+            reproducibility=self.reproducibility,
+        )
+
+    # -- export / import ----------------------------------------------------------------------
+    def _weight_specs(self) -> dict[str, TensorSpec]:
+        out = {f"param/{n}": _spec(p) for n, p in self.params.items()}
+        out.update({f"buffer/{n}": _spec(b) for n, b in self.buffers.items()})
+        return out
+
+    def _export(self, step: int, history: dict[str, list[float]], lineage: Lineage) -> TrainState:
+        """The live state as a TrainState whose arrays are zero-copy views of the live tensors."""
+        tensors: dict[str, np.ndarray] = {}
+        for name, p in self.params.items():
+            tensors[f"param/{name}"] = p.detach().numpy()
+        for name, b in self.buffers.items():
+            tensors[f"buffer/{name}"] = b.detach().numpy()
+        scalars: dict[str, dict[str, Any]] = {}
+        with_state = []
+        for name, p in self.params.items():
+            st = self.optimizer.state.get(p)
+            if not st:
+                continue
+            with_state.append(name)
+            for key, value in st.items():
+                if isinstance(value, torch.Tensor):
+                    tensors[f"optim/{name}/{key}"] = value.detach().numpy()
+                else:
+                    scalars.setdefault(name, {})[key] = _jsonable(value, f"optimizer.state[{name}].{key}")
+        groups = []
+        for i, group in enumerate(self.optimizer.param_groups):
+            body = {k: _jsonable(v, f"optimizer.param_groups[{i}].{k}") for k, v in group.items() if k != "params"}
+            groups.append({**body, "params": self.group_params[i]})
+        torch_rng = torch.get_rng_state().numpy()
+        tensors["rng/torch"] = torch_rng
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        tensors["rng/numpy"] = np.asarray(keys, dtype="<u4")
+        py_version, py_state, py_gauss = random.getstate()
+        meta: dict[str, Any] = {
+            "data": self.sampler.cursor_json(step),
+            "optimizer": {"param_groups": groups, "with_state": with_state, "scalars": scalars},
+            "scheduler": None
+            if self.scheduler is None
+            else _jsonable(self.scheduler.state_dict(), "scheduler.state_dict()"),
+            "runtime": {
+                "threads": self.options.threads,
+                "deterministic": self.options.deterministic,
+                "torch": torch.__version__,
+            },
+        }
+        rng = {
+            "numpy": {"kind": kind, "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+            "python": {"version": py_version, "state": list(py_state), "gauss": py_gauss},
+        }
+        return TrainState(
+            config=self.config,
+            lineage=lineage,
+            tensors=tensors,
+            step=step,
+            cursor=step * self.config.batch_size,
+            rng_state=rng,
+            history=history,
+            meta=meta,
+        )
+
+    def _load(self, state: TrainState) -> None:
+        """Make the live objects hold ``state`` — in fresh storage, so nothing the caller holds
+        aliases what training will mutate (``state`` itself is never modified)."""
+        t = state.tensors
+        with torch.no_grad():
+            for name, p in self.params.items():
+                p.data = torch.from_numpy(np.array(t[f"param/{name}"], copy=True))
+            for name, b in self.buffers.items():
+                b.data = torch.from_numpy(np.array(t[f"buffer/{name}"], copy=True))
+        opt_meta = state.meta["optimizer"]
+        self.optimizer.state.clear()
+        for name in opt_meta["with_state"]:
+            p = self.params[name]
+            entry: dict[str, Any] = {}
+            prefix = f"optim/{name}/"
+            for key, arr in t.items():
+                if key.startswith(prefix):
+                    entry[key[len(prefix) :]] = torch.from_numpy(np.array(arr, copy=True))
+            entry.update(opt_meta["scalars"].get(name, {}))
+            self.optimizer.state[p] = entry
+        for group, saved in zip(self.optimizer.param_groups, opt_meta["param_groups"], strict=True):
+            for key, value in saved.items():
+                if key != "params":
+                    group[key] = _restore_like(group.get(key), value)
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state.meta["scheduler"])
+        torch.set_rng_state(torch.from_numpy(np.array(t["rng/torch"], copy=True)))
+        npr = state.rng_state["numpy"]
+        np.random.set_state(
+            (
+                npr["kind"],
+                np.array(t["rng/numpy"], dtype=np.uint32),
+                npr["pos"],
+                npr["has_gauss"],
+                npr["cached_gaussian"],
+            )
+        )
+        py = state.rng_state["python"]
+        random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
+
+    # -- the trainer interface ---------------------------------------------------------------
+    def init_state(self) -> TrainState:
+        with self._runtime():
+            self._setup()
+            history: dict[str, list[float]] = {"loss": [], "lr": []}
+            if self.eval_history:
+                history.update({"val_step": [], "val_loss": [], "val_accuracy": []})
+            return self._export(0, history, self.lineage()).copy()
+
+    def train(self, state: TrainState, steps: int, on_step: StepCallback | None = None) -> TrainState:
+        if steps < 0:
+            raise ConfigError("steps", expected=">= 0", found=steps)
+        with self._runtime():
+            self._load(state)
+            history = {k: list(v) for k, v in state.history.items()}
+            step = state.step
+            work = self._export(step, history, state.lineage)
+            for _ in range(steps):
+                loss, lr = self._update(step)
+                step += 1
+                history["loss"].append(loss)
+                history["lr"].append(lr)
+                epoch_end = step % self.steps_per_epoch == 0
+                if self.scheduler is not None and (self.options.scheduler_interval == "step" or epoch_end):
+                    self.scheduler.step()
+                if epoch_end and self.eval_history:
+                    metrics = self._evaluate_live("val")
+                    history["val_step"].append(float(step))
+                    history["val_loss"].append(metrics["loss"])
+                    history["val_accuracy"].append(metrics["accuracy"])
+                work = self._export(step, history, work.lineage)
+                if on_step is not None and on_step(work):
+                    break
+            return work
+
+    def _update(self, step: int) -> tuple[float, float]:
+        model, optimizer = self.model, self.optimizer
+        model.train()
+        xb, yb = self.splits["train"].batch(self.sampler.batch(step))
+        optimizer.zero_grad(set_to_none=True)
+        loss = self.setup.loss_fn(model(xb), yb)
+        loss.backward()
+        lr = float(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        return float(loss.detach()), lr
+
+    def _evaluate_live(self, split: str) -> dict[str, float]:
+        data = self.splits[split]
+        model = self.model
+        was_training = model.training
+        model.eval()
+        total_loss, correct = 0.0, 0
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            np_state, py_state = np.random.get_state(), random.getstate()
+            for start in range(0, data.n, self.options.eval_batch_size):
+                idx = np.arange(start, min(start + self.options.eval_batch_size, data.n))
+                xb, yb = data.batch(idx)
+                out = model(xb)
+                total_loss += float(self.setup.loss_fn(out, yb)) * len(idx)
+                correct += int((out.argmax(dim=1) == yb).sum())
+            np.random.set_state(np_state)
+            random.setstate(py_state)
+        model.train(was_training)
+        return {"loss": total_loss / max(1, data.n), "accuracy": correct / max(1, data.n)}
+
+    def evaluate(self, state: TrainState, split: str) -> dict[str, float] | None:
+        if split not in self.splits or split == "train":
+            return None
+        with self._runtime():
+            self._load(state)
+            return self._evaluate_live(split)
+
+    def is_weight(self, name: str) -> bool:
+        return name.startswith(("param/", "buffer/"))
+
+    def tensor_specs(self, step: int, meta: Mapping[str, Any]) -> dict[str, TensorSpec]:
+        out = self._weight_specs()
+        out["rng/torch"] = TensorSpec(_np_dtype(torch.get_rng_state()), tuple(torch.get_rng_state().shape))
+        out["rng/numpy"] = TensorSpec("<u4", (_MT_WORDS,))
+        optimizer = meta.get("optimizer") if isinstance(meta, Mapping) else None
+        with_state = optimizer.get("with_state", []) if isinstance(optimizer, Mapping) else []
+        if with_state:
+            probe = self._probe_optimizer()
+            for name in with_state:
+                for key, spec in probe.items():
+                    pname, _, k = key.partition("/")
+                    if pname == name:
+                        out[f"optim/{name}/{k}"] = spec
+        return out
+
+    def _probe_optimizer(self) -> dict[str, TensorSpec]:
+        """The optimizer's per-parameter tensor state, learnt from one zero-gradient step on a
+        second build of the model (so validation follows the optimizer, not a hard-coded list)."""
+        if self._optim_probe is None:
+            live = (self.setup, self.model, self.optimizer, self.scheduler, self.splits, self.params, self.buffers)
+            groups = self.group_params
+            with self._runtime(), torch.random.fork_rng(devices=[]):
+                np_state, py_state = np.random.get_state(), random.getstate()
+                try:
+                    self._setup()
+                    for p in self.params.values():
+                        if p.requires_grad:
+                            p.grad = torch.zeros_like(p)
+                    self.optimizer.step()
+                    probe = {}
+                    for name, p in self.params.items():
+                        for key, value in self.optimizer.state.get(p, {}).items():
+                            if isinstance(value, torch.Tensor):
+                                probe[f"{name}/{key}"] = _spec(value)
+                    self._optim_probe = probe
+                finally:
+                    np.random.set_state(np_state)
+                    random.setstate(py_state)
+                    self.setup, self.model, self.optimizer, self.scheduler, self.splits, self.params, self.buffers = (
+                        live
+                    )
+                    self.group_params = groups
+        return self._optim_probe
+
+    def check_state(self, step: int, cursor: int, rng: Any, meta: Mapping[str, Any]) -> None:
+        if cursor != step * self.config.batch_size:
+            raise InvariantError(
+                "data cursor must equal step x batch_size",
+                field="cursor",
+                expected=step * self.config.batch_size,
+                found=cursor,
+            )
+        self.sampler.check_cursor(step, meta.get("data"))
+        _check_rng_json(rng)
+        optimizer = meta.get("optimizer")
+        if not isinstance(optimizer, Mapping) or set(optimizer) != {"param_groups", "with_state", "scalars"}:
+            raise InvariantError(
+                "optimizer state is malformed",
+                field="meta.optimizer",
+                expected="param_groups, with_state, scalars",
+                found=None if not isinstance(optimizer, Mapping) else sorted(optimizer),
+            )
+        groups = optimizer["param_groups"]
+        if not isinstance(groups, list) or len(groups) != len(self.optimizer.param_groups):
+            raise InvariantError(
+                "optimizer param groups do not match the model's optimizer",
+                field="meta.optimizer.param_groups",
+                expected=f"{len(self.optimizer.param_groups)} groups",
+                found=len(groups) if isinstance(groups, list) else type(groups).__name__,
+            )
+        for i, (saved, live) in enumerate(zip(groups, self.optimizer.param_groups, strict=True)):
+            want_keys = sorted(live)
+            if not isinstance(saved, Mapping) or sorted(saved) != want_keys:
+                raise InvariantError(
+                    "optimizer param group has other settings than this optimizer",
+                    field=f"meta.optimizer.param_groups[{i}]",
+                    expected=want_keys,
+                    found=sorted(saved) if isinstance(saved, Mapping) else type(saved).__name__,
+                )
+            if saved["params"] != self.group_params[i]:
+                raise InvariantError(
+                    "optimizer param group holds other parameters",
+                    field=f"meta.optimizer.param_groups[{i}].params",
+                    expected=self.group_params[i][:8],
+                    found=saved["params"][:8] if isinstance(saved["params"], list) else saved["params"],
+                )
+        with_state = optimizer["with_state"]
+        if (
+            not isinstance(with_state, list)
+            or not set(with_state) <= set(self.params)
+            or len(set(with_state)) != len(with_state)
+        ):
+            raise InvariantError(
+                "optimizer state names unknown parameters", field="meta.optimizer.with_state", expected=None, found=None
+            )
+        if step == 0 and with_state:
+            raise InvariantError(
+                "optimizer state before the first update",
+                field="meta.optimizer.with_state",
+                expected=[],
+                found=with_state[:8],
+            )
+        scalars = optimizer["scalars"]
+        if not isinstance(scalars, Mapping) or not set(scalars) <= set(with_state):
+            raise InvariantError("optimizer scalars name parameters without state", field="meta.optimizer.scalars")
+        has_scheduler = meta.get("scheduler") is not None
+        if has_scheduler != (self.scheduler is not None):
+            raise InvariantError(
+                "scheduler state does not match the setup",
+                field="meta.scheduler",
+                expected="a scheduler state" if self.scheduler is not None else None,
+                found="a scheduler state" if has_scheduler else None,
+            )
+        runtime = meta.get("runtime")
+        want_runtime = {"threads": self.options.threads, "deterministic": self.options.deterministic}
+        if not isinstance(runtime, Mapping) or {k: runtime.get(k) for k in want_runtime} != want_runtime:
+            raise InvariantError(
+                "checkpoint was trained under another runtime contract",
+                field="meta.runtime",
+                expected=want_runtime,
+                found=dict(runtime) if isinstance(runtime, Mapping) else runtime,
+            )
+        extra = set(meta) - {"data", "optimizer", "scheduler", "runtime"}
+        if extra:
+            raise InvariantError("unexpected trainer state", field="meta", expected=None, found=sorted(extra))
+
+    def check_values(self, name: str, values: np.ndarray) -> None:
+        if name.startswith("rng/"):
+            return
+        check_finite(name, values)
+
+
+def _np_dtype(t: torch.Tensor) -> str:
+    try:
+        return np.dtype(torch.empty((), dtype=t.dtype).numpy().dtype).str
+    except TypeError:
+        raise TensorSpecError(
+            "tensor dtype has no raw little-endian numpy form",
+            field="dtype",
+            expected="a numpy dtype",
+            found=str(t.dtype),
+        ) from None
+
+
+def _spec(t: torch.Tensor) -> TensorSpec:
+    return TensorSpec(_np_dtype(t), tuple(t.shape))
+
+
+def _check_rng_json(rng: Any) -> None:
+    def bad(field: str, expected: Any, found: Any) -> InvariantError:
+        return InvariantError("RNG state is malformed", field=field, expected=expected, found=found)
+
+    if not isinstance(rng, Mapping) or set(rng) != {"numpy", "python"}:
+        raise bad("rng", "numpy and python states", sorted(rng) if isinstance(rng, Mapping) else rng)
+    npr = rng["numpy"]
+    if not isinstance(npr, Mapping) or npr.get("kind") != "MT19937":
+        raise bad("rng.numpy.kind", "MT19937", npr.get("kind") if isinstance(npr, Mapping) else npr)
+    pos = npr.get("pos")
+    if not isinstance(pos, int) or isinstance(pos, bool) or not 0 <= pos <= _MT_WORDS:
+        raise bad("rng.numpy.pos", f"an integer in [0, {_MT_WORDS}]", pos)
+    if npr.get("has_gauss") not in (0, 1) or not isinstance(npr.get("cached_gaussian"), float | int):
+        raise bad("rng.numpy.has_gauss", "0 or 1 and a cached gaussian", npr.get("has_gauss"))
+    py = rng["python"]
+    state = py.get("state") if isinstance(py, Mapping) else None
+    if not isinstance(py, Mapping) or py.get("version") != 3 or not isinstance(state, list) or len(state) != 625:
+        raise bad(
+            "rng.python", "version 3 with 625 state words", None if not isinstance(py, Mapping) else py.get("version")
+        )
+    if not all(isinstance(w, int) and not isinstance(w, bool) and 0 <= w < (1 << 32) for w in state[:624]):
+        raise bad("rng.python.state", "624 words in [0, 2**32)", "other values")
+    if not isinstance(state[624], int) or not 0 <= state[624] <= 624:
+        raise bad("rng.python.state[624]", "an index in [0, 624]", state[624])
+    if py.get("gauss") is not None and not isinstance(py.get("gauss"), float):
+        raise bad("rng.python.gauss", "null or a float", py.get("gauss"))
