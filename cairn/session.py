@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +42,10 @@ CheckpointHook = Callable[[CommitResult], None]
 def default_run_id(config: TrainConfig) -> str:
     """A stable run id derived from the config: the same config names the same run."""
     return "cfg-" + hashlib.sha256(config.canonical_json().encode()).hexdigest()[:12]
+
+
+def _as_store(store: Store | str | os.PathLike[str]) -> Store:
+    return store if isinstance(store, Store) else open_store(os.fspath(store))
 
 
 def _check_run_id(run_id: str) -> str:
@@ -92,9 +97,11 @@ class TrainingSession:
 
     # -- construction -------------------------------------------------------------------
     @classmethod
-    def fresh(cls, run_id: str, store: Store | str, config: TrainConfig, **kw: Any) -> TrainingSession:
+    def fresh(
+        cls, run_id: str, store: Store | str | os.PathLike[str], config: TrainConfig, **kw: Any
+    ) -> TrainingSession:
         """Step 0 of a run (or, with ``config.init_from``, a new stage from a reference's weights)."""
-        store = open_store(store) if isinstance(store, str) else store
+        store = _as_store(store)
         trainer = load_trainer(config)
         options = kw.get("options") or CheckpointOptions.from_env()
         return cls(run_id, store, initial_state(trainer, options=options), trainer, **kw)
@@ -105,7 +112,7 @@ class TrainingSession:
         ref: CheckpointRef,
         *,
         run_id: str | None = None,
-        store: Store | str | None = None,
+        store: Store | str | os.PathLike[str] | None = None,
         config: TrainConfig | None = None,
         weights_only_restore: bool = False,
         **kw: Any,
@@ -116,7 +123,7 @@ class TrainingSession:
         only if trusted (``cairn.trainers.trainer_for_checkpoint``).
         """
         source = open_store(ref.store_url)
-        target = source if store is None else (open_store(store) if isinstance(store, str) else store)
+        target = source if store is None else _as_store(store)
         options = kw.get("options") or CheckpointOptions.from_env()
         trainer = load_trainer(config) if config is not None else None
         state, _, trainer = load_training_with_trainer(source, ref, trainer=trainer, options=options)
@@ -125,9 +132,11 @@ class TrainingSession:
         return cls(run_id or ref.run_id, target, state, trainer, **kw)
 
     @classmethod
-    def resume_latest(cls, run_id: str, store: Store | str, config: TrainConfig, **kw: Any) -> TrainingSession:
+    def resume_latest(
+        cls, run_id: str, store: Store | str | os.PathLike[str], config: TrainConfig, **kw: Any
+    ) -> TrainingSession:
         """Continue from the run's last durable cursor, or start fresh when it has none."""
-        store = open_store(store) if isinstance(store, str) else store
+        store = _as_store(store)
         ref = latest_committed(store, run_id)
         if ref is None:
             return cls.fresh(run_id, store, config, **kw)

@@ -215,16 +215,20 @@ def load_trainer(config: TrainConfig) -> Trainer:
     return factory(config, options)
 
 
+SHIPPED_TRAINERS = frozenset({BUILTIN_TRAINER, "examples.digits:DigitsCNN"})
+"""Trainers that ship with Cairn: a checkpoint may name them without further trust."""
+
+
 def _trusted_paths() -> set[str]:
     raw = os.environ.get(TRUSTED_TRAINERS_ENV, "")
-    return {BUILTIN_TRAINER} | {p.strip() for p in raw.split(",") if p.strip()}
+    return set(SHIPPED_TRAINERS) | {p.strip() for p in raw.split(",") if p.strip()}
 
 
 def trainer_for_checkpoint(found: TrainConfig, run_config: TrainConfig | None) -> Trainer:
     """The trainer that validates a checkpoint whose config is ``found``.
 
     A checkpoint is untrusted input: the trainer it names is imported only if the caller's own
-    config names the same one, or it is the built-in one, or it is listed in ``CAIRN_TRAINERS``
+    config names the same one, or it ships with Cairn (``SHIPPED_TRAINERS``), or it is listed in ``CAIRN_TRAINERS``
     (comma-separated import paths). A different trainer is refused before anything is imported.
     """
     if run_config is not None and run_config.trainer_path != found.trainer_path:
