@@ -250,9 +250,8 @@ async def _status(args: argparse.Namespace, client: Client) -> int:
             + (f", loss {progress.loss:.4f}" if progress.loss is not None else "")
         )
         if progress.val_loss is not None:
-            lines.append(
-                f"  validation  loss {progress.val_loss:.4f}, accuracy {progress.val_accuracy or 0:.4f} (last epoch end)"
-            )
+            accuracy = progress.val_accuracy or 0.0
+            lines.append(f"  validation  loss {progress.val_loss:.4f}, accuracy {accuracy:.4f} (last epoch end)")
         lines.append(f"  checkpoint  {progress.checkpoint or '- (none committed yet)'}")
         lines.append(
             f"  segments    {_attempts_text(progress.attempts, progress.segments, progress.retried_segments)}; "
