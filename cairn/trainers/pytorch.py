@@ -44,7 +44,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -107,22 +107,23 @@ class _Split:
 
     def __init__(self, data: DataSplit, name: str) -> None:
         self.name = name
+        self.x: torch.Tensor | None = None
+        self.y: torch.Tensor | None = None
+        self.dataset: Any = None
         if isinstance(data, tuple):
             if len(data) != 2:
                 raise ConfigError(f"{name} data", expected="an (x, y) pair", found=f"a tuple of {len(data)}")
-            self.x, self.y = _as_tensor(data[0]), _as_tensor(data[1])
-            if self.x.shape[0] != self.y.shape[0]:
-                raise ConfigError(
-                    f"{name} data", expected="x and y of equal length", found=(self.x.shape, self.y.shape)
-                )
-            self.dataset: Any = None
-            self.n = int(self.x.shape[0])
+            x, y = _as_tensor(data[0]), _as_tensor(data[1])
+            if x.shape[0] != y.shape[0]:
+                raise ConfigError(f"{name} data", expected="x and y of equal length", found=(x.shape, y.shape))
+            self.x, self.y = x, y
+            self.n = int(x.shape[0])
         else:
-            self.dataset, self.x, self.y = data, None, None
+            self.dataset = data
             self.n = len(data)  # type: ignore[arg-type]
 
     def batch(self, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.x is not None:
+        if self.x is not None and self.y is not None:
             index = torch.from_numpy(np.ascontiguousarray(idx, dtype=np.int64))
             return self.x[index], self.y[index]
         xb, yb = default_collate([self.dataset[int(i)] for i in idx])
@@ -166,7 +167,7 @@ def _restore_like(template: Any, value: Any) -> Any:
 class TorchTrainer(Trainer):
     """The adapter. Subclass it, set ``Options`` and implement ``build``; see the module docstring."""
 
-    Options: type[BaseModel] = TorchOptions
+    Options: ClassVar[type[BaseModel]] = TorchOptions
     options: TorchOptions
 
     def __init__(self, config: TrainConfig, options: BaseModel) -> None:
@@ -395,7 +396,7 @@ class TorchTrainer(Trainer):
         xb, yb = self.splits["train"].batch(self.sampler.batch(step))
         optimizer.zero_grad(set_to_none=True)
         loss = self.setup.loss_fn(model(xb), yb)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         lr = float(optimizer.param_groups[0]["lr"])
         optimizer.step()
         return float(loss.detach()), lr
