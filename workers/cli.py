@@ -155,7 +155,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     def on_step(state: Any) -> bool:
         bar.update(1)
         if state.history["loss"]:
-            bar.set_postfix(loss=f"{state.history['loss'][-1]:.4f}", refresh=False)
+            shown = {"loss": f"{state.history['loss'][-1]:.4f}"}
+            if state.history.get("val_accuracy"):
+                shown["val_acc"] = f"{state.history['val_accuracy'][-1]:.3f}"
+            bar.set_postfix(shown, refresh=False)
         return interrupted
 
     started = time.perf_counter()

@@ -28,9 +28,28 @@ def test_core_library_does_not_reach_up_into_the_app_layers() -> None:
         assert not _imports(path) & {"workflows", "activities", "workers"}, path
 
 
+def _calls(path: Path) -> set[str]:
+    """Dotted names of every function called in a module (``torch.load``, ``np.load`` ...)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Call):
+            parts = []
+            func = node.func
+            while isinstance(func, ast.Attribute):
+                parts.append(func.attr)
+                func = func.value
+            if isinstance(func, ast.Name):
+                parts.append(func.id)
+            names.add(".".join(reversed(parts)))
+    return names
+
+
 def test_nothing_unpickles() -> None:
-    for folder in ("cairn", "workflows", "activities", "workers"):
+    for folder in ("cairn", "workflows", "activities", "workers", "examples"):
         for path in (REPO / folder).rglob("*.py"):
             text = path.read_text()
             assert "pickle" not in _imports(path), path
             assert "allow_pickle=True" not in text, path
+            # torch.load unpickles (even weights_only is a restricted unpickler): the adapter
+            # reads raw tensors and JSON only.
+            assert not {"torch.load", "torch.serialization.load"} & _calls(path), path

@@ -213,3 +213,12 @@ def test_tolerance_contract_is_recorded_and_compare_accepts_tolerances(
     assert cli(["ckpt", "compare", str(a.ref), str(b), "--atol", "1e-8", "--json"]) == 1  # beyond it: reported
     capsys.readouterr()
     assert cli(["ckpt", "compare", str(a.ref), str(b), "--rtol", "nan"]) == 2
+
+
+def test_shipped_examples_validate() -> None:
+    from activities.models import TrainingRunInput
+
+    inp = TrainingRunInput.model_validate_json((REPO / "examples" / "digits-run.json").read_text())
+    assert inp.total_epochs == 6 and inp.segment is not None and inp.segment.epochs == 1
+    trainer = load_trainer(inp.config)
+    assert trainer.steps_per_epoch == 39 and trainer.eval_history
