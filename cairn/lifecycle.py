@@ -35,7 +35,7 @@ from cairn.stores import open_store
 from cairn.stores.base import Store
 from cairn.trainers.base import Trainer, trainer_for_checkpoint
 
-__all__ = ["initial_state", "Exposure", "record_test_exposure", "test_exposures", "exposure_count"]
+__all__ = ["initial_state", "Exposure", "record_test_exposure", "logged_exposures", "exposure_count"]
 
 ALWAYS_MAY_CHANGE = ("stage", "init_from")
 
@@ -112,7 +112,17 @@ class Exposure:
     metrics: dict[str, float]
 
 
-def test_exposures(store: Store, run_id: str) -> list[Exposure]:
+def _sequence_numbers(store: Store, run_id: str) -> list[int]:
+    """Numbers of every entry in the run's lifecycle log (whatever the event)."""
+    out = []
+    for info in store.list(lifecycle_prefix(run_id)):
+        name = info.key.rsplit("/", 1)[-1]
+        if name.endswith(".json") and name[:-5].isascii() and name[:-5].isdigit():
+            out.append(int(name[:-5]))
+    return out
+
+
+def logged_exposures(store: Store, run_id: str) -> list[Exposure]:
     """The run's logged final-test exposures, in order (malformed entries are skipped)."""
     out = []
     for info in store.list(lifecycle_prefix(run_id)):
@@ -141,7 +151,7 @@ def test_exposures(store: Store, run_id: str) -> list[Exposure]:
 def exposure_count(store: Store, run_id: str, lineage: Lineage | None) -> int:
     """Exposures of a checkpoint's lineage: inherited from its reference plus its run's own."""
     inherited = lineage.final_test_exposures if lineage is not None else 0
-    return inherited + len(test_exposures(store, run_id))
+    return inherited + len(logged_exposures(store, run_id))
 
 
 def record_test_exposure(
@@ -157,8 +167,8 @@ def record_test_exposure(
         "metrics": metrics,
     }
     for _ in range(16):
-        logged = test_exposures(store, ref.run_id)
-        seq = max((e.seq for e in logged), default=0) + 1
+        logged = logged_exposures(store, ref.run_id)
+        seq = max(_sequence_numbers(store, ref.run_id), default=0) + 1
         if store.put_if_absent(lifecycle_key(ref.run_id, seq), json.dumps(body).encode()):
             return (lineage.final_test_exposures if lineage is not None else 0) + len(logged) + 1
     raise StorageError(f"run {ref.run_id!r}: the lifecycle log kept changing; try again")

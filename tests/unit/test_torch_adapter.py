@@ -222,3 +222,19 @@ def test_shipped_examples_validate() -> None:
     assert inp.total_epochs == 6 and inp.segment is not None and inp.segment.epochs == 1
     trainer = load_trainer(inp.config)
     assert trainer.steps_per_epoch == 39 and trainer.eval_history
+
+
+def test_async_save_of_a_torch_state_equals_sync(config: TrainConfig, tmp_path: Path) -> None:
+    """The async snapshot is taken before the next update mutates the live tensors."""
+    sync = TrainingSession.fresh("sync", tmp_path / "a", config)
+    sync.run(12, checkpoint_every=4)
+    background = TrainingSession.fresh("async", tmp_path / "b", config)
+    background.run(12, checkpoint_every=4, async_save=True)
+    for step in (4, 8, 12):
+        a, _ = load_training(
+            LocalStore(tmp_path / "a"), CheckpointRef.parse(f"{tmp_path / 'a'}/sync/training/{step:012d}")
+        )
+        b, _ = load_training(
+            LocalStore(tmp_path / "b"), CheckpointRef.parse(f"{tmp_path / 'b'}/async/training/{step:012d}")
+        )
+        assert compare_states(a, b) == [], step
