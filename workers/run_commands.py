@@ -26,6 +26,7 @@ from cairn.config import config_error_from
 from cairn.errors import ConfigError, TemporalRefusedError, TemporalUnavailableError
 from cairn.run_record import RunRecord, TimelineEvent
 from cairn.runs import resolve_store_url
+from cairn.trainers.base import check_trainer_options
 from workers.client import add_connection_args, connect
 from workflows.training_run import TrainingRun
 
@@ -44,9 +45,14 @@ def load_run_input(path: str, cwd: str | Path | None = None) -> TrainingRunInput
     if isinstance(effects, dict) and isinstance(effects.get("registry"), str):
         effects["registry"] = resolve_store_url(effects["registry"], cwd)
     try:
-        return TrainingRunInput.model_validate(data)
+        inp = TrainingRunInput.model_validate(data)
     except ValidationError as exc:
         raise config_error_from(exc, path, TrainingRunInput) from None
+    try:
+        check_trainer_options(inp.config)  # where the trainer is installed here: its options, before starting
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: config.{exc}") from None
+    return inp
 
 
 _REFUSALS = {

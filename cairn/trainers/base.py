@@ -45,6 +45,7 @@ __all__ = [
     "STEP_HISTORY",
     "EVAL_HISTORY",
     "load_trainer",
+    "check_trainer_options",
     "trainer_for_checkpoint",
     "model_hash",
     "TRUSTED_TRAINERS_ENV",
@@ -204,15 +205,31 @@ def _import_factory(path: str) -> type[Trainer]:
     return factory
 
 
+def _options(factory: type[Trainer], config: TrainConfig) -> BaseModel:
+    raw = config.trainer.options if config.trainer is not None else {}
+    try:
+        return factory.Options.model_validate(raw)
+    except ValidationError as exc:
+        raise config_error_from(exc, "trainer.options", factory.Options) from exc
+
+
 def load_trainer(config: TrainConfig) -> Trainer:
     """Import the config's trainer, validate its options, and build it."""
     factory = _import_factory(config.trainer_path)
-    raw = config.trainer.options if config.trainer is not None else {}
+    return factory(config, _options(factory, config))
+
+
+def check_trainer_options(config: TrainConfig) -> bool:
+    """Validate the trainer's options without building it (no model, no data), where its package
+    is installed; False when it is not installed here (the workers decide)."""
     try:
-        options = factory.Options.model_validate(raw)
-    except ValidationError as exc:
-        raise config_error_from(exc, "trainer.options", factory.Options) from exc
-    return factory(config, options)
+        factory = _import_factory(config.trainer_path)
+    except ConfigError as exc:
+        if "is not installed" in str(exc):
+            return False
+        raise
+    _options(factory, config)
+    return True
 
 
 SHIPPED_TRAINERS = frozenset({BUILTIN_TRAINER, "examples.digits:DigitsCNN"})

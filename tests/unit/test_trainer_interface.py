@@ -186,3 +186,39 @@ def test_init_from_starts_a_stage_and_test_exposures_are_counted(
     assert cli(["ckpt", "verify", ckpt]) == 0
     capsys.readouterr()
     assert CheckpointRef.parse(ckpt) == stage2_done.ref
+
+
+def test_cli_names_the_trainer_and_run_start_checks_its_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(small_config().to_json()))
+    store = str(tmp_path / "store")
+    assert (
+        cli(
+            [
+                "train",
+                "--config",
+                str(config),
+                "--steps",
+                "3",
+                "--store",
+                store,
+                "--json",
+                "--trainer",
+                "cairn.trainers.mlp:MLPTrainer",
+            ]
+        )
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out)["step"] == 3
+    assert (
+        cli(["train", "--config", str(config), "--steps", "3", "--store", store, "--trainer", "nowhere.pkg:Net"]) == 2
+    )
+    assert "module 'nowhere' is not installed" in capsys.readouterr().err
+    run = json.loads((Path(__file__).resolve().parents[2] / "examples" / "run.json").read_text())
+    run["config"]["trainer"] = {"factory": "cairn.trainers.mlp:MLPTrainer", "options": {"depth": 3}}
+    run_file = tmp_path / "run.json"
+    run_file.write_text(json.dumps(run))
+    assert cli(["run", "start", str(run_file), "--address", "127.0.0.1:1"]) == 2  # before connecting
+    assert "config.trainer.options: depth: Extra inputs are not permitted" in capsys.readouterr().err
