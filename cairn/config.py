@@ -123,6 +123,8 @@ class OptimizerConfig(_Strict):
     min_lr_ratio: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] = 0.1
 
 
+MLP_SECTIONS = ("model", "data", "optimizer")
+"""Config sections of the built-in MLP; another trainer takes its settings in ``trainer.options``."""
 TRAINER_PATH = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 BUILTIN_TRAINER = "cairn.trainers.mlp:MLPTrainer"
 
@@ -171,6 +173,22 @@ class TrainConfig(_Strict):
     def trainer_path(self) -> str:
         return self.trainer.factory if self.trainer is not None else BUILTIN_TRAINER
 
+    @property
+    def builtin_trainer(self) -> bool:
+        return self.trainer_path == BUILTIN_TRAINER
+
+    @model_validator(mode="after")
+    def _mlp_sections_only_for_the_mlp(self) -> TrainConfig:
+        if self.builtin_trainer:
+            return self
+        for name in MLP_SECTIONS:
+            if getattr(self, name) != type(getattr(self, name))():
+                raise ValueError(
+                    f"'{name}' configures the built-in MLP; trainer {self.trainer_path!r} takes its settings "
+                    f"in trainer.options (found a '{name}' section)"
+                )
+        return self
+
     @model_validator(mode="after")
     def _fits_in_memory(self) -> TrainConfig:
         d, h, c = self.data.n_features, self.model.hidden, self.data.n_classes
@@ -196,11 +214,14 @@ class TrainConfig(_Strict):
         config keeps its identity (run id, fingerprint) and v1 checkpoints read unchanged.
         """
         body = self.model_dump(mode="json")
+        if not self.builtin_trainer:
+            for name in MLP_SECTIONS:  # at their defaults (checked), and meaningless to this trainer
+                body.pop(name)
         for path, default in _V1_OMITTED_AT_DEFAULT:
             *parents, leaf = path
             node = body
             for part in parents:
-                node = node[part]
+                node = node.get(part, {})
             if node.get(leaf, default) == default:
                 node.pop(leaf, None)
         return body

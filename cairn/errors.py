@@ -14,6 +14,7 @@ expected vs found value, so a refused import says exactly why::
      ├── InvalidObjectError           an object in the store is malformed (not a regular   no    1
      │                                file, a symlink out of the store, a bad key): same bytes, same verdict
      ├── TrainingDivergedError        training produced NaN/inf: nothing is committed       no    1
+     ├── TrainerCodeError             the trainer's own code (build, forward, data) raised  no    1
      ├── CheckpointError              a checkpoint is refused (never retryable: same bytes, same verdict)
      │    ├── CheckpointNotFoundError   no committed manifest at that reference
      │    ├── ManifestError             manifest is not valid JSON / does not match the schema
@@ -58,6 +59,7 @@ __all__ = [
     "IntegrityError",
     "NonFiniteError",
     "InvariantError",
+    "TrainerCodeError",
     "IncompatibleConfigError",
     "SignatureError",
     "CheckpointConflictError",
@@ -169,6 +171,13 @@ class InvalidObjectError(CairnError):
 
 class TrainingDivergedError(CairnError):
     """Training produced a non-finite value (loss, parameter or moment); nothing was committed."""
+
+    exit_code = 1
+
+
+class TrainerCodeError(CairnError):
+    """The user's trainer code raised (``build()``, a forward/backward pass, a dataset item).
+    Deterministic code given the same state: a retry would raise again, so it fails the run."""
 
     exit_code = 1
 

@@ -29,6 +29,7 @@ from cairn.checkpoint.options import CheckpointOptions
 from cairn.checkpoint.reader import read_manifest
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.validate import manifest_config
+from cairn.config import BUILTIN_TRAINER
 from cairn.errors import IncompatibleConfigError, StorageError, TensorSpecError
 from cairn.state import Lineage, ReferenceSnapshot, TrainState
 from cairn.stores import open_store
@@ -52,7 +53,7 @@ def initial_state(trainer: Trainer, *, options: CheckpointOptions | None = None)
     manifest = read_manifest(source, ref, expect_kind=CheckpointKind.TRAINING, options=options)
     ref_config = manifest_config(manifest)
     _check_stage_contract(trainer, ref_config.model_dump(mode="json"), init.may_change)
-    ref_trainer = trainer_for_checkpoint(ref_config, trainer.config if "trainer" not in init.may_change else None)
+    ref_trainer = trainer_for_checkpoint(ref_config, trainer.config)  # the same factory: checked above
     ref_state, ref_manifest, _ = load_training_with_trainer(source, ref, trainer=ref_trainer, options=options)
     weights = {n: a for n, a in ref_state.tensors.items() if trainer.is_weight(n)}
     want = {n: a for n, a in state.tensors.items() if trainer.is_weight(n)}
@@ -89,6 +90,14 @@ def initial_state(trainer: Trainer, *, options: CheckpointOptions | None = None)
 
 def _check_stage_contract(trainer: Trainer, reference: dict[str, Any], may_change: Sequence[str]) -> None:
     mine = trainer.config.model_dump(mode="json")
+    ref_factory = (reference.get("trainer") or {}).get("factory") or BUILTIN_TRAINER
+    if ref_factory != trainer.path:
+        raise IncompatibleConfigError(
+            'init_from: a stage keeps its reference\'s trainer ("trainer" in may_change allows its options to change)',
+            field="config.trainer.factory",
+            expected=ref_factory,
+            found=trainer.path,
+        )
     allowed = {*may_change, *ALWAYS_MAY_CHANGE}
     for name in sorted(mine):
         if name in allowed or mine[name] == reference.get(name):

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from cairn.config import TrainConfig
 
@@ -32,6 +32,9 @@ class ReferenceSnapshot(BaseModel):
     step: int = Field(ge=0)
     may_change: list[str]
     """Top-level config fields this stage was allowed to change (the stage contract)."""
+
+
+V1_ADDITIONS = ("trainer", "model_hash", "reproducibility", "reference")
 
 
 class Lineage(BaseModel):
@@ -58,10 +61,20 @@ class Lineage(BaseModel):
     reference: ReferenceSnapshot | None = None
     """The checkpoint this stage was initialised from (``init_from``): weights only, not a resume."""
 
+    @model_serializer(mode="wrap")
+    def _omit_unset_v1_additions(self, handler: Any) -> Any:
+        """Fields added after format v1 are left out of every dump while unset, so a manifest of
+        the built-in trainer is exactly a v1 manifest (older readers refuse unknown fields)."""
+        body = handler(self)
+        for name in V1_ADDITIONS:
+            if body.get(name) is None:
+                body.pop(name, None)
+        return body
+
     def fingerprint_json(self) -> dict[str, Any]:
-        """The lineage as content: without ``parent`` (provenance) and without unset fields added
-        after format v1, so v1 checkpoints keep their fingerprints."""
-        return self.model_dump(mode="json", exclude={"parent"}, exclude_none=True)
+        """The lineage as content: without ``parent`` (provenance); v1 checkpoints keep their
+        fingerprints (see ``_omit_unset_v1_additions``)."""
+        return self.model_dump(mode="json", exclude={"parent"})
 
 
 def param_shapes(config: TrainConfig, n_features: int) -> dict[str, tuple[int, ...]]:

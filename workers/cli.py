@@ -43,7 +43,7 @@ from cairn.lifecycle import exposure_count, record_test_exposure
 from cairn.session import MAX_STEPS, TrainingSession, default_run_id
 from cairn.stores import open_store
 from cairn.stores.base import Store
-from cairn.trainers.base import Trainer, check_finite, load_trainer, trainer_for_checkpoint
+from cairn.trainers.base import Trainer, check_finite, load_trainer, normalized_config, trainer_for_checkpoint
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -142,7 +142,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise ConfigError("--config is required unless --resume is given")
         if args.weights_only:
             raise ConfigError("--weights-only only makes sense with --resume")
-        run_id = args.run_id if args.run_id is not None else default_run_id(config)
+        run_id = args.run_id if args.run_id is not None else default_run_id(normalized_config(config))
         session = TrainingSession.fresh(run_id, store, config)
     bar = tqdm(total=args.steps, desc=f"train {session.run_id}", unit="step", disable=None, leave=False)
     interrupted = False
@@ -262,14 +262,14 @@ def cmd_ckpt_verify(args: argparse.Namespace) -> int:
     manifest = read_manifest(store, ref, expect_kind=ref.kind)
     if ref.kind == CheckpointKind.TRAINING:
         config = manifest_config(manifest)
-        trainer = _trainer_here(config, load_config(args.config) if args.config else None)
+        trainer = None if args.format_only else _trainer_here(config, load_config(args.config) if args.config else None)
         if trainer is not None:
             check_training_manifest(manifest, trainer=trainer)
             verify_tensors(store, ref, manifest, value_check=trainer.check_values)
             data_note = "model and dataset hash checked"
         else:
             verify_tensors(store, ref, manifest, value_check=check_finite)
-            data_note = "trainer or dataset not available here: model and dataset hash not checked"
+            data_note = "--format-only: integrity and finiteness checked, not the model or the data"
         detail = f"training state at step {manifest.step}, cursor {manifest.cursor}, {data_note}"
     else:
         verify_tensors(store, ref, manifest)
@@ -282,14 +282,18 @@ def cmd_ckpt_verify(args: argparse.Namespace) -> int:
     return 0
 
 
-def _trainer_here(found: TrainConfig, given: TrainConfig | None) -> Trainer | None:
-    """The trainer that can check a checkpoint on this machine, or None when its package or its
-    data file is not here (a checkpoint naming an untrusted trainer is refused, not skipped)."""
+def _trainer_here(found: TrainConfig, given: TrainConfig | None) -> Trainer:
+    """The trainer that checks a checkpoint against its model; when its package or its data is
+    not on this machine, say so (exit 2) and point at ``--format-only``: a verify that could
+    not check the model must not exit 0."""
     try:
         return trainer_for_checkpoint(found, given)
     except ConfigError as exc:
         if "is not installed" in str(exc) or "data.path" in str(exc) or "dataset file" in str(exc):
-            return None
+            raise ConfigError(
+                f"{exc} — the model and data cannot be checked on this machine; "
+                "`cairn ckpt verify --format-only` checks integrity alone"
+            ) from None
         raise
 
 
@@ -490,6 +494,11 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("checkpoint")
     p.add_argument("--config", help="the run's config (trusts the trainer it names)")
+    p.add_argument(
+        "--format-only",
+        action="store_true",
+        help="check integrity only (checksums, fingerprint, signature, finiteness), not the model or the data",
+    )
     p.set_defaults(handler=cmd_ckpt_verify)
     p = ckpt_sub.add_parser("compare", help="compare two training states bit for bit")
     _common(p)

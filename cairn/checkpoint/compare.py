@@ -48,7 +48,7 @@ def _array_diff(name: str, a: np.ndarray, b: np.ndarray, rtol: float = 0.0, atol
     bits_a = np.ascontiguousarray(a).view(np.uint8).reshape(a.size, -1)
     bits_b = np.ascontiguousarray(b).view(np.uint8).reshape(b.size, -1)
     n = int(np.count_nonzero(np.any(bits_a != bits_b, axis=1)))
-    within = f" (beyond rtol={rtol:g}, atol={atol:g})" if rtol or atol else ""
+    within = f" (beyond rtol={rtol:g}, atol={atol:g})" if (rtol or atol) and not exact else ""
     return FieldDiff(name, f"{n} of {a.size} elements differ{within}", diff)
 
 

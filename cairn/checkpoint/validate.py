@@ -12,7 +12,8 @@ fingerprint) live in ``cairn.checkpoint.reader``; this module adds what makes th
   run's data;
 - tensor set: exactly the trainer's ``tensor_specs`` (names, dtypes, shapes — asked of the
   model, not a hard-coded list) plus the history: ``loss``/``lr`` with one value per step and,
-  for trainers with a validation split, ``val_step``/``val_loss``/``val_accuracy`` of equal length;
+  for trainers with a validation split, ``val_step``/``val_loss``/``val_accuracy`` with one value
+  per epoch end passed (``step // steps_per_epoch``);
 - values: finite everywhere, and the trainer's own value rules (the MLP's Adam v >= 0);
 - invariants: the trainer's ``check_state`` (cursor vs step, RNG form, data position, ...).
 """
@@ -32,7 +33,15 @@ from cairn.errors import (
     ManifestError,
     TensorSpecError,
 )
-from cairn.trainers.base import EVAL_HISTORY, STEP_HISTORY, TensorSpec, Trainer, trainer_for_checkpoint
+from cairn.trainers.base import (
+    EVAL_HISTORY,
+    STEP_HISTORY,
+    TensorSpec,
+    Trainer,
+    load_trainer,
+    normalized_config,
+    require_trusted,
+)
 
 __all__ = [
     "IDENTITY_FIELDS",
@@ -50,9 +59,8 @@ def expected_tensors(trainer: Trainer, manifest: Manifest) -> dict[str, TensorSp
     """Tensor name -> spec that a training checkpoint of ``trainer`` at the manifest's step must hold."""
     out = dict(trainer.tensor_specs(manifest.step, manifest.meta))
     out.update({f"history/{k}": TensorSpec(F8, (manifest.step,)) for k in STEP_HISTORY})
-    if trainer.eval_history:
-        found = {t.name: t.shape for t in manifest.tensors}
-        n = found.get("history/val_step", [0])[0] if found.get("history/val_step") else 0
+    if trainer.eval_history:  # one evaluation at every epoch end
+        n = manifest.step // trainer.steps_per_epoch
         out.update({f"history/{k}": TensorSpec(F8, (n,)) for k in EVAL_HISTORY})
     return out
 
@@ -104,13 +112,15 @@ def check_training_manifest(
     checkpoint names is loaded under ``trainer_for_checkpoint``'s trust rule. Returns the
     checkpoint's config and the trainer that validates (and will train) it.
     """
-    config = manifest_config(manifest)
-    if trainer is not None and run_config is None:
+    found = manifest_config(manifest)
+    if trainer is not None:
         run_config = trainer.config
+    require_trusted(found, run_config)  # before the checkpoint's trainer is imported
+    config = normalized_config(found)
     if run_config is not None:
-        check_config_compatible(run_config, config)
+        check_config_compatible(normalized_config(run_config) if trainer is None else run_config, config)
     if trainer is None:
-        trainer = trainer_for_checkpoint(config, run_config)
+        trainer = load_trainer(config)
     lineage = manifest.lineage
     if lineage is None:
         raise ManifestError(field="lineage", expected="dataset and model versions", found=None)
@@ -146,7 +156,7 @@ def check_training_manifest(
             raise TensorSpecError(field=f"tensors[{name}].dtype", expected=spec.dtype, found=got_dtype)
         if got_shape != spec.shape and name.startswith("history/"):
             raise InvariantError(
-                "len(history) must equal step" if name[8:] in STEP_HISTORY else "evaluation histories must agree",
+                "len(history) must equal step" if name[8:] in STEP_HISTORY else "one evaluation per epoch end",
                 field=f"tensors[{name}].shape",
                 expected=list(spec.shape),
                 found=list(got_shape),

@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from cairn.config import BUILTIN_TRAINER, TrainConfig, config_error_from
+from cairn.config import BUILTIN_TRAINER, TrainConfig, TrainerSpec, config_error_from
 from cairn.errors import ConfigError, IncompatibleConfigError, InvariantError, NonFiniteError
 from cairn.state import HISTORY_KEYS, Lineage, TrainState
 
@@ -45,6 +45,8 @@ __all__ = [
     "STEP_HISTORY",
     "EVAL_HISTORY",
     "load_trainer",
+    "normalized_config",
+    "require_trusted",
     "check_trainer_options",
     "trainer_for_checkpoint",
     "model_hash",
@@ -213,10 +215,28 @@ def _options(factory: type[Trainer], config: TrainConfig) -> BaseModel:
         raise config_error_from(exc, "trainer.options", factory.Options) from exc
 
 
+def _normalized(factory: type[Trainer], config: TrainConfig) -> tuple[TrainConfig, BaseModel]:
+    options = _options(factory, config)
+    if config.trainer is None:
+        return config, options
+    if config.trainer.factory == BUILTIN_TRAINER and not options.model_dump():
+        return config.model_copy(update={"trainer": None}), options  # the default, spelt out
+    spec = TrainerSpec(factory=config.trainer.factory, options=options.model_dump(mode="json"))
+    return config.model_copy(update={"trainer": spec}), options
+
+
+def normalized_config(config: TrainConfig) -> TrainConfig:
+    """The config with its trainer's options as the trainer's model has them (defaults filled in,
+    values coerced), so two configs that mean the same run compare, hash and name a run alike."""
+    return _normalized(_import_factory(config.trainer_path), config)[0]
+
+
 def load_trainer(config: TrainConfig) -> Trainer:
-    """Import the config's trainer, validate its options, and build it."""
+    """Import the config's trainer, validate its options, and build it (``trainer.config`` is
+    the normalized config: see ``normalized_config``)."""
     factory = _import_factory(config.trainer_path)
-    return factory(config, _options(factory, config))
+    normalized, options = _normalized(factory, config)
+    return factory(normalized, options)
 
 
 def check_trainer_options(config: TrainConfig) -> bool:
@@ -245,9 +265,17 @@ def trainer_for_checkpoint(found: TrainConfig, run_config: TrainConfig | None) -
     """The trainer that validates a checkpoint whose config is ``found``.
 
     A checkpoint is untrusted input: the trainer it names is imported only if the caller's own
-    config names the same one, or it ships with Cairn (``SHIPPED_TRAINERS``), or it is listed in ``CAIRN_TRAINERS``
-    (comma-separated import paths). A different trainer is refused before anything is imported.
+    config names the same one, or it ships with Cairn (``SHIPPED_TRAINERS``), or it is listed in
+    ``CAIRN_TRAINERS`` (comma-separated import paths). A different trainer is refused before
+    anything is imported.
     """
+    require_trusted(found, run_config)
+    return load_trainer(found)
+
+
+def require_trusted(found: TrainConfig, run_config: TrainConfig | None) -> None:
+    """Refuse, before importing anything, a checkpoint's trainer that is not the run's own
+    (or, without a run config, not trusted); see ``trainer_for_checkpoint``."""
     if run_config is not None and run_config.trainer_path != found.trainer_path:
         raise IncompatibleConfigError(
             "checkpoint was written by another trainer",
@@ -260,7 +288,6 @@ def trainer_for_checkpoint(found: TrainConfig, run_config: TrainConfig | None) -
             f"config.trainer.factory: the checkpoint names trainer {found.trainer_path!r}; pass a config "
             f"naming it (--config) or list it in {TRUSTED_TRAINERS_ENV} to import it"
         )
-    return load_trainer(found)
 
 
 def check_eval_history(step: int, history: Mapping[str, list[float]]) -> None:

@@ -38,7 +38,9 @@ per epoch, so a resume mid-epoch draws exactly the batches the uninterrupted run
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import math
 import random
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -54,7 +56,7 @@ from torch.utils.data import Dataset as TorchDataset
 from torch.utils.data import default_collate
 
 from cairn.config import TrainConfig
-from cairn.errors import ConfigError, InvariantError, TensorSpecError
+from cairn.errors import CairnError, ConfigError, InvariantError, TensorSpecError, TrainerCodeError
 from cairn.sampler import EpochSampler
 from cairn.state import Lineage, TrainState
 from cairn.trainers.base import StepCallback, TensorSpec, Trainer, check_finite, model_hash
@@ -65,6 +67,36 @@ DataSplit = tuple[Any, Any] | TorchDataset  # type: ignore[type-arg]
 _PROCESS_LOCK = threading.RLock()
 """Global RNGs, thread count and deterministic mode are process-wide: one torch trainer at a time."""
 _MT_WORDS = 624
+
+
+@dataclass
+class _RngStates:
+    """The three generators a PyTorch training step may draw from: torch's CPU generator,
+    numpy's global ``RandomState`` and Python's ``random``."""
+
+    torch: torch.Tensor
+    numpy: tuple[Any, ...]
+    python: tuple[Any, ...]
+
+    @classmethod
+    def capture(cls) -> _RngStates:
+        numpy_state = np.random.get_state(legacy=True)
+        assert isinstance(numpy_state, tuple)
+        return cls(torch=torch.get_rng_state(), numpy=numpy_state, python=random.getstate())
+
+    def install(self) -> None:
+        torch.set_rng_state(self.torch)
+        np.random.set_state(self.numpy)
+        random.setstate(self.python)
+
+
+def _require_numpy_dtype(t: torch.Tensor, where: str) -> None:
+    try:
+        _np_dtype(t)
+    except TensorSpecError:
+        raise ConfigError(
+            where, expected="a dtype with a raw numpy form (float32/64/16, integer, bool)", found=str(t.dtype)
+        ) from None
 
 
 class TorchOptions(BaseModel):
@@ -145,6 +177,10 @@ def _jsonable(value: Any, where: str) -> Any:
     if value is None or isinstance(value, bool | int | str):
         return value
     if isinstance(value, float):
+        if not math.isfinite(value):
+            raise TensorSpecError(
+                "state the adapter cannot write as JSON", field=where, expected="a finite number", found=value
+            )
         return value
     if isinstance(value, tuple | list):
         return [_jsonable(v, f"{where}[{i}]") for i, v in enumerate(value)]
@@ -158,7 +194,7 @@ def _jsonable(value: Any, where: str) -> Any:
 def _restore_like(template: Any, value: Any) -> Any:
     """``value`` (from JSON) in the Python type of ``template`` (a tuple stays a tuple)."""
     if isinstance(template, tuple) and isinstance(value, list):
-        return tuple(_restore_like(t, v) for t, v in zip(template, value, strict=False))
+        return tuple(_restore_like(t, v) for t, v in zip(template, value, strict=True))
     if isinstance(template, float) and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     return value
@@ -174,12 +210,14 @@ class TorchTrainer(Trainer):
         super().__init__(config, options)
         if not isinstance(options, TorchOptions):
             raise ConfigError("trainer.options", expected="a TorchOptions subclass", found=type(options).__name__)
-        self._optim_probe: dict[str, TensorSpec] | None = None
+        self._optim_probe: tuple[dict[str, TensorSpec], dict[str, type]] | None = None
+        self._rng: _RngStates | None = None
         with self._runtime():
             self._setup()
         hasher = hashlib.sha256()
-        for split in self.splits.values():
-            split.content_hash(hasher)
+        with self._user_code("hashing the data splits"):
+            for split in self.splits.values():
+                split.content_hash(hasher)
         self._data_hash = "sha256:" + hasher.hexdigest()
         self.sampler = EpochSampler(self.splits["train"].n, config.batch_size, config.seed)
         self.eval_history = "val" in self.splits
@@ -197,14 +235,52 @@ class TorchTrainer(Trainer):
             torch.use_deterministic_algorithms(self.options.deterministic)
             yield
 
+    @contextmanager
+    def _user_code(self, what: str) -> Iterator[None]:
+        """The trainer's own code runs here: its failures are typed (``TrainerCodeError``, not
+        retried: the same state raises again), Cairn's own errors pass through."""
+        try:
+            yield
+        except CairnError:
+            raise
+        except Exception as exc:
+            raise TrainerCodeError(f"{self.path}: {what} raised {type(exc).__name__}: {exc}"[:500]) from exc
+
+    @contextmanager
+    def _owned_rngs(self) -> Iterator[None]:
+        """Install this trainer's private RNG states in the process's global generators for the
+        duration (the user's forward/backward/step draw from them), then take them back and
+        restore whatever was there before: code running between updates (a save's retry jitter,
+        another thread) can neither perturb the run's streams nor be perturbed by them."""
+        outer = _RngStates.capture()
+        assert self._rng is not None
+        self._rng.install()
+        try:
+            yield
+        finally:
+            self._rng = _RngStates.capture()
+            outer.install()
+
     def _setup(self) -> None:
         seed = self.config.seed
-        torch.manual_seed(seed)
-        np.random.seed(seed % (1 << 32))
-        random.seed(seed)
-        setup = self.build()
+        outer = _RngStates.capture()
+        try:
+            torch.manual_seed(seed)
+            np.random.seed(seed % (1 << 32))
+            random.seed(seed)
+            with self._user_code("build()"):
+                setup = self.build()
+            self._rng = _RngStates.capture()  # the run's streams start after build()
+        finally:
+            outer.install()
         if not isinstance(setup, TorchSetup):
             raise ConfigError(f"{self.path}.build()", expected="a TorchSetup", found=type(setup).__name__)
+        if isinstance(setup.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            raise ConfigError(
+                f"{self.path}.build(): scheduler",
+                expected="an LR scheduler stepped by updates or epochs (its state plain JSON)",
+                found="ReduceLROnPlateau (steps on a metric; its state holds infinity)",
+            )
         self.setup = setup
         self.model = setup.model
         self.optimizer = setup.optimizer
@@ -228,6 +304,18 @@ class TorchTrainer(Trainer):
         for name, t in [*self.params.items(), *self.buffers.items()]:
             if t.device.type != "cpu":
                 raise ConfigError(f"model tensor {name}", expected="on the CPU", found=str(t.device))
+            _require_numpy_dtype(t, f"model tensor {name}")
+        for split in self.splits.values():
+            for part, data in (("x", split.x), ("y", split.y)):
+                if data is not None:
+                    _require_numpy_dtype(data, f"{split.name} data {part}")
+        self._fresh_scheduler = (
+            None if self.scheduler is None else _jsonable(self.scheduler.state_dict(), "scheduler.state_dict()")
+        )
+        self._fresh_groups = [
+            {k: _jsonable(v, f"optimizer.param_groups[{i}].{k}") for k, v in g.items() if k != "params"}
+            for i, g in enumerate(self.optimizer.param_groups)
+        ]
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -283,11 +371,11 @@ class TorchTrainer(Trainer):
         for i, group in enumerate(self.optimizer.param_groups):
             body = {k: _jsonable(v, f"optimizer.param_groups[{i}].{k}") for k, v in group.items() if k != "params"}
             groups.append({**body, "params": self.group_params[i]})
-        torch_rng = torch.get_rng_state().numpy()
-        tensors["rng/torch"] = torch_rng
-        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        assert self._rng is not None
+        tensors["rng/torch"] = self._rng.torch.numpy()
+        kind, keys, pos, has_gauss, cached = self._rng.numpy
         tensors["rng/numpy"] = np.asarray(keys, dtype="<u4")
-        py_version, py_state, py_gauss = random.getstate()
+        py_version, py_state, py_gauss = self._rng.python
         meta: dict[str, Any] = {
             "data": self.sampler.cursor_json(step),
             "optimizer": {"param_groups": groups, "with_state": with_state, "scalars": scalars},
@@ -340,20 +428,21 @@ class TorchTrainer(Trainer):
                 if key != "params":
                     group[key] = _restore_like(group.get(key), value)
         if self.scheduler is not None:
-            self.scheduler.load_state_dict(state.meta["scheduler"])
-        torch.set_rng_state(torch.from_numpy(np.array(t["rng/torch"], copy=True)))
+            with self._user_code("scheduler.load_state_dict()"):
+                self.scheduler.load_state_dict(copy.deepcopy(state.meta["scheduler"]))
         npr = state.rng_state["numpy"]
-        np.random.set_state(
-            (
+        py = state.rng_state["python"]
+        self._rng = _RngStates(
+            torch=torch.from_numpy(np.array(t["rng/torch"], copy=True)),
+            numpy=(
                 npr["kind"],
                 np.array(t["rng/numpy"], dtype=np.uint32),
                 npr["pos"],
                 npr["has_gauss"],
                 npr["cached_gaussian"],
-            )
+            ),
+            python=(py["version"], tuple(py["state"]), py["gauss"]),
         )
-        py = state.rng_state["python"]
-        random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
 
     # -- the trainer interface ---------------------------------------------------------------
     def init_state(self) -> TrainState:
@@ -373,15 +462,16 @@ class TorchTrainer(Trainer):
             step = state.step
             work = self._export(step, history, state.lineage)
             for _ in range(steps):
-                loss, lr = self._update(step)
+                epoch_end = (step + 1) % self.steps_per_epoch == 0
+                with self._owned_rngs(), self._user_code(f"update {step + 1}"):
+                    loss, lr = self._update(step)
+                    if self.scheduler is not None and (self.options.scheduler_interval == "step" or epoch_end):
+                        self.scheduler.step()
+                    metrics = self._evaluate_live("val") if epoch_end and self.eval_history else None
                 step += 1
                 history["loss"].append(loss)
                 history["lr"].append(lr)
-                epoch_end = step % self.steps_per_epoch == 0
-                if self.scheduler is not None and (self.options.scheduler_interval == "step" or epoch_end):
-                    self.scheduler.step()
-                if epoch_end and self.eval_history:
-                    metrics = self._evaluate_live("val")
+                if metrics is not None:
                     history["val_step"].append(float(step))
                     history["val_loss"].append(metrics["loss"])
                     history["val_accuracy"].append(metrics["accuracy"])
@@ -425,7 +515,8 @@ class TorchTrainer(Trainer):
             return None
         with self._runtime():
             self._load(state)
-            return self._evaluate_live(split)
+            with self._owned_rngs(), self._user_code(f"evaluation on {split}"):
+                return self._evaluate_live(split)
 
     def is_weight(self, name: str) -> bool:
         return name.startswith(("param/", "buffer/"))
@@ -436,8 +527,8 @@ class TorchTrainer(Trainer):
         out["rng/numpy"] = TensorSpec("<u4", (_MT_WORDS,))
         optimizer = meta.get("optimizer") if isinstance(meta, Mapping) else None
         with_state = optimizer.get("with_state", []) if isinstance(optimizer, Mapping) else []
-        if with_state:
-            probe = self._probe_optimizer()
+        if isinstance(with_state, list) and with_state:
+            probe, _ = self._probe_optimizer()
             for name in with_state:
                 for key, spec in probe.items():
                     pname, _, k = key.partition("/")
@@ -445,33 +536,35 @@ class TorchTrainer(Trainer):
                         out[f"optim/{name}/{k}"] = spec
         return out
 
-    def _probe_optimizer(self) -> dict[str, TensorSpec]:
-        """The optimizer's per-parameter tensor state, learnt from one zero-gradient step on a
-        second build of the model (so validation follows the optimizer, not a hard-coded list)."""
+    def _probe_optimizer(self) -> tuple[dict[str, TensorSpec], dict[str, type]]:
+        """The optimizer's per-parameter state — tensors (``NAME/KEY`` -> spec) and scalar keys
+        (``KEY`` -> JSON type) — learnt from one zero-gradient step on a second build of the model,
+        so validation follows the optimizer, not a hard-coded list."""
         if self._optim_probe is None:
             live = (self.setup, self.model, self.optimizer, self.scheduler, self.splits, self.params, self.buffers)
-            groups = self.group_params
-            with self._runtime(), torch.random.fork_rng(devices=[]):
-                np_state, py_state = np.random.get_state(), random.getstate()
+            kept = (self.group_params, self._rng, self._fresh_scheduler, self._fresh_groups)
+            with self._runtime():
                 try:
                     self._setup()
                     for p in self.params.values():
                         if p.requires_grad:
                             p.grad = torch.zeros_like(p)
-                    self.optimizer.step()
-                    probe = {}
+                    with self._owned_rngs(), self._user_code("optimizer.step() (probing its state)"):
+                        self.optimizer.step()
+                    tensors: dict[str, TensorSpec] = {}
+                    scalars: dict[str, type] = {}
                     for name, p in self.params.items():
                         for key, value in self.optimizer.state.get(p, {}).items():
                             if isinstance(value, torch.Tensor):
-                                probe[f"{name}/{key}"] = _spec(value)
-                    self._optim_probe = probe
+                                tensors[f"{name}/{key}"] = _spec(value)
+                            else:
+                                scalars[key] = type(_jsonable(value, f"optimizer.state[{name}].{key}"))
+                    self._optim_probe = (tensors, scalars)
                 finally:
-                    np.random.set_state(np_state)
-                    random.setstate(py_state)
                     self.setup, self.model, self.optimizer, self.scheduler, self.splits, self.params, self.buffers = (
                         live
                     )
-                    self.group_params = groups
+                    self.group_params, self._rng, self._fresh_scheduler, self._fresh_groups = kept
         return self._optim_probe
 
     def check_state(self, step: int, cursor: int, rng: Any, meta: Mapping[str, Any]) -> None:
@@ -516,25 +609,36 @@ class TorchTrainer(Trainer):
                     expected=self.group_params[i][:8],
                     found=saved["params"][:8] if isinstance(saved["params"], list) else saved["params"],
                 )
+            for key, fresh in self._fresh_groups[i].items():
+                _check_like(saved[key], fresh, f"meta.optimizer.param_groups[{i}].{key}", exact=False)
         with_state = optimizer["with_state"]
-        if (
-            not isinstance(with_state, list)
-            or not set(with_state) <= set(self.params)
-            or len(set(with_state)) != len(with_state)
-        ):
+        trainable = [n for n, p in self.params.items() if p.requires_grad]
+        want_state = [] if step == 0 else trainable
+        if not isinstance(with_state, list) or sorted(map(str, with_state)) != sorted(want_state):
             raise InvariantError(
-                "optimizer state names unknown parameters", field="meta.optimizer.with_state", expected=None, found=None
-            )
-        if step == 0 and with_state:
-            raise InvariantError(
-                "optimizer state before the first update",
+                "optimizer state must cover every trainable parameter after the first update (none before)",
                 field="meta.optimizer.with_state",
-                expected=[],
-                found=with_state[:8],
+                expected=f"{len(want_state)} parameters" if want_state else [],
+                found=f"{len(with_state)} entries" if isinstance(with_state, list) else type(with_state).__name__,
             )
         scalars = optimizer["scalars"]
+        _, scalar_types = self._probe_optimizer() if with_state else ({}, {})
         if not isinstance(scalars, Mapping) or not set(scalars) <= set(with_state):
             raise InvariantError("optimizer scalars name parameters without state", field="meta.optimizer.scalars")
+        for name in with_state:
+            entry = scalars.get(name, {})
+            if not isinstance(entry, Mapping) or set(entry) != set(scalar_types):
+                raise InvariantError(
+                    "optimizer scalar state has other keys than this optimizer",
+                    field=f"meta.optimizer.scalars[{name}]",
+                    expected=sorted(scalar_types),
+                    found=sorted(entry) if isinstance(entry, Mapping) else type(entry).__name__,
+                )
+            for key, kind in scalar_types.items():
+                if _json_kind(entry[key]) != _json_kind(kind()):
+                    raise InvariantError(
+                        field=f"meta.optimizer.scalars[{name}].{key}", expected=kind.__name__, found=entry[key]
+                    )
         has_scheduler = meta.get("scheduler") is not None
         if has_scheduler != (self.scheduler is not None):
             raise InvariantError(
@@ -543,6 +647,8 @@ class TorchTrainer(Trainer):
                 expected="a scheduler state" if self.scheduler is not None else None,
                 found="a scheduler state" if has_scheduler else None,
             )
+        if self._fresh_scheduler is not None:
+            _check_like(meta["scheduler"], self._fresh_scheduler, "meta.scheduler", exact=True)
         runtime = meta.get("runtime")
         want_runtime = {"threads": self.options.threads, "deterministic": self.options.deterministic}
         if not isinstance(runtime, Mapping) or {k: runtime.get(k) for k in want_runtime} != want_runtime:
@@ -560,6 +666,65 @@ class TorchTrainer(Trainer):
         if name.startswith("rng/"):
             return
         check_finite(name, values)
+        squares = name.startswith("optim/") and name.rsplit("/", 1)[-1] in NON_NEGATIVE_STATE
+        if squares and values.size and values.min() < 0:
+            raise InvariantError(
+                "optimizer second-moment state must be >= 0",
+                field=f"tensors[{name}]",
+                expected=">= 0",
+                found=float(values.min()),
+            )
+
+
+NON_NEGATIVE_STATE = frozenset({"exp_avg_sq", "max_exp_avg_sq", "square_avg", "sum", "acc_delta", "exp_inf"})
+"""Optimizer state keys (Adam/AdamW, RMSprop, Adagrad, Adadelta, Adamax) that hold squares."""
+SCHEDULER_PROGRESS = frozenset(
+    {"last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step", "_is_initial", "T_cur", "T_i"}
+)
+"""Scheduler state that advances with training; every other field must equal a fresh build's."""
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list | tuple):
+        return "list"
+    if isinstance(value, Mapping):
+        return "object"
+    return type(value).__name__
+
+
+def _check_like(saved: Any, fresh: Any, field: str, *, exact: bool) -> None:
+    """``saved`` (from a checkpoint) has the shape of ``fresh`` (this setup's own value): the same
+    JSON kinds, list lengths and keys; with ``exact``, values equal too, except the scheduler's
+    progress fields (``SCHEDULER_PROGRESS``)."""
+    if _json_kind(saved) != _json_kind(fresh):
+        raise InvariantError(
+            field=field, expected=_json_kind(fresh), found=saved if _json_kind(saved) != "object" else "an object"
+        )
+    if isinstance(fresh, Mapping):
+        if set(saved) != set(fresh):
+            raise InvariantError(
+                "state has other fields than this setup's", field=field, expected=sorted(fresh), found=sorted(saved)
+            )
+        for key in fresh:
+            progress = key in SCHEDULER_PROGRESS
+            _check_like(saved[key], fresh[key], f"{field}.{key}", exact=exact and not progress)
+    elif isinstance(fresh, list | tuple):
+        if len(saved) != len(fresh):
+            raise InvariantError(field=field, expected=f"{len(fresh)} values", found=f"{len(saved)} values")
+        for i, (a, b) in enumerate(zip(saved, fresh, strict=True)):
+            _check_like(a, b, f"{field}[{i}]", exact=exact)
+    elif exact and saved != fresh:
+        raise InvariantError(
+            "differs from this setup's (only progress may differ)", field=field, expected=fresh, found=saved
+        )
 
 
 def _np_dtype(t: torch.Tensor) -> str:

@@ -3,14 +3,17 @@ AdamW, a cosine schedule), resume in a fresh process, exact batches mid-epoch, r
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from cairn import errors as E
 from cairn.checkpoint import CheckpointRef, load_training
@@ -20,6 +23,7 @@ from cairn.sampler import EpochSampler
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore
 from cairn.trainers.base import load_trainer
+from cairn.trainers.pytorch import TorchSetup, TorchTrainer
 from tests.conftest import rewrite_manifest, write_broken
 from workers.cli import main as cli
 
@@ -238,3 +242,171 @@ def test_async_save_of_a_torch_state_equals_sync(config: TrainConfig, tmp_path: 
             LocalStore(tmp_path / "b"), CheckpointRef.parse(f"{tmp_path / 'b'}/async/training/{step:012d}")
         )
         assert compare_states(a, b) == [], step
+
+
+# -- forged JSON state, user-code failures, unsupported setups, RNG isolation ------------------
+def _forge_meta(state: Any, how: str) -> tuple[dict[str, Any], Callable[[dict[str, np.ndarray]], None] | None]:
+    meta = copy.deepcopy(state.meta)
+    tensors: Callable[[dict[str, np.ndarray]], None] | None = None
+    if how == "no-optimizer-state":
+        meta["optimizer"]["with_state"] = []
+
+        def tensors(arrays: dict[str, np.ndarray]) -> None:
+            for name in [n for n in arrays if n.startswith("optim/")]:
+                del arrays[name]
+
+    elif how == "scheduler-base-lrs":
+        meta["scheduler"]["base_lrs"] = [10.0]
+    elif how == "scheduler-shadows-a-method":
+        meta["scheduler"]["step"] = 5
+    elif how == "param-group-type":
+        meta["optimizer"]["param_groups"][0]["lr"] = "fast"
+    elif how == "param-group-betas":
+        meta["optimizer"]["param_groups"][0]["betas"] = [0.9, 0.999, 0.5]
+    elif how == "scalar-over-a-tensor":
+        name = meta["optimizer"]["with_state"][0]
+        meta["optimizer"]["scalars"] = {name: {"exp_avg": 3}}
+    elif how == "negative-second-moment":
+
+        def tensors(arrays: dict[str, np.ndarray]) -> None:
+            arrays["optim/head.3.bias/exp_avg_sq"] = -np.abs(arrays["optim/head.3.bias/exp_avg_sq"]) - 1
+
+    elif how == "evaluations-missing":
+
+        def tensors(arrays: dict[str, np.ndarray]) -> None:
+            for key in ("val_step", "val_loss", "val_accuracy"):
+                arrays[f"history/{key}"] = np.zeros(0)
+
+    return meta, tensors
+
+
+@pytest.mark.parametrize(
+    ("how", "error", "field"),
+    [
+        ("no-optimizer-state", E.InvariantError, "meta.optimizer.with_state"),
+        ("scheduler-base-lrs", E.InvariantError, "meta.scheduler.base_lrs[0]"),
+        ("scheduler-shadows-a-method", E.InvariantError, "meta.scheduler"),
+        ("param-group-type", E.InvariantError, "meta.optimizer.param_groups[0].lr"),
+        ("param-group-betas", E.InvariantError, "meta.optimizer.param_groups[0].betas"),
+        ("scalar-over-a-tensor", E.InvariantError, None),
+        ("negative-second-moment", E.InvariantError, "tensors[optim/head.3.bias/exp_avg_sq]"),
+        ("evaluations-missing", E.InvariantError, "tensors[history/val_step].shape"),
+    ],
+)
+def test_forged_trainer_state_is_refused_before_it_replaces_anything(
+    config: TrainConfig, tmp_path: Path, how: str, error: type[E.CairnError], field: str | None
+) -> None:
+    """Well-formed checkpoints (valid checksums and fingerprint) whose JSON state would resume
+    wrong or crash: each refused with a typed error, the session untouched."""
+    session = TrainingSession.fresh("run", tmp_path / "s", config)
+    session.run(45)  # past the first epoch end: one evaluation in the history
+    meta, tensors = _forge_meta(session.state, how)
+    ref = write_broken(session.store, f"forged-{how}", session.state.copy(), tensors=tensors, meta=meta)
+    before = session.state.copy()
+    with pytest.raises(error) as info:
+        session.restore(ref)
+    if field is not None:
+        assert info.value.field == field
+    else:
+        assert str(info.value.field).startswith("meta.optimizer.scalars")
+    assert compare_states(session.state, before) == []
+
+
+class FailingBuild(TorchTrainer):
+    def build(self) -> TorchSetup:
+        raise FileNotFoundError("/data/train.npz")
+
+
+class HalfPrecisionModel(TorchTrainer):
+    def build(self) -> TorchSetup:
+        model = torch.nn.Linear(4, 2).to(torch.bfloat16)
+        return TorchSetup(
+            model=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            train=(torch.zeros(8, 4), torch.zeros(8, dtype=torch.int64)),
+        )
+
+
+class PlateauScheduler(TorchTrainer):
+    def build(self) -> TorchSetup:
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        return TorchSetup(
+            model=model,
+            optimizer=opt,
+            scheduler=torch.optim.lr_scheduler.ReduceLROnPlateau(opt),
+            train=(torch.zeros(8, 4), torch.zeros(8, dtype=torch.int64)),
+        )
+
+
+class CrashingForward(TorchTrainer):
+    def build(self) -> TorchSetup:
+        model = torch.nn.Linear(3, 2)  # the data has 4 features: the forward pass raises
+        return TorchSetup(
+            model=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            train=(torch.zeros(8, 4), torch.zeros(8, dtype=torch.int64)),
+        )
+
+
+def own_trainer(name: str, **options: Any) -> TrainConfig:
+    return parse_config(
+        {"batch_size": 4, "trainer": {"factory": f"tests.unit.test_torch_adapter:{name}", "options": options}}
+    )
+
+
+def test_user_code_failures_are_typed_and_not_retryable(tmp_path: Path) -> None:
+    with pytest.raises(E.TrainerCodeError, match=r"build\(\) raised FileNotFoundError: /data/train.npz") as info:
+        load_trainer(own_trainer("FailingBuild"))
+    assert not info.value.retryable
+    session = TrainingSession.fresh("crash", tmp_path / "s", own_trainer("CrashingForward"))
+    with pytest.raises(E.TrainerCodeError, match="update 1 raised RuntimeError"):
+        session.run(2)
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [("HalfPrecisionModel", "torch.bfloat16"), ("PlateauScheduler", "ReduceLROnPlateau")],
+)
+def test_unsupported_setups_are_refused_at_once(name: str, message: str) -> None:
+    with pytest.raises(E.ConfigError, match=message):
+        load_trainer(own_trainer(name))
+
+
+def test_code_between_updates_cannot_perturb_the_runs_random_streams(
+    config: TrainConfig, uninterrupted: TrainingSession, tmp_path: Path
+) -> None:
+    """The adapter trains from private RNG states: a save's retry jitter (botocore draws from
+    ``random``) or any other code touching the global generators between updates changes nothing."""
+    import random
+
+    def meddle(_state: Any) -> bool:
+        random.random()
+        np.random.rand()
+        torch.rand(1)
+        return False
+
+    meddled = TrainingSession.fresh("meddled", tmp_path / "s", config)
+    meddled.run(40, on_step=meddle, checkpoint_at_end=False)
+    assert compare_states(meddled.state, uninterrupted.state) == []
+
+
+def test_equal_configs_are_equal_whatever_defaults_they_spell_out(config: TrainConfig, tmp_path: Path) -> None:
+    from cairn.session import default_run_id
+    from cairn.trainers.base import normalized_config
+
+    body = config.to_json()
+    spelled = copy.deepcopy(body)
+    spelled["trainer"]["options"].update({"deterministic": True, "scheduler_interval": "step", "split_seed": 0})
+    spelled_config = parse_config(spelled)
+    assert default_run_id(normalized_config(spelled_config)) == default_run_id(normalized_config(config))
+    saved = TrainingSession.fresh("run", tmp_path / "s", config).run(3)
+    assert saved is not None
+    resumed = TrainingSession.fresh("run2", tmp_path / "s", spelled_config)
+    resumed.restore(saved.ref)  # not refused as "another configuration"
+    assert resumed.state.step == 3
+
+
+def test_mlp_sections_are_refused_for_another_trainer() -> None:
+    with pytest.raises(E.ConfigError, match="'optimizer' configures the built-in MLP"):
+        parse_config({"trainer": {"factory": "examples.digits:DigitsCNN"}, "optimizer": {"lr": 0.5}})

@@ -51,6 +51,13 @@ def test_v1_checkpoint_reads_and_the_builtin_trainer_is_unchanged(tmp_path: Path
     assert compare_states(old, now.state) == []
     resumed = TrainingSession.resume_latest("v1-run", store, config)
     assert resumed.state.step == 7 and resumed.trainer.path == "cairn.trainers.mlp:MLPTrainer"
+    # What today's code writes for the built-in trainer is a v1 manifest, field for field, so
+    # workers still on the older code can read it during a rolling upgrade.
+    old_body = json.loads(store.read(f"{ref.prefix}/manifest.json"))
+    new_body = json.loads(now.store.read(f"{result.ref.prefix}/manifest.json"))
+    assert set(new_body) == set(old_body) and new_body["format_version"] == 1
+    assert set(new_body["lineage"]) == set(old_body["lineage"])
+    assert new_body["config"] == old_body["config"] and new_body["meta"] == old_body["meta"] == {}
 
 
 # -- selecting a trainer ------------------------------------------------------------------------
@@ -63,7 +70,7 @@ def test_v1_checkpoint_reads_and_the_builtin_trainer_is_unchanged(tmp_path: Path
     ],
 )
 def test_unknown_trainer_fails_at_once_naming_what_is_missing(factory: str, message: str) -> None:
-    config = small_config(trainer={"factory": factory})
+    config = parse_config({"trainer": {"factory": factory}})
     with pytest.raises(E.ConfigError, match="trainer.factory") as info:
         load_trainer(config)
     assert message in str(info.value)
@@ -79,7 +86,7 @@ def test_trainer_path_and_options_are_validated() -> None:
 
 def test_a_checkpoint_naming_an_untrusted_trainer_is_refused_before_import(tmp_path: Path) -> None:
     """A checkpoint is untrusted input: the trainer it names is not imported on its word."""
-    found = small_config(trainer={"factory": "evil.module:Payload"})
+    found = parse_config({"trainer": {"factory": "evil.module:Payload"}})
     with pytest.raises(E.ConfigError, match="names trainer 'evil.module:Payload'.*CAIRN_TRAINERS"):
         trainer_for_checkpoint(found, None)
     with pytest.raises(E.IncompatibleConfigError, match="another trainer") as info:
@@ -212,10 +219,15 @@ def test_cli_names_the_trainer_and_run_start_checks_its_options(
         == 0
     )
     assert json.loads(capsys.readouterr().out)["step"] == 3
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({"seed": 1, "batch_size": 4}))
+    assert cli(["train", "--config", str(bare), "--steps", "3", "--store", store, "--trainer", "nowhere.pkg:Net"]) == 2
+    assert "module 'nowhere' is not installed" in capsys.readouterr().err
+    # The built-in MLP's sections do not silently ride along with another trainer.
     assert (
         cli(["train", "--config", str(config), "--steps", "3", "--store", store, "--trainer", "nowhere.pkg:Net"]) == 2
     )
-    assert "module 'nowhere' is not installed" in capsys.readouterr().err
+    assert "'model' configures the built-in MLP" in capsys.readouterr().err
     run = json.loads((Path(__file__).resolve().parents[2] / "examples" / "run.json").read_text())
     run["config"]["trainer"] = {"factory": "cairn.trainers.mlp:MLPTrainer", "options": {"depth": 3}}
     run_file = tmp_path / "run.json"
