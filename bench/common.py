@@ -229,3 +229,65 @@ def write_result(name: str, payload: dict[str, Any], *, quick: bool = False) -> 
 
 def mbps(nbytes: int, seconds: float) -> float:
     return nbytes / 1e6 / seconds if seconds > 0 else float("inf")
+
+
+@contextlib.contextmanager
+def temporal_server(workdir: Path) -> Iterator[str]:
+    """A Temporal dev server (headless, SQLite file) started as the tests do; yields its address."""
+    from workers.servers import ServerProcess, free_port, temporal_command, wait_for_tcp
+
+    port = free_port()
+    workdir.mkdir(parents=True, exist_ok=True)
+    server = ServerProcess(
+        "temporal", temporal_command(port, None, workdir / "temporal.db"), workdir / "temporal.log"
+    ).start()
+    try:
+        wait_for_tcp("127.0.0.1", port, timeout=60, alive=server.alive)
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(grace=5.0)
+
+
+def worker_process(address: str, task_queue: str, log: Path) -> Any:
+    """A ``cairn worker`` process (``workers.worker``) on ``task_queue``: a ``ServerProcess``."""
+    from workers.servers import ServerProcess
+
+    argv = [sys.executable, "-m", "workers.worker", "--address", address, "--task-queue", task_queue]
+    return ServerProcess("worker", argv, log, env={"CAIRN_METRICS_PORT": "0"}, cwd=REPO).start()
+
+
+async def wait_worker_polling(client: Any, task_queue: str, timeout: float = 60) -> None:
+    """Until a worker polls ``task_queue`` (so that a timed run does not include its start)."""
+    from temporalio.api.enums.v1 import TaskQueueType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for kind in (TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,):
+            resp = await client.workflow_service.describe_task_queue(
+                DescribeTaskQueueRequest(
+                    namespace=client.namespace, task_queue=TaskQueue(name=task_queue), task_queue_type=kind
+                )
+            )
+            if resp.pollers:
+                return
+        await asyncio.sleep(0.2)
+    raise TimeoutError(f"no worker polls {task_queue} after {timeout}s")
+
+
+async def run_history(client: Any, workflow_id: str, first_run_id: str) -> list[list[Any]]:
+    """The events of every run of a workflow, following continue-as-new from ``first_run_id``."""
+    runs: list[list[Any]] = []
+    run_id: str | None = first_run_id
+    while run_id:
+        handle = client.get_workflow_handle(workflow_id, run_id=run_id)
+        events = [e async for e in handle.fetch_history_events()]
+        runs.append(events)
+        last = events[-1]
+        run_id = None
+        if last.HasField("workflow_execution_continued_as_new_event_attributes"):
+            run_id = last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+    return runs
