@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import statistics
 import sys
 import tempfile
 import time
@@ -78,7 +77,9 @@ def in_process(store_root: Path, run_id: str, total: int, throttle: float) -> fl
     return time.perf_counter() - start
 
 
-async def on_temporal(client: Any, queue: str, store_root: Path, run_id: str, total: int, throttle: float) -> tuple[float, str, RunSummary]:
+async def on_temporal(
+    client: Any, queue: str, store_root: Path, run_id: str, total: int, throttle: float
+) -> tuple[float, str, RunSummary]:
     config = load_config(REPO / "examples" / "config.json")
     inp = TrainingRunInput(
         run_id=run_id, config=config, total_steps=total, store=str(store_root), throttle_seconds_per_step=throttle

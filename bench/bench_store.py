@@ -41,6 +41,7 @@ from common import (  # noqa: E402
     stats,
     write_result,
 )
+from legacy import previous_reader  # noqa: E402
 
 from cairn.checkpoint import latest_committed, load_training, save_training  # noqa: E402
 from cairn.state import TrainState  # noqa: E402
@@ -67,6 +68,12 @@ def floor_read_file(path: Path, nbytes: int) -> np.ndarray:
                 raise RuntimeError("short floor file")
             view = view[n:]
     return out
+
+
+def load_before_fix(store: Any, ref: Any) -> object:
+    """``load_training`` with the read path as it was before the fix (see ``legacy.py``)."""
+    with previous_reader():
+        return load_training(store, ref, options=UNSIGNED)
 
 
 def bench_local(state: TrainState, reps: int, workdir: Path) -> dict[str, Any]:
@@ -99,6 +106,7 @@ def bench_local(state: TrainState, reps: int, workdir: Path) -> dict[str, Any]:
         {
             "floor": lambda: floor_read_file(floor_file, nbytes),
             "cairn": lambda: load_training(store, ref, options=UNSIGNED),
+            "cairn_before_fix": lambda: load_before_fix(store, ref),
         },
         reps,
         before=lambda _name: (gc.collect(), drop_cache(workdir)),
@@ -209,7 +217,14 @@ def bench_s3(state: TrainState, reps: int, workdir: Path, endpoint: str) -> dict
     }
     ref = latest_committed(store, "bench")
     assert ref is not None
-    restores = interleaved({"floor": floor_down, "cairn": lambda: load_training(store, ref, options=UNSIGNED)}, reps)
+    restores = interleaved(
+        {
+            "floor": floor_down,
+            "cairn": lambda: load_training(store, ref, options=UNSIGNED),
+            "cairn_before_fix": lambda: load_before_fix(store, ref),
+        },
+        reps,
+    )
     rss_restore = {
         "floor": measure_rss(floor_down),
         "cairn": measure_rss(lambda: load_training(store, ref, options=UNSIGNED)),
@@ -239,6 +254,10 @@ def _result(
             "ratio_per_rep": stats(pairs),
             "peak_extra_rss": rss,
         }
+        if "cairn_before_fix" in times:
+            before = stats(times["cairn_before_fix"])
+            out[op]["cairn_before_fix"] = before
+            out[op]["ratio_before_fix"] = floor["median"] / before["median"]
     return out
 
 
@@ -249,6 +268,8 @@ def report(store: str, mib: int, r: dict[str, Any]) -> None:
         print(
             f"{store:<5} {mib:>5} MiB {op:<8} floor {f['median']:7.3f}s {mb / f['median']:7.0f} MB/s"
             f"  cairn {o['median']:7.3f}s {mb / o['median']:7.0f} MB/s  ratio {r[op]['ratio']:.2f}x"
+            + (f" (before fix {r[op]['ratio_before_fix']:.2f}x)" if "ratio_before_fix" in r[op] else "")
+            + ""
             f"  rss floor {r[op]['peak_extra_rss']['floor'] / 2**20:6.0f} MiB"
             f" cairn {r[op]['peak_extra_rss']['cairn'] / 2**20:6.0f} MiB",
             flush=True,
@@ -287,7 +308,9 @@ def main() -> int:
         finally:
             if endpoint_cm is not None:
                 endpoint_cm.__exit__(None, None, None)
-    write_result("store", {"machine": machine(), "reps": reps, "sizes_mib": sizes, "results": results}, quick=args.quick)
+    write_result(
+        "store", {"machine": machine(), "reps": reps, "sizes_mib": sizes, "results": results}, quick=args.quick
+    )
     return 0
 
 

@@ -258,11 +258,11 @@ def worker_process(address: str, task_queue: str, log: Path) -> Any:
 
 async def wait_worker_polling(client: Any, task_queue: str, timeout: float = 60) -> None:
     """Until a worker polls ``task_queue`` (so that a timed run does not include its start)."""
+    import asyncio
+
     from temporalio.api.enums.v1 import TaskQueueType
     from temporalio.api.taskqueue.v1 import TaskQueue
     from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
-
-    import asyncio
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -13,9 +13,12 @@ its signature.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import os
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -41,10 +44,7 @@ from cairn.errors import (
 )
 from cairn.stores.base import Store
 
-__all__ = ["ValueCheck", "READ_PIECE", "parse_manifest", "read_manifest", "verify_tensors", "read_tensors"]
-
-READ_PIECE = 16 << 20
-"""Bytes per ranged read on restore (one GET on S3): checks start as soon as a piece lands."""
+__all__ = ["ValueCheck", "parse_manifest", "read_manifest", "verify_tensors", "read_tensors"]
 
 ValueCheck = Callable[[str, np.ndarray], None]
 """``value_check(name, chunk)``: raise to refuse a tensor from a 1-D chunk of its values."""
@@ -214,6 +214,18 @@ def verify_tensors(
         require_checksum(entry.name, entry.checksum, h)
 
 
+@functools.lru_cache(maxsize=8)
+def _pools(workers: int, pid: int) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
+    """Readers and checkers of restores, kept for the process (keyed by pid: a forked child
+    gets its own): starting threads on every restore costs milliseconds each while other
+    threads hold the GIL. Checkers wait only for reads, and reads wait for nothing, so
+    restores running at the same time share them without deadlock."""
+    return (
+        ThreadPoolExecutor(max_workers=2 * workers, thread_name_prefix="cairn-read"),
+        ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cairn-check"),
+    )
+
+
 def _pieces(entry: TensorEntry, piece_bytes: int) -> list[tuple[int, int]]:
     """Byte ranges ``[start, end)`` of one tensor, each a whole number of its elements."""
     itemsize = np.dtype(entry.dtype).itemsize
@@ -232,7 +244,7 @@ def read_tensors(
     """Allocate each tensor from its declared dtype/shape, fill it by ranged reads, verify its
     checksum and (optionally) its values.
 
-    Reading and checking overlap: every tensor is read in pieces of ``READ_PIECE`` bytes by a
+    Reading and checking overlap: every tensor is read in pieces (``store.read_piece_bytes``) by a
     pool of readers (largest tensors first, their pieces interleaved so that all of them
     progress together), while one checker per tensor hashes and ``value_check``s each piece
     as soon as it has landed, in order, in cache-sized chunks. Reads, BLAKE3 and numpy all
@@ -242,7 +254,7 @@ def read_tensors(
     """
     _check_shards_present(store, ref, manifest)
     arrays = {e.name: np.empty(e.shape, dtype=np.dtype(e.dtype)) for e in manifest.tensors}
-    pieces = {e.name: _pieces(e, READ_PIECE) for e in manifest.tensors}
+    pieces = {e.name: _pieces(e, store.read_piece_bytes) for e in manifest.tensors}
     largest_first = sorted(manifest.tensors, key=lambda e: -e.length)
     # Round-robin over tensors: piece 0 of each, then piece 1 of each, ...
     order = [
@@ -251,9 +263,9 @@ def read_tensors(
         for entry in largest_first
         if k < len(pieces[entry.name])
     ]
-    readers = ThreadPoolExecutor(max_workers=max(1, 2 * max_workers), thread_name_prefix="cairn-read")
-    checkers = ThreadPoolExecutor(max_workers=max(1, max_workers), thread_name_prefix="cairn-check")
+    readers, checkers = _pools(max(1, max_workers), os.getpid())
     landed: dict[tuple[str, int], Future[None]] = {}
+    verdicts: list[Future[None]] = []
 
     def read_piece(entry: TensorEntry, k: int) -> None:
         start, end = pieces[entry.name][k]
@@ -279,12 +291,14 @@ def read_tensors(
             landed[(entry.name, k)] = readers.submit(read_piece, entry, k)
         verdicts = [checkers.submit(check, e) for e in largest_first]
         failures = [f.exception() for f in verdicts]  # wait for all; report in manifest order
-        by_name = dict(zip((e.name for e in largest_first), failures, strict=True))
-        for entry in manifest.tensors:
-            failure = by_name[entry.name]
-            if failure is not None:
-                raise failure
     finally:
-        readers.shutdown(wait=True, cancel_futures=True)
-        checkers.shutdown(wait=True, cancel_futures=True)
+        # On any failure (or interruption) no read of this restore stays queued or running.
+        for f in [*landed.values(), *verdicts]:
+            f.cancel()
+        futures.wait([*landed.values(), *verdicts])
+    by_name = dict(zip((e.name for e in largest_first), failures, strict=True))
+    for entry in manifest.tensors:
+        failure = by_name[entry.name]
+        if failure is not None:
+            raise failure
     return arrays

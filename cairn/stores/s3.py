@@ -83,6 +83,7 @@ class S3Store(Store):
         self.prefix = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self.part_size = part_size
+        self.read_piece_bytes = part_size  # one ranged GET per piece
         self.max_concurrency = max_concurrency
         self.part_attempts = part_attempts
         if client is None:
