@@ -19,7 +19,7 @@ import math
 import os
 from collections.abc import Callable
 from concurrent import futures
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 
 import numpy as np
 from blake3 import blake3
@@ -168,14 +168,21 @@ def read_manifest(
     return manifest
 
 
-def _check_shards_present(store: Store, ref: CheckpointRef, manifest: Manifest) -> None:
-    """Every listed shard exists with its declared size, so no ranged read can fall short."""
-    for shard in manifest.shards:
-        key = f"{ref.prefix}/{shard.key}"
+def _check_shards_present(store: Store, ref: CheckpointRef, manifest: Manifest, pool: Executor | None = None) -> None:
+    """Every listed shard exists with its declared size, so no ranged read can fall short
+    (the sizes asked for concurrently on ``pool``: one round trip, not one per shard, on S3)."""
+
+    def size_of(key: str) -> int | None:
         try:
-            size = store.size(key)
+            return store.size(f"{ref.prefix}/{key}")
         except ObjectNotFoundError:
-            raise IntegrityError("shard listed in the manifest is missing", field=f"shards[{shard.key}]") from None
+            return None
+
+    keys = [shard.key for shard in manifest.shards]
+    sizes = list(pool.map(size_of, keys)) if pool is not None and len(keys) > 1 else [size_of(k) for k in keys]
+    for shard, size in zip(manifest.shards, sizes, strict=True):
+        if size is None:
+            raise IntegrityError("shard listed in the manifest is missing", field=f"shards[{shard.key}]")
         if size != shard.bytes:
             raise IntegrityError(field=f"shards[{shard.key}].bytes", expected=shard.bytes, found=size)
 
@@ -252,7 +259,8 @@ def read_tensors(
     byte is still hashed and every value checked before anything is returned. Every tensor is
     allocated whole: to check a checkpoint without holding it, use ``verify_tensors``.
     """
-    _check_shards_present(store, ref, manifest)
+    readers, checkers = _pools(max(1, max_workers), os.getpid())
+    _check_shards_present(store, ref, manifest, readers)
     arrays = {e.name: np.empty(e.shape, dtype=np.dtype(e.dtype)) for e in manifest.tensors}
     pieces = {e.name: _pieces(e, store.read_piece_bytes) for e in manifest.tensors}
     largest_first = sorted(manifest.tensors, key=lambda e: -e.length)
@@ -263,7 +271,6 @@ def read_tensors(
         for entry in largest_first
         if k < len(pieces[entry.name])
     ]
-    readers, checkers = _pools(max(1, max_workers), os.getpid())
     landed: dict[tuple[str, int], Future[None]] = {}
     verdicts: list[Future[None]] = []
 
