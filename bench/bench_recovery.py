@@ -138,7 +138,7 @@ async def one_kill(handle: Any, store: LocalStore, run_id: str, workers: list[An
         "reported_step_at_kill": reported,
         "durable_step_at_kill": durable_step,
         "resumed_from": resumed_from,
-        "recomputed_steps": (reported or 0) - durable_step,
+        "recomputed_steps": max(0, (reported or 0) - durable_step),  # a commit can land after the last heartbeat
     }
 
 
