@@ -308,6 +308,15 @@ def main() -> int:
         finally:
             if endpoint_cm is not None:
                 endpoint_cm.__exit__(None, None, None)
+    if args.only and not args.quick:  # keep the other store's results of the last full run
+        import json
+
+        from common import RESULTS
+
+        previous = RESULTS / "store.json"
+        if previous.exists():
+            other = "s3" if args.only == "local" else "local"
+            results[other] = json.loads(previous.read_text())["results"].get(other, {})
     write_result(
         "store", {"machine": machine(), "reps": reps, "sizes_mib": sizes, "results": results}, quick=args.quick
     )
