@@ -121,8 +121,9 @@ def plot_store(r: dict[str, Any], path: Path) -> None:
             ax.text(xi + 0.2, o, f"{o / f:.2f}×", ha="center", va="bottom", fontsize=8)
         ax.set_xticks(x, labels, fontsize=8)
         ax.set_ylabel("MB/s (median)")
+        ax.set_ylim(0, max(floor + ours) * 1.3)  # headroom for the legend
         ax.set_title("local disk" if store == "local" else "SeaweedFS S3 (loopback)")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper center", ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
