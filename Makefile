@@ -22,7 +22,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -m "not drill"
 
 bench: $(STAMP)
-	$(PY) bench/bench_store.py
+	$(PY) bench/run_all.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check cairn workflows activities workers tests bench

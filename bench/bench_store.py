@@ -1,231 +1,325 @@
-"""Save/restore a 256 MiB training state against the floor of the same store, side by side.
+"""Save and restore vs the floor of the same store, for several state sizes, side by side.
 
-Floor: a plain sequential write (+ fsync) / read of the same number of bytes to the same store
-— one file on local disk; one tuned boto3 multipart upload/download on S3 (SeaweedFS, started
-here). Ours: ``save_training`` (hashing every byte, shards, manifest commit) and
-``load_training`` (full validation: checksums, finiteness, invariants).
+Floor: the same number of bytes moved by plain sequential I/O on the same store in the same
+run — one file written (+ fsync) / read into one fresh buffer on local disk; one tuned boto3
+multipart upload / parallel download on S3 (SeaweedFS on loopback, started here). Ours:
+``save_training`` (BLAKE3 of every byte, shards, manifest commit) and ``load_training`` (full
+validation: checksums, finiteness, v >= 0, invariants). Restores read from the device: every
+file's pages are evicted first (both sides).
 
-Prints bytes, median seconds of N repetitions, MB/s and ratio = floor_seconds / our_seconds
-(1.0 = as fast as the floor). Writes bench/out/store.json and bench/out/store.png.
-Run: ``make bench`` (or ``python bench/bench_store.py --reps 5 --mib 256``).
+Reports per size and op: median and min-max seconds of N interleaved reps, MB/s, ratio =
+floor seconds / our seconds (>= 1.0: at least as fast as the floor), and the peak extra RSS
+of one (untimed) call of each, vs the state size.
+Run: ``python bench/bench_store.py [--sizes 64,256,1024] [--reps 5] [--only local|s3] [--quick]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import io
-import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (  # noqa: E402
+    UNSIGNED,
+    big_state,
+    drop_cache,
+    interleaved,
+    machine,
+    measure_rss,
+    seaweedfs,
+    state_arrays,
+    state_bytes,
+    stats,
+    write_result,
+)
+from legacy import previous_reader  # noqa: E402
 
-from cairn.checkpoint import CheckpointOptions, latest_committed, load_training, save_training  # noqa: E402
-from cairn.config import TrainConfig  # noqa: E402
-from cairn.data import load_dataset  # noqa: E402
+from cairn.checkpoint import latest_committed, load_training, save_training  # noqa: E402
+from cairn.state import TrainState  # noqa: E402
 from cairn.stores import LocalStore  # noqa: E402
-from cairn.trainer import init_state  # noqa: E402
-
-UNSIGNED = CheckpointOptions()  # the bench measures bytes, not HMAC
-
-OUT = REPO / "bench" / "out"
 
 
-def big_state(mib: int):  # type: ignore[no-untyped-def]
-    """A real TrainState whose theta + m + v total about ``mib`` MiB."""
-    d, c = 2048, 8
-    hidden = max(1, int(mib * (1 << 20) / 8 / 3 / (d + c + 1)))
-    cfg = TrainConfig.model_validate(
-        {"model": {"hidden": hidden}, "data": {"n_examples": 64, "n_features": d, "n_classes": c}}
-    )
-    state = init_state(cfg, load_dataset(cfg.data))
-    rng = np.random.default_rng(0)
-    for name in state.params:  # non-trivial moments, as after real training
-        state.m[name][...] = rng.standard_normal(state.m[name].shape) * 1e-3
-        state.v[name][...] = np.abs(rng.standard_normal(state.v[name].shape)) * 1e-6
-    return state
+def floor_write_file(arrays: list[np.ndarray], path: Path) -> None:
+    """The bytes of ``arrays``, one after another, into one file, then fsync."""
+    with open(path, "wb", buffering=0) as f:
+        for a in arrays:
+            view = memoryview(a.reshape(-1).view(np.uint8))
+            while view:
+                view = view[f.write(view) :]
+        os.fsync(f.fileno())
 
 
-def drop_cache(root: Path) -> None:
-    """Evict the files' pages so reads hit the device (pages are clean after fsync)."""
-    for path in root.rglob("*"):
-        if path.is_file():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+def floor_read_file(path: Path, nbytes: int) -> np.ndarray:
+    out = np.empty(nbytes, dtype=np.uint8)
+    with open(path, "rb", buffering=0) as f:
+        view = memoryview(out)
+        while view:
+            n = f.readinto(view)
+            if not n:
+                raise RuntimeError("short floor file")
+            view = view[n:]
+    return out
 
 
-def side_by_side(
-    floor: Callable[[], object],
-    ours: Callable[[], object],
-    reps: int,
-    before: Callable[[], object] = lambda: None,
-) -> tuple[float, float]:
-    """Median seconds of each, the two interleaved rep by rep so drift hits both alike.
-    ``before`` (untimed) runs before every timed call: cleanup, cache eviction."""
-    times: dict[str, list[float]] = {"floor": [], "ours": []}
-    for _ in range(reps):
-        for name, fn in (("floor", floor), ("ours", ours)):
-            before()
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return statistics.median(times["floor"]), statistics.median(times["ours"])
+def load_before_fix(store: Any, ref: Any) -> object:
+    """``load_training`` with the read path as it was before the fix (see ``legacy.py``)."""
+    with previous_reader():
+        return load_training(store, ref, options=UNSIGNED)
 
 
-def bench_local(state, reps: int, workdir: Path) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    nbytes = sum(a.nbytes for a in [*state.params.values(), *state.m.values(), *state.v.values()])
-    blob = np.concatenate([a.reshape(-1) for a in [*state.params.values(), *state.m.values(), *state.v.values()]])
+def bench_local(state: TrainState, reps: int, workdir: Path) -> dict[str, Any]:
+    nbytes = state_bytes(state)
+    arrays = state_arrays(state)
     floor_file = workdir / "floor.bin"
-
-    def floor_write() -> None:
-        with open(floor_file, "wb", buffering=0) as f:
-            f.write(memoryview(blob).cast("B"))
-            os.fsync(f.fileno())
-
-    def floor_read() -> None:
-        out = np.empty_like(blob)
-        with open(floor_file, "rb", buffering=0) as f:
-            f.readinto(memoryview(out).cast("B"))
-
     store = LocalStore(workdir / "store")
 
-    def ours_save() -> None:
-        save_training(store, "bench", state, options=UNSIGNED)
-
-    def fresh_files() -> None:  # both sides write new files every rep, nothing left over
+    def fresh_files(_name: str) -> None:  # both sides write new files every rep
         floor_file.unlink(missing_ok=True)
         store.delete([o.key for o in store.list("bench/")])
         os.sync()
 
-    results = {"bytes": nbytes}
-    results["floor_save_s"], results["ours_save_s"] = side_by_side(floor_write, ours_save, reps, before=fresh_files)
-    floor_write()
-    ours_save()
+    saves = interleaved(
+        {
+            "floor": lambda: floor_write_file(arrays, floor_file),
+            "cairn": lambda: save_training(store, "bench", state, options=UNSIGNED),
+        },
+        reps,
+        before=fresh_files,
+    )
+    fresh_files("")
+    rss_save = {
+        "floor": measure_rss(lambda: floor_write_file(arrays, floor_file)),
+        "cairn": measure_rss(lambda: save_training(store, "bench", state, options=UNSIGNED)),
+    }
     ref = latest_committed(store, "bench")
     assert ref is not None
-    results["floor_restore_s"], results["ours_restore_s"] = side_by_side(
-        floor_read, lambda: load_training(store, ref, options=UNSIGNED), reps, before=lambda: drop_cache(workdir)
+    restores = interleaved(
+        {
+            "floor": lambda: floor_read_file(floor_file, nbytes),
+            "cairn": lambda: load_training(store, ref, options=UNSIGNED),
+            "cairn_before_fix": lambda: load_before_fix(store, ref),
+        },
+        reps,
+        before=lambda _name: (gc.collect(), drop_cache(workdir)),
     )
-    return results
+    drop_cache(workdir)
+    rss_restore = {"floor": measure_rss(lambda: floor_read_file(floor_file, nbytes))}
+    drop_cache(workdir)
+    rss_restore["cairn"] = measure_rss(lambda: load_training(store, ref, options=UNSIGNED))
+    restored, _ = load_training(store, ref, options=UNSIGNED)
+    for group in ("params", "m", "v"):  # bit-exact
+        mine, theirs = getattr(state, group), getattr(restored, group)
+        assert set(mine) == set(theirs) and all(mine[k].tobytes() == theirs[k].tobytes() for k in mine)
+    del restored
+    return _result(nbytes, saves, restores, rss_save, rss_restore)
 
 
-def bench_s3(state, reps: int, workdir: Path) -> dict[str, float]:  # type: ignore[no-untyped-def]
+class _ArraysReader(io.RawIOBase):
+    """A file-like view of several arrays' bytes, one after another (no up-front copy)."""
+
+    def __init__(self, arrays: list[np.ndarray]) -> None:
+        self._views = [memoryview(a.reshape(-1).view(np.uint8)) for a in arrays]
+        self._i = 0
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        out = memoryview(b).cast("B")
+        n = 0
+        while n < len(out) and self._i < len(self._views):
+            view = self._views[self._i][self._pos :]
+            take = min(len(view), len(out) - n)
+            out[n : n + take] = view[:take]
+            n += take
+            self._pos += take
+            if self._pos == len(self._views[self._i]):
+                self._i, self._pos = self._i + 1, 0
+        return n
+
+
+class _BufferWriter(io.RawIOBase):
+    """A seekable writer into one preallocated buffer (the download's destination)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.buf = np.empty(nbytes, dtype=np.uint8)
+        self._view = memoryview(self.buf)
+        self._pos = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self._pos = pos if whence == 0 else (self._pos + pos if whence == 1 else len(self._view) + pos)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def write(self, b: Any) -> int:
+        data = memoryview(b).cast("B")
+        self._view[self._pos : self._pos + len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+
+def bench_s3(state: TrainState, reps: int, workdir: Path, endpoint: str) -> dict[str, Any]:
     import boto3
     from boto3.s3.transfer import TransferConfig
     from botocore.config import Config
 
     from cairn.stores.s3 import S3Store
-    from workers.servers import ServerProcess, free_port, seaweedfs_command, wait_for_http
 
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench-secret")
-    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-    port = free_port()
-    (workdir / "weed").mkdir()
-    server = ServerProcess("seaweedfs", seaweedfs_command(workdir / "weed", port), workdir / "weed.log").start()
-    try:
-        endpoint = f"http://127.0.0.1:{port}"
-        wait_for_http(endpoint + "/", timeout=60, alive=server.alive)
-        store = S3Store("bench", f"run-{uuid.uuid4().hex[:6]}", endpoint_url=endpoint)
-        store.ensure_bucket()
-        client = boto3.client(
-            "s3", endpoint_url=endpoint, config=Config(s3={"addressing_style": "path"}, max_pool_connections=16)
-        )
-        blob = np.concatenate([a.reshape(-1) for a in [*state.params.values(), *state.m.values(), *state.v.values()]])
-        tc = TransferConfig(multipart_threshold=16 << 20, multipart_chunksize=16 << 20, max_concurrency=8)
+    nbytes = state_bytes(state)
+    arrays = state_arrays(state)
+    bucket = f"bench-{uuid.uuid4().hex[:6]}"
+    store = S3Store(bucket, "cairn", endpoint_url=endpoint)
+    store.ensure_bucket()
+    client = boto3.client(
+        "s3", endpoint_url=endpoint, config=Config(s3={"addressing_style": "path"}, max_pool_connections=16)
+    )
+    # The same part size and concurrency as the store's: the floor is the same transfer, minus Cairn.
+    tc = TransferConfig(multipart_threshold=16 << 20, multipart_chunksize=16 << 20, max_concurrency=8)
 
-        def floor_up() -> None:
-            client.upload_fileobj(io.BytesIO(memoryview(blob).cast("B")), "bench", "floor.bin", Config=tc)
+    def floor_up() -> None:
+        client.upload_fileobj(_ArraysReader(arrays), bucket, "floor.bin", Config=tc)
 
-        def floor_down() -> None:
-            buf = io.BytesIO()
-            client.download_fileobj("bench", "floor.bin", buf, Config=tc)
+    def floor_down() -> np.ndarray:
+        out = _BufferWriter(nbytes)
+        client.download_fileobj(bucket, "floor.bin", out, Config=tc)
+        return out.buf
 
-        counter = iter(range(10**6))
-        results = {"bytes": blob.nbytes}
-        results["floor_save_s"], results["ours_save_s"] = side_by_side(
-            floor_up, lambda: save_training(store, f"b{next(counter)}", state, options=UNSIGNED), reps
-        )
-        ref = latest_committed(store, "b0")
-        assert ref is not None
-        results["floor_restore_s"], results["ours_restore_s"] = side_by_side(
-            floor_down, lambda: load_training(store, ref, options=UNSIGNED), reps
-        )
-        store.close()
-        return results
-    finally:
-        server.stop(grace=2.0)
+    def clear(_name: str = "") -> None:  # untimed: each save writes a fresh checkpoint
+        store.delete([o.key for o in store.list("")])
+
+    saves = interleaved(
+        {"floor": floor_up, "cairn": lambda: save_training(store, "bench", state, options=UNSIGNED)},
+        reps,
+        before=clear,
+    )
+    clear()
+    rss_save = {
+        "floor": measure_rss(floor_up),
+        "cairn": measure_rss(lambda: save_training(store, "bench", state, options=UNSIGNED)),
+    }
+    ref = latest_committed(store, "bench")
+    assert ref is not None
+    restores = interleaved(
+        {
+            "floor": floor_down,
+            "cairn": lambda: load_training(store, ref, options=UNSIGNED),
+            "cairn_before_fix": lambda: load_before_fix(store, ref),
+        },
+        reps,
+    )
+    rss_restore = {
+        "floor": measure_rss(floor_down),
+        "cairn": measure_rss(lambda: load_training(store, ref, options=UNSIGNED)),
+    }
+    clear()
+    client.delete_object(Bucket=bucket, Key="floor.bin")
+    store.close()
+    return _result(nbytes, saves, restores, rss_save, rss_restore)
 
 
-def report(name: str, r: dict[str, float]) -> dict[str, float]:
-    mb = r["bytes"] / 1e6
-    out = dict(r)
-    for op in ("save", "restore"):
-        out[f"{op}_ratio"] = r[f"floor_{op}_s"] / r[f"ours_{op}_s"]
-        floor_s, ours_s = r[f"floor_{op}_s"], r[f"ours_{op}_s"]
-        print(
-            f"{name:<6} {op:<8} {int(r['bytes']):>11} B  floor {floor_s:7.3f}s {mb / floor_s:8.1f} MB/s"
-            f"   ours {ours_s:7.3f}s {mb / ours_s:8.1f} MB/s   ratio {out[f'{op}_ratio']:.2f}x"
-        )
+def _result(
+    nbytes: int,
+    saves: dict[str, list[float]],
+    restores: dict[str, list[float]],
+    rss_save: dict[str, int],
+    rss_restore: dict[str, int],
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"bytes": nbytes}
+    for op, times, rss in (("save", saves, rss_save), ("restore", restores, rss_restore)):
+        floor, ours = stats(times["floor"]), stats(times["cairn"])
+        # ratio per rep pair (same rep, adjacent in time), and of the medians
+        pairs = [f / o for f, o in zip(times["floor"], times["cairn"], strict=True)]
+        out[op] = {
+            "floor": floor,
+            "cairn": ours,
+            "ratio": floor["median"] / ours["median"],
+            "ratio_per_rep": stats(pairs),
+            "peak_extra_rss": rss,
+        }
+        if "cairn_before_fix" in times:
+            before = stats(times["cairn_before_fix"])
+            out[op]["cairn_before_fix"] = before
+            out[op]["ratio_before_fix"] = floor["median"] / before["median"]
     return out
 
 
-def plot(results: dict[str, dict[str, float]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels, floor, ours = [], [], []
-    for store, r in results.items():
-        for op in ("save", "restore"):
-            labels.append(f"{store}\n{op}")
-            floor.append(r["bytes"] / 1e6 / r[f"floor_{op}_s"])
-            ours.append(r["bytes"] / 1e6 / r[f"ours_{op}_s"])
-    x = np.arange(len(labels))
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.bar(x - 0.2, floor, 0.4, label="floor (plain sequential I/O)")
-    ax.bar(x + 0.2, ours, 0.4, label="cairn (hash + shards + commit / validate)")
-    ax.set_xticks(x, labels)
-    ax.set_ylabel("MB/s (median)")
-    ax.set_title("256 MiB training state: cairn vs the store's floor")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+def report(store: str, mib: int, r: dict[str, Any]) -> None:
+    for op in ("save", "restore"):
+        f, o = r[op]["floor"], r[op]["cairn"]
+        mb = r["bytes"] / 1e6
+        print(
+            f"{store:<5} {mib:>5} MiB {op:<8} floor {f['median']:7.3f}s {mb / f['median']:7.0f} MB/s"
+            f"  cairn {o['median']:7.3f}s {mb / o['median']:7.0f} MB/s  ratio {r[op]['ratio']:.2f}x"
+            + (f" (before fix {r[op]['ratio_before_fix']:.2f}x)" if "ratio_before_fix" in r[op] else "")
+            + ""
+            f"  rss floor {r[op]['peak_extra_rss']['floor'] / 2**20:6.0f} MiB"
+            f" cairn {r[op]['peak_extra_rss']['cairn'] / 2**20:6.0f} MiB",
+            flush=True,
+        )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mib", type=int, default=256)
+    parser.add_argument("--sizes", default="64,256,1024", help="state sizes in MiB, comma-separated")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--only", choices=["local", "s3"])
+    parser.add_argument("--quick", action="store_true", help="16 MiB, 3 reps: a smoke run")
     args = parser.parse_args()
-    state = big_state(args.mib)
-    OUT.mkdir(parents=True, exist_ok=True)
-    results: dict[str, dict[str, float]] = {}
-    with tempfile.TemporaryDirectory(dir=REPO / ".cairn" if (REPO / ".cairn").exists() else None) as tmp:
-        if args.only in (None, "local"):
-            (Path(tmp) / "local").mkdir()
-            results["local"] = report("local", bench_local(state, args.reps, Path(tmp) / "local"))
-        if args.only in (None, "s3"):
-            (Path(tmp) / "s3").mkdir()
-            results["s3"] = report("s3", bench_s3(state, args.reps, Path(tmp) / "s3"))
-    (OUT / "store.json").write_text(json.dumps({"reps": args.reps, "mib": args.mib, "results": results}, indent=1))
-    plot(results, OUT / "store.png")
-    print(f"wrote {OUT / 'store.json'} and {OUT / 'store.png'}")
+    sizes = [16] if args.quick else [int(s) for s in args.sizes.split(",")]
+    reps = 3 if args.quick else args.reps
+    results: dict[str, dict[str, Any]] = {"local": {}, "s3": {}}
+    with tempfile.TemporaryDirectory(prefix="cairn-bench-store-") as tmp:
+        endpoint_cm = seaweedfs(Path(tmp) / "s3") if args.only != "local" else None
+        endpoint = endpoint_cm.__enter__() if endpoint_cm else None
+        try:
+            for mib in sizes:
+                state = big_state(mib)
+                if args.only in (None, "local"):
+                    work = Path(tmp) / f"local-{mib}"
+                    work.mkdir()
+                    results["local"][str(mib)] = r = bench_local(state, reps, work)
+                    report("local", mib, r)
+                    import shutil
+
+                    shutil.rmtree(work)
+                if endpoint is not None:
+                    results["s3"][str(mib)] = r = bench_s3(state, reps, Path(tmp), endpoint)
+                    report("s3", mib, r)
+                del state
+                gc.collect()
+        finally:
+            if endpoint_cm is not None:
+                endpoint_cm.__exit__(None, None, None)
+    if args.only and not args.quick:  # keep the other store's results of the last full run
+        import json
+
+        from common import RESULTS
+
+        previous = RESULTS / "store.json"
+        if previous.exists():
+            other = "s3" if args.only == "local" else "local"
+            results[other] = json.loads(previous.read_text())["results"].get(other, {})
+    write_result(
+        "store", {"machine": machine(), "reps": reps, "sizes_mib": sizes, "results": results}, quick=args.quick
+    )
     return 0
 
 

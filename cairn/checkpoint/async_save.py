@@ -1,7 +1,10 @@
 """Async save: snapshot now, persist in the background.
 
 ``save_async`` copies the state into a snapshot buffer before returning, so the trainer may
-mutate its arrays right away without changing what is saved. Persisting happens on a
+mutate its arrays right away without changing what is saved. The snapshot buffers (one per
+save in flight) are allocated once and reused by later saves, and the copy runs in pieces on
+several threads (numpy releases the GIL): the trainer is blocked for a memory copy at memory
+bandwidth, not for page faults of fresh allocations. Persisting happens on a
 background thread; the returned handle is waited on. At most ``max_in_flight`` saves run per
 run (default 1): a further call blocks until one finishes (backpressure). A failed background
 save is never dropped: its handle raises, and the next ``save_async`` / ``wait`` / ``close``
@@ -10,9 +13,12 @@ raises it too. A failed save never commits a manifest, so it never advances ``la
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
 
 from cairn.checkpoint.commit import CommitResult
 from cairn.checkpoint.manager import save_training
@@ -20,6 +26,10 @@ from cairn.checkpoint.options import CheckpointOptions
 from cairn.errors import StorageError
 from cairn.state import TrainState
 from cairn.stores.base import Store
+
+COPY_PIECE = 8 << 20
+"""Bytes per piece of the snapshot copy (pieces are copied concurrently)."""
+_Arrays = dict[str, dict[str, np.ndarray]]
 
 __all__ = ["AsyncCheckpointer", "SaveHandle"]
 
@@ -52,6 +62,8 @@ class AsyncCheckpointer:
         self.options = options or CheckpointOptions.from_env()
         self._slots = threading.BoundedSemaphore(max_in_flight)
         self._pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="cairn-async-save")
+        self._copiers = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="cairn-snapshot")
+        self._spare: list[_Arrays] = []  # snapshot buffers of finished saves, reused
         self._handles: list[SaveHandle] = []
         self._failure: BaseException | None = None
         self._lock = threading.Lock()
@@ -67,7 +79,18 @@ class AsyncCheckpointer:
         self._slots.acquire()  # backpressure: wait for a free slot before taking a snapshot
         self._raise_failure()
         try:
-            snapshot = state.copy()  # the snapshot buffer: nothing aliases the trainer's arrays
+            buffers = self._snapshot_arrays(state)  # nothing aliases the trainer's arrays
+            snapshot = TrainState(
+                config=state.config,
+                lineage=state.lineage,
+                params=buffers["params"],
+                m=buffers["m"],
+                v=buffers["v"],
+                step=state.step,
+                cursor=state.cursor,
+                rng_state=_copy_rng_state(state.rng_state),
+                history={k: list(v) for k, v in state.history.items()},
+            )
         except BaseException:
             self._slots.release()
             raise
@@ -80,12 +103,35 @@ class AsyncCheckpointer:
                     self._failure = self._failure or exc
                 raise
             finally:
+                with self._lock:
+                    self._spare.append(buffers)  # the save is over: its buffers may be reused
                 self._slots.release()
 
         handle = SaveHandle(self._pool.submit(persist), snapshot.step)
         with self._lock:
             self._handles = [h for h in self._handles if not h.done()] + [handle]
         return handle
+
+    def _snapshot_arrays(self, state: TrainState) -> _Arrays:
+        """Copy theta, m and v into a spare snapshot buffer of the same layout (or new ones),
+        in pieces, concurrently."""
+        source: _Arrays = {"params": state.params, "m": state.m, "v": state.v}
+        layout = {g: {k: (a.shape, a.dtype) for k, a in arrays.items()} for g, arrays in source.items()}
+        with self._lock:
+            spare = self._spare
+            self._spare = []
+        buffers = next((b for b in spare if _layout(b) == layout), None)  # others are dropped
+        if buffers is None:
+            buffers = {g: {k: np.empty(a.shape, a.dtype) for k, a in arrays.items()} for g, arrays in source.items()}
+        pieces = []
+        for group, arrays in source.items():
+            for name, src in arrays.items():
+                dst_flat, src_flat = buffers[group][name].reshape(-1), np.ascontiguousarray(src).reshape(-1)
+                step = max(1, COPY_PIECE // max(1, src_flat.itemsize))
+                pieces += [(dst_flat[i : i + step], src_flat[i : i + step]) for i in range(0, src_flat.size, step)]
+        for done in [self._copiers.submit(np.copyto, dst, src) for dst, src in pieces]:
+            done.result()
+        return buffers
 
     def wait(self) -> None:
         """Block until every save in flight finished; raise the first failure."""
@@ -99,3 +145,17 @@ class AsyncCheckpointer:
             self.wait()
         finally:
             self._pool.shutdown(wait=True)
+            self._copiers.shutdown(wait=True)
+            self._spare = []
+
+
+def _layout(buffers: _Arrays) -> dict[str, dict[str, tuple[tuple[int, ...], np.dtype]]]:
+    return {g: {k: (a.shape, a.dtype) for k, a in arrays.items()} for g, arrays in buffers.items()}
+
+
+def _copy_rng_state(state: dict[str, object]) -> dict[str, object]:
+    out = dict(state)
+    inner = state.get("state")
+    if isinstance(inner, dict):
+        out["state"] = dict(inner)
+    return out

@@ -13,10 +13,13 @@ its signature.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent import futures
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 
 import numpy as np
 from blake3 import blake3
@@ -165,14 +168,21 @@ def read_manifest(
     return manifest
 
 
-def _check_shards_present(store: Store, ref: CheckpointRef, manifest: Manifest) -> None:
-    """Every listed shard exists with its declared size, so no ranged read can fall short."""
-    for shard in manifest.shards:
-        key = f"{ref.prefix}/{shard.key}"
+def _check_shards_present(store: Store, ref: CheckpointRef, manifest: Manifest, pool: Executor | None = None) -> None:
+    """Every listed shard exists with its declared size, so no ranged read can fall short
+    (the sizes asked for concurrently on ``pool``: one round trip, not one per shard, on S3)."""
+
+    def size_of(key: str) -> int | None:
         try:
-            size = store.size(key)
+            return store.size(f"{ref.prefix}/{key}")
         except ObjectNotFoundError:
-            raise IntegrityError("shard listed in the manifest is missing", field=f"shards[{shard.key}]") from None
+            return None
+
+    keys = [shard.key for shard in manifest.shards]
+    sizes = list(pool.map(size_of, keys)) if pool is not None and len(keys) > 1 else [size_of(k) for k in keys]
+    for shard, size in zip(manifest.shards, sizes, strict=True):
+        if size is None:
+            raise IntegrityError("shard listed in the manifest is missing", field=f"shards[{shard.key}]")
         if size != shard.bytes:
             raise IntegrityError(field=f"shards[{shard.key}].bytes", expected=shard.bytes, found=size)
 
@@ -211,6 +221,25 @@ def verify_tensors(
         require_checksum(entry.name, entry.checksum, h)
 
 
+@functools.lru_cache(maxsize=8)
+def _pools(workers: int, pid: int) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
+    """Readers and checkers of restores, kept for the process (keyed by pid: a forked child
+    gets its own): starting threads on every restore costs milliseconds each while other
+    threads hold the GIL. Checkers wait only for reads, and reads wait for nothing, so
+    restores running at the same time share them without deadlock."""
+    return (
+        ThreadPoolExecutor(max_workers=2 * workers, thread_name_prefix="cairn-read"),
+        ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cairn-check"),
+    )
+
+
+def _pieces(entry: TensorEntry, piece_bytes: int) -> list[tuple[int, int]]:
+    """Byte ranges ``[start, end)`` of one tensor, each a whole number of its elements."""
+    itemsize = np.dtype(entry.dtype).itemsize
+    step = max(itemsize, piece_bytes // itemsize * itemsize)
+    return [(start, min(entry.length, start + step)) for start in range(0, entry.length, step)]
+
+
 def read_tensors(
     store: Store,
     ref: CheckpointRef,
@@ -219,29 +248,64 @@ def read_tensors(
     max_workers: int = 4,
     value_check: ValueCheck | None = None,
 ) -> dict[str, np.ndarray]:
-    """Allocate each tensor from its declared dtype/shape, fill it by ranged read, verify its
+    """Allocate each tensor from its declared dtype/shape, fill it by ranged reads, verify its
     checksum and (optionally) its values.
 
-    Tensors load concurrently; within a tensor, hashing and ``value_check`` run chunk by chunk
-    in one pass while the chunk is hot in cache. Every tensor is allocated whole: to check a
-    checkpoint without holding it, use ``verify_tensors``.
+    Reading and checking overlap: every tensor is read in pieces (``store.read_piece_bytes``) by a
+    pool of readers (largest tensors first, their pieces interleaved so that all of them
+    progress together), while one checker per tensor hashes and ``value_check``s each piece
+    as soon as it has landed, in order, in cache-sized chunks. Reads, BLAKE3 and numpy all
+    release the GIL, so the checks run on the other cores while the bytes stream in; every
+    byte is still hashed and every value checked before anything is returned. Every tensor is
+    allocated whole: to check a checkpoint without holding it, use ``verify_tensors``.
     """
-    _check_shards_present(store, ref, manifest)
+    readers, checkers = _pools(max(1, max_workers), os.getpid())
+    _check_shards_present(store, ref, manifest, readers)
+    arrays = {e.name: np.empty(e.shape, dtype=np.dtype(e.dtype)) for e in manifest.tensors}
+    pieces = {e.name: _pieces(e, store.read_piece_bytes) for e in manifest.tensors}
+    largest_first = sorted(manifest.tensors, key=lambda e: -e.length)
+    # Round-robin over tensors: piece 0 of each, then piece 1 of each, ...
+    order = [
+        (entry, k)
+        for k in range(max((len(p) for p in pieces.values()), default=0))
+        for entry in largest_first
+        if k < len(pieces[entry.name])
+    ]
+    landed: dict[tuple[str, int], Future[None]] = {}
+    verdicts: list[Future[None]] = []
 
-    def load(entry: TensorEntry) -> tuple[str, np.ndarray]:
-        arr = np.empty(entry.shape, dtype=np.dtype(entry.dtype))
-        if entry.length:
-            store.read_into(f"{ref.prefix}/{entry.shard}", entry.offset, byte_view(arr))
-        flat = arr.reshape(-1)
-        step = max(1, CHECK_CHUNK // max(1, arr.itemsize))
+    def read_piece(entry: TensorEntry, k: int) -> None:
+        start, end = pieces[entry.name][k]
+        view = byte_view(arrays[entry.name])[start:end]
+        store.read_into(f"{ref.prefix}/{entry.shard}", entry.offset + start, view)
+
+    def check(entry: TensorEntry) -> None:
+        flat = arrays[entry.name].reshape(-1)
+        itemsize = max(1, flat.itemsize)
+        step = max(1, CHECK_CHUNK // itemsize)
         h = blake3()
-        for start in range(0, flat.size, step):
-            chunk = flat[start : start + step]
-            h.update(byte_view(chunk))
-            if value_check is not None:
-                value_check(entry.name, chunk)
+        for k, (start, end) in enumerate(pieces[entry.name]):
+            landed[(entry.name, k)].result()
+            for first in range(start // itemsize, end // itemsize, step):
+                chunk = flat[first : min(end // itemsize, first + step)]
+                h.update(byte_view(chunk))
+                if value_check is not None:
+                    value_check(entry.name, chunk)
         require_checksum(entry.name, entry.checksum, h)
-        return entry.name, arr
 
-    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(manifest.tensors)))) as pool:
-        return dict(pool.map(load, manifest.tensors))
+    try:
+        for entry, k in order:
+            landed[(entry.name, k)] = readers.submit(read_piece, entry, k)
+        verdicts = [checkers.submit(check, e) for e in largest_first]
+        failures = [f.exception() for f in verdicts]  # wait for all; report in manifest order
+    finally:
+        # On any failure (or interruption) no read of this restore stays queued or running.
+        for f in [*landed.values(), *verdicts]:
+            f.cancel()
+        futures.wait([*landed.values(), *verdicts])
+    by_name = dict(zip((e.name for e in largest_first), failures, strict=True))
+    for entry in manifest.tensors:
+        failure = by_name[entry.name]
+        if failure is not None:
+            raise failure
+    return arrays

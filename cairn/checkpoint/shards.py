@@ -9,8 +9,11 @@ overwrites the winner's bytes. Nothing here commits: see ``cairn.checkpoint.comm
 
 from __future__ import annotations
 
+import functools
+import os
 import uuid
 from collections.abc import Iterator, Mapping
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -41,6 +44,13 @@ class _ShardPlan:
     key: str
     names: list[str]
     size: int
+
+
+@functools.lru_cache(maxsize=8)
+def _writers(workers: int, pid: int) -> ThreadPoolExecutor:
+    """Shard writers, kept for the process (keyed by pid: a forked child gets its own), so a
+    save does not start threads every time; writers wait only for the store."""
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cairn-shard")
 
 
 def new_save_nonce() -> str:
@@ -111,6 +121,11 @@ def write_shards(
     arrays = {name: as_le_contiguous(a) for name, a in tensors.items()}
     prefix = checkpoint_prefix(content.run_id, content.kind, content.step)
     plans = _plan_shards(arrays, nonce, rank, options.shard_bytes)
-    with ThreadPoolExecutor(max_workers=max(1, min(options.max_workers, len(plans)))) as pool:
-        results = list(pool.map(lambda p: _write_shard(store, prefix, p, arrays, rank), plans))
+    if len(plans) <= 1:  # one shard: no thread to hand it to
+        results = [_write_shard(store, prefix, p, arrays, rank) for p in plans]
+    else:
+        pool = _writers(max(1, options.max_workers), os.getpid())
+        jobs = [pool.submit(_write_shard, store, prefix, p, arrays, rank) for p in plans]
+        futures.wait(jobs)  # every shard finished (or failed) before anything is reported
+        results = [j.result() for j in jobs]
     return RankShards(rank=rank, shards=[s for s, _ in results], tensors=[e for _, es in results for e in es])

@@ -76,6 +76,9 @@ class Store(ABC):
     """A flat namespace of immutable-once-committed objects under one root URL."""
 
     url: str
+    read_piece_bytes: int = 8 << 20
+    """How many bytes a restore asks for per ``read_into`` call: big enough to amortize a call
+    (a request, on S3), small enough that checking one piece overlaps reading the next."""
 
     @abstractmethod
     def write_object(self, key: str, chunks: Iterable[Chunk], size: int | None = None) -> None:

@@ -5,7 +5,8 @@
 - An object of at most ``part_size`` bytes (declared by ``size``, or found so when its chunks
   ran out) is one ``PutObject``. Larger objects go up as multipart uploads: parts are cut from
   the stream as it arrives and uploaded concurrently, with at most ``max_concurrency`` parts
-  held in memory. ``abort_stale_uploads`` collects the uploads a crashed writer left behind.
+  held in memory by the whole store (however many objects upload at once).
+  ``abort_stale_uploads`` collects the uploads a crashed writer left behind.
 - Reads are ranged GETs, issued concurrently and written straight into the caller's buffer.
 - The commit is ``PutObject`` with ``If-None-Match: *`` (create-if-absent).
 - Transient faults (5xx, throttling, connection resets) are retried by botocore's "standard"
@@ -83,6 +84,7 @@ class S3Store(Store):
         self.prefix = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self.part_size = part_size
+        self.read_piece_bytes = part_size  # one ranged GET per piece
         self.max_concurrency = max_concurrency
         self.part_attempts = part_attempts
         if client is None:
@@ -99,6 +101,9 @@ class S3Store(Store):
         self.client = client
         self._pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="cairn-s3")
         self._lock = threading.Lock()
+        # Parts in memory, for the whole store: shards upload concurrently, and a bound per
+        # upload would let N shards hold N x max_concurrency parts.
+        self._parts_in_flight = threading.BoundedSemaphore(max_concurrency)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> S3Store:
@@ -164,7 +169,7 @@ class S3Store(Store):
     def _multipart(self, full: str, chunks: Iterable[Chunk], where: str) -> None:
         with _translate(f"create multipart upload {where}"):
             upload_id = self.client.create_multipart_upload(Bucket=self.bucket, Key=full)["UploadId"]
-        in_flight = threading.BoundedSemaphore(self.max_concurrency)
+        in_flight = self._parts_in_flight
         futures: list[Future[dict[str, Any]]] = []
         try:
             with _translate(f"upload {where}"):

@@ -51,3 +51,34 @@ def test_second_save_waits_for_the_first(config: TrainConfig) -> None:
     assert first.result(timeout=30).ref.step == 0
     assert returned["handle"].result(timeout=30).ref.step == 1
     saver.close()
+
+
+def test_reused_snapshot_buffers_never_mix_saves(config: TrainConfig) -> None:
+    """Snapshot buffers are reused once their save is over, never while it is in flight."""
+    from cairn.checkpoint import latest_committed, load_training
+    from cairn.checkpoint.compare import compare_states
+
+    store = GatedStore()
+    session = TrainingSession.fresh("reuse", MemoryStore("reuse-src"), config)
+    saver = AsyncCheckpointer(store, "reuse", max_in_flight=2)
+    expected = []
+    handles = []
+    for step in range(3):
+        state = session.state.copy()
+        state.step, state.cursor = step, step * config.batch_size
+        state.history = {k: [float(i) for i in range(step)] for k in state.history}
+        for arr in [*state.params.values(), *state.m.values(), *state.v.values()]:
+            arr[...] = float(step + 1)
+        expected.append(state.copy())
+        handles.append(saver.save_async(state))
+        for arr in [*state.params.values(), *state.m.values(), *state.v.values()]:
+            arr[...] = -7.0  # mutated right after the call
+        if step == 1:
+            assert not handles[0].done()  # two saves in flight: two distinct buffers
+            store.gate.set()
+    refs = [h.result(timeout=30).ref for h in handles]
+    saver.close()
+    for ref, want in zip(refs, expected, strict=True):
+        got, _ = load_training(store, ref)
+        assert compare_states(got, want) == []
+    assert latest_committed(store, "reuse") == refs[-1]

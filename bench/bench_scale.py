@@ -1,0 +1,177 @@
+"""Scale: ``ckpt list``, ``latest`` and ``gc`` with 10,000 checkpoints in a run, and the cost of
+the loss/lr history that every training checkpoint carries.
+
+1. Checkpoints: real committed training checkpoints (shards + manifest, through the commit
+   protocol, each valid for ``load_training``: the example model's state at step k with a
+   history of k entries) are written into one run on a local store, bypassing the trainer.
+   At 1,000 and then 10,000 checkpoints: ``latest_committed`` and ``list_checkpoints`` (the
+   library), ``cairn ckpt list`` and ``cairn ckpt gc --dry-run`` (the CLI, a fresh process,
+   interpreter start included), N reps each; finally one real ``gc --keep-last 3``.
+2. History: the example state at step N (N = 0 ... 1,000,000) with its full history (16 bytes
+   per step): checkpoint bytes, ``save_training`` and ``load_training`` seconds, interleaved.
+Run: ``python bench/bench_scale.py [--checkpoints 10000] [--reps 5] [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import REPO, UNSIGNED, interleaved, machine, stats, write_result  # noqa: E402
+
+from cairn.checkpoint import latest_committed, list_checkpoints, load_training, save_training  # noqa: E402
+from cairn.checkpoint.retention import RetentionPolicy, collect_garbage  # noqa: E402
+from cairn.config import load_config  # noqa: E402
+from cairn.session import TrainingSession  # noqa: E402
+from cairn.state import TrainState  # noqa: E402
+from cairn.stores import LocalStore, MemoryStore  # noqa: E402
+
+RUN = "scale"
+
+
+def state_at(base: TrainState, step: int, history: dict[str, np.ndarray]) -> TrainState:
+    """``base``'s arrays (shared, read-only) as a state at ``step`` with ``step`` history entries."""
+    return dataclasses.replace(
+        base,
+        step=step,
+        cursor=step * base.config.batch_size,
+        history={k: v[:step].tolist() for k, v in history.items()},
+    )
+
+
+def generate(store: LocalStore, base: TrainState, steps: range, history: dict[str, np.ndarray]) -> float:
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=8) as pool:  # fsync-bound: overlap them
+        for _ in pool.map(lambda k: save_training(store, RUN, state_at(base, k, history), options=UNSIGNED), steps):
+            pass
+    return time.perf_counter() - start
+
+
+def cli(*args: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "workers.cli", *args, "--json"], check=True, capture_output=True, text=True, cwd=REPO
+    )
+    return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+
+def measure_listing(store: LocalStore, reps: int) -> dict[str, Any]:
+    root = str(store.root)
+    counted = {"list": len(cli("ckpt", "list", root, "--run", RUN)["checkpoints"])}
+    times = interleaved(
+        {
+            "latest_committed (library)": lambda: latest_committed(store, RUN),
+            "list_checkpoints (library)": lambda: list_checkpoints(store, RUN),
+            "cairn ckpt list (CLI process)": lambda: cli("ckpt", "list", root, "--run", RUN),
+            "cairn ckpt gc --dry-run (CLI process)": lambda: cli(
+                "ckpt", "gc", root, "--run", RUN, "--keep-last", "3", "--grace-seconds", "0", "--dry-run"
+            ),
+        },
+        reps,
+    )
+    baseline = interleaved({"python -m workers.cli --help (interpreter + imports)": _cli_startup}, reps)
+    return {"listed": counted["list"], "cases": {n: stats(t) for n, t in {**times, **baseline}.items()}}
+
+
+def _cli_startup() -> None:
+    subprocess.run([sys.executable, "-m", "workers.cli", "--help"], check=True, capture_output=True, cwd=REPO)
+
+
+def bench_checkpoints(total: int, reps: int, workdir: Path) -> dict[str, Any]:
+    config = load_config(REPO / "examples" / "config.json")
+    base = TrainingSession.fresh(RUN, MemoryStore("base"), config).state
+    rng = np.random.default_rng(0)
+    history = {"loss": rng.random(total + 1), "lr": np.full(total + 1, 0.02)}
+    store = LocalStore(workdir / "store")
+    out: dict[str, Any] = {"points": {}}
+    done = 0
+    for count in sorted({min(1000, total), total}):
+        seconds = generate(store, base, range(done + 1, count + 1), history)
+        out["points"][str(count)] = {"generate_seconds": seconds, **measure_listing(store, reps)}
+        done = count
+        print(f"{count} checkpoints (written in {seconds:.1f}s):", flush=True)
+        for name, s in out["points"][str(count)]["cases"].items():
+            print(f"   {name:<55} {s['median'] * 1e3:8.1f} ms (min {s['min'] * 1e3:.1f}, max {s['max'] * 1e3:.1f})")
+    ref = latest_committed(store, RUN)
+    assert ref is not None and ref.step == total
+    load_training(store, ref, options=UNSIGNED)  # the newest is a valid training checkpoint
+    start = time.perf_counter()
+    plan = collect_garbage(store, RUN, RetentionPolicy(keep_last=3, grace_seconds=0))
+    out["gc"] = {"seconds": time.perf_counter() - start, "deleted": len(plan.delete), "kept": len(plan.keep)}
+    print(f"gc --keep-last 3: deleted {len(plan.delete)} checkpoints in {out['gc']['seconds']:.2f}s", flush=True)
+    assert [r.step for r in list_checkpoints(store, RUN)] == [total - 2, total - 1, total]
+    return out
+
+
+def bench_history(steps_list: list[int], reps: int, workdir: Path) -> dict[str, Any]:
+    config = load_config(REPO / "examples" / "config.json")
+    base = TrainingSession.fresh("hist", MemoryStore("base"), config).state
+    rng = np.random.default_rng(0)
+    biggest = max(steps_list)
+    history = {"loss": rng.random(biggest), "lr": np.full(biggest, 0.02)}
+    store = LocalStore(workdir / "history")
+    states = {n: state_at(base, n, history) for n in steps_list}
+    refs = {n: save_training(store, f"h{n}", states[n], options=UNSIGNED).ref for n in steps_list}
+    saves = interleaved(
+        {str(n): (lambda n=n: save_training(store, f"t{n}", states[n], options=UNSIGNED)) for n in steps_list},  # type: ignore[misc]
+        reps,
+        before=lambda name: store.delete([o.key for o in store.list(f"t{name}/")]),
+    )
+    loads = interleaved(
+        {str(n): (lambda n=n: load_training(store, refs[n], options=UNSIGNED)) for n in steps_list},  # type: ignore[misc]
+        reps,
+    )
+    out: dict[str, Any] = {}
+    for n in steps_list:
+        manifest = load_training(store, refs[n], options=UNSIGNED)[1]
+        hist_bytes = sum(t.length for t in manifest.tensors if t.name.startswith("history/"))
+        manifest_bytes = store.size(f"{refs[n].prefix}/manifest.json")
+        out[str(n)] = {
+            "total_bytes": manifest.total_bytes,
+            "history_bytes": hist_bytes,
+            "other_tensor_bytes": manifest.total_bytes - hist_bytes,
+            "manifest_bytes": manifest_bytes,
+            "save": stats(saves[str(n)]),
+            "load": stats(loads[str(n)]),
+        }
+        r = out[str(n)]
+        print(
+            f"history of {n:>9} steps: {hist_bytes:>11} B of {manifest.total_bytes + manifest_bytes:>11} B"
+            f"  save {r['save']['median'] * 1e3:8.1f} ms  load {r['load']['median'] * 1e3:8.1f} ms",
+            flush=True,
+        )
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoints", type=int, default=10_000)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="300 checkpoints, history up to 100,000: a smoke run")
+    args = parser.parse_args()
+    total = 300 if args.quick else args.checkpoints
+    reps = 3 if args.quick else args.reps
+    steps_list = [0, 1000, 100_000] if args.quick else [0, 1000, 10_000, 100_000, 1_000_000]
+    with tempfile.TemporaryDirectory(prefix="cairn-bench-scale-") as tmp:
+        checkpoints = bench_checkpoints(total, reps, Path(tmp))
+        history = bench_history(steps_list, reps, Path(tmp))
+    write_result(
+        "scale",
+        {"machine": machine(), "reps": reps, "checkpoints": total, "listing": checkpoints, "history": history},
+        quick=args.quick,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
