@@ -7,7 +7,9 @@ share the numpy arrays' memory) saved and loaded by:
   (DCP's non-distributed mode); load fills freshly allocated tensors, as DCP requires;
 - safetensors ``save_file`` / ``load_file``;
 - Cairn ``save_training`` / ``load_training`` (every byte hashed on save; full validation on load);
-- the Cairn PyTorch adapter (``cairn.torch``), when it imports: see ``adapter_cases``.
+- the Cairn PyTorch adapter (``cairn.trainers.pytorch``): a module with the same parameters and
+  Adam state, saved through the adapter (zero-copy views of the live tensors) and restored by a
+  validated import against the model (``bench_adapter.py``).
 Every save is made durable (fsync of its files; DCP and Cairn do it themselves) and every load
 reads from the device (the files' pages are evicted first). Medians and min-max of N
 interleaved reps; ratio = peer seconds / Cairn seconds (> 1: Cairn is faster).
@@ -118,16 +120,13 @@ def peer_cases(state: TrainState, work: Path) -> dict[str, Case]:
 
 
 def adapter_cases(state: TrainState, work: Path) -> tuple[dict[str, Case], str | None]:
-    """SLOT for the Cairn PyTorch adapter (issue 10): its own save/restore of the same state dict.
-
-    Returns ({name: (save, load)}, None) once ``cairn.torch`` imports and the cases are filled
-    in, else ({}, the reason it is skipped). TODO(lead): fill in with the adapter's API.
-    """
+    """The Cairn PyTorch adapter's own save/restore of the same parameters and Adam moments
+    (``bench_adapter.py``); skipped, with the reason, where torch is not installed."""
     try:
-        import cairn.torch  # noqa: F401
+        from bench_adapter import adapter_case
     except ImportError as exc:
-        return {}, f"cairn.torch does not import ({exc})"
-    return {}, "cairn.torch imports, but its save/restore case is not written yet (the slot in bench_peers.py)"
+        return {}, f"the PyTorch adapter does not import ({exc})"
+    return {"cairn PyTorch adapter": adapter_case(state, work, UNSIGNED)}, None
 
 
 def cairn_case(state: TrainState, work: Path) -> Case:
@@ -185,6 +184,7 @@ def main() -> int:
             "safetensors": (work / "state.safetensors").stat().st_size,
             "torch.distributed.checkpoint": sum(p.stat().st_size for p in (work / "dcp").rglob("*") if p.is_file()),
             "cairn": sum(p.stat().st_size for p in (work / "cairn").rglob("*") if p.is_file()),
+            "cairn PyTorch adapter": sum(p.stat().st_size for p in (work / "adapter").rglob("*") if p.is_file()),
         }
     results: dict[str, Any] = {}
     ours = {"save": stats(saves["cairn"])["median"], "load": stats(loads["cairn"])["median"]}

@@ -13,6 +13,7 @@ raises it too. A failed save never commits a manifest, so it never advances ``la
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 from concurrent import futures
@@ -29,7 +30,7 @@ from cairn.stores.base import Store
 
 COPY_PIECE = 8 << 20
 """Bytes per piece of the snapshot copy (pieces are copied concurrently)."""
-_Arrays = dict[str, dict[str, np.ndarray]]
+_Arrays = dict[str, np.ndarray]
 
 __all__ = ["AsyncCheckpointer", "SaveHandle"]
 
@@ -83,13 +84,12 @@ class AsyncCheckpointer:
             snapshot = TrainState(
                 config=state.config,
                 lineage=state.lineage,
-                params=buffers["params"],
-                m=buffers["m"],
-                v=buffers["v"],
+                tensors=buffers,
                 step=state.step,
                 cursor=state.cursor,
-                rng_state=_copy_rng_state(state.rng_state),
+                rng_state=copy.deepcopy(state.rng_state),
                 history={k: list(v) for k, v in state.history.items()},
+                meta=copy.deepcopy(state.meta),
             )
         except BaseException:
             self._slots.release()
@@ -113,22 +113,21 @@ class AsyncCheckpointer:
         return handle
 
     def _snapshot_arrays(self, state: TrainState) -> _Arrays:
-        """Copy theta, m and v into a spare snapshot buffer of the same layout (or new ones),
-        in pieces, concurrently."""
-        source: _Arrays = {"params": state.params, "m": state.m, "v": state.v}
-        layout = {g: {k: (a.shape, a.dtype) for k, a in arrays.items()} for g, arrays in source.items()}
+        """Copy every state tensor into a spare snapshot buffer of the same layout (or new
+        ones), in pieces, concurrently."""
+        source = state.tensors
+        layout = _layout(source)
         with self._lock:
             spare = self._spare
             self._spare = []
         buffers = next((b for b in spare if _layout(b) == layout), None)  # others are dropped
         if buffers is None:
-            buffers = {g: {k: np.empty(a.shape, a.dtype) for k, a in arrays.items()} for g, arrays in source.items()}
+            buffers = {k: np.empty(a.shape, a.dtype) for k, a in source.items()}
         pieces = []
-        for group, arrays in source.items():
-            for name, src in arrays.items():
-                dst_flat, src_flat = buffers[group][name].reshape(-1), np.ascontiguousarray(src).reshape(-1)
-                step = max(1, COPY_PIECE // max(1, src_flat.itemsize))
-                pieces += [(dst_flat[i : i + step], src_flat[i : i + step]) for i in range(0, src_flat.size, step)]
+        for name, src in source.items():
+            dst_flat, src_flat = buffers[name].reshape(-1), np.ascontiguousarray(src).reshape(-1)
+            step = max(1, COPY_PIECE // max(1, src_flat.itemsize))
+            pieces += [(dst_flat[i : i + step], src_flat[i : i + step]) for i in range(0, src_flat.size, step)]
         for done in [self._copiers.submit(np.copyto, dst, src) for dst, src in pieces]:
             done.result()
         return buffers
@@ -149,13 +148,5 @@ class AsyncCheckpointer:
             self._spare = []
 
 
-def _layout(buffers: _Arrays) -> dict[str, dict[str, tuple[tuple[int, ...], np.dtype]]]:
-    return {g: {k: (a.shape, a.dtype) for k, a in arrays.items()} for g, arrays in buffers.items()}
-
-
-def _copy_rng_state(state: dict[str, object]) -> dict[str, object]:
-    out = dict(state)
-    inner = state.get("state")
-    if isinstance(inner, dict):
-        out["state"] = dict(inner)
-    return out
+def _layout(buffers: _Arrays) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    return {k: (a.shape, a.dtype) for k, a in buffers.items()}
