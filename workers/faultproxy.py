@@ -35,7 +35,7 @@ from urllib.parse import urlparse
 __all__ = ["FAULT_KINDS", "FaultPolicy", "FaultProxy"]
 
 FAULT_KINDS = ("503", "reset", "cut", "latency")
-_MANIFEST_PUT = re.compile(r"/training/[0-9]+/manifest\.json$")
+_MANIFEST_PUT = re.compile(r"/training/(?P<step>[0-9]+)/manifest\.json$")
 
 
 @dataclass(frozen=True)
@@ -71,8 +71,8 @@ class FaultProxy:
         self.count = 0
         self.injected: Counter[str] = Counter()
         self.upstream_down = 0
-        self.manifest_kills: list[float] = []
-        """Wall times (time.time()) at which an armed manifest PUT was intercepted."""
+        self.manifest_kills: list[tuple[float, int]] = []
+        """(wall time, checkpoint step) of every armed manifest PUT intercepted."""
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -109,9 +109,10 @@ class FaultProxy:
         """(fault kind or None, latency, kill callback) for one request."""
         with self._lock:
             self.count += 1
-            if self._kill is not None and method == "PUT" and _MANIFEST_PUT.search(path.split("?", 1)[0]):
+            manifest = _MANIFEST_PUT.search(path.split("?", 1)[0]) if method == "PUT" else None
+            if self._kill is not None and manifest is not None:
                 kill, self._kill = self._kill, None
-                self.manifest_kills.append(time.time())
+                self.manifest_kills.append((time.time(), int(manifest["step"])))
                 return None, 0.0, kill
             policy = self._policy
             hit = (policy.every > 0 and self.count % policy.every == 0) or (
