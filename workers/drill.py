@@ -519,7 +519,7 @@ class Drill:
     async def run(self) -> DrillResult:
         from activities.models import RunSummary
         from cairn.stores import open_store
-        from workers.client import connect
+        from workers.client import WORKFLOW_TASK_TIMEOUT, connect
         from workflows.training_run import TrainingRun
 
         spec = self.spec
@@ -552,7 +552,9 @@ class Drill:
         bar = None
         t0 = time.time()
         try:
-            self.handle = await self.client.start_workflow(TrainingRun.run, inp, id=run_id, task_queue=queue)
+            self.handle = await self.client.start_workflow(
+                TrainingRun.run, inp, id=run_id, task_queue=queue, task_timeout=WORKFLOW_TASK_TIMEOUT
+            )
             t0 = time.time()
             url = self._web_ui_link(run_id)
             self.echo(

@@ -147,4 +147,6 @@ def default_total_steps(spec: DrillSpec, schedule: list[PlannedFault]) -> int:
     if spec.duration_seconds is not None:
         per_step = max(spec.step_seconds, 0.001)
         return max(2 * spec.checkpoint_every, int(spec.duration_seconds / per_step))
-    return sum(f.gap_steps for f in schedule) + 5 * len(schedule) + 2 * spec.checkpoint_every + 20
+    # Training goes on while some faults recover (a server restart, a brown-out), and a fault
+    # lands a little past its step: room for that, then a tail.
+    return sum(f.gap_steps for f in schedule) + 2 * spec.checkpoint_every * (len(schedule) + 1) + 20

@@ -68,13 +68,14 @@ def _state(result: Any) -> Check:
     reference.run(state.step)
     diffs = compare_states(state, reference.state)
     if diffs:
-        named = ", ".join(
-            d.field + (f" (max |diff| {d.max_abs_diff:.3g})" if d.max_abs_diff else "") for d in diffs[:8]
-        )
+        largest = max(diffs, key=lambda d: d.max_abs_diff or 0.0)
+        worst = f"; largest |diff| {largest.max_abs_diff:.3g} in {largest.field}" if largest.max_abs_diff else ""
         return Check(
             "state",
             False,
-            f"DIFFERENT from {state.step} uninterrupted in-process updates: {named}",
+            f"DIFFERENT from {state.step} uninterrupted in-process updates in {len(diffs)} field(s): "
+            + ", ".join(d.field for d in diffs)
+            + worst,
             tuple(d.field for d in diffs),
         )
     return Check(

@@ -57,6 +57,13 @@ class FaultPolicy:
             raise ValueError(f"fault rate must be in [0, 1], found {self.rate}")
 
 
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Clients killed mid-request (on purpose) reset their connections: not worth a traceback."""
+
+
 class FaultProxy:
     """Forwards every request to ``upstream``; fails the ones its policy picks."""
 
@@ -73,8 +80,7 @@ class FaultProxy:
         self.upstream_down = 0
         self.manifest_kills: list[tuple[float, int]] = []
         """(wall time, checkpoint step) of every armed manifest PUT intercepted."""
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.server.daemon_threads = True
+        self.server = _QuietServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, name="cairn-faultproxy", daemon=True)
         self._thread.start()

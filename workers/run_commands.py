@@ -26,7 +26,7 @@ from cairn.config import config_error_from
 from cairn.errors import ConfigError, TemporalRefusedError, TemporalUnavailableError
 from cairn.run_record import RunRecord, TimelineEvent
 from cairn.runs import resolve_store_url
-from workers.client import add_connection_args, connect
+from workers.client import WORKFLOW_TASK_TIMEOUT, add_connection_args, connect
 from workflows.training_run import TrainingRun
 
 __all__ = ["register", "load_run_input", "live_step"]
@@ -121,7 +121,9 @@ async def _start(args: argparse.Namespace, client: Client) -> int:
     inp: TrainingRunInput = args.run_input
     workflow_id = args.workflow_id or inp.run_id
     try:
-        handle = await client.start_workflow(TrainingRun.run, inp, id=workflow_id, task_queue=args.task_queue)
+        handle = await client.start_workflow(
+            TrainingRun.run, inp, id=workflow_id, task_queue=args.task_queue, task_timeout=WORKFLOW_TASK_TIMEOUT
+        )
     except WorkflowAlreadyStartedError:
         raise TemporalRefusedError(
             f"a workflow with id {workflow_id!r} is already running: watch it with `cairn run watch {workflow_id}`, "
