@@ -438,6 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_commands.register(sub, _common)
     devstack.register(sub, _common)
     drill.register(sub, _common)
+    drill.register_plan_interval(sub, _common)
     return parser
 
 

@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -46,7 +47,7 @@ from workers.drill_schedule import (
     plan_schedule,
 )
 from workers.drill_stack import DrillStack, EmbeddedStack, EnvStack, Restart
-from workers.faultproxy import FaultPolicy, FaultProxy
+from workers.faultproxy import FaultPolicy, FaultProxy, pid_of_connection
 from workers.servers import ServerProcess
 
 __all__ = ["FaultRecord", "DrillResult", "run_drill", "register"]
@@ -293,20 +294,6 @@ class Drill:
             }
         )
 
-    def _check_targets(self, store: str) -> None:
-        kinds = {f.kind for f in self.schedule}
-        need_s3 = {"kill-in-upload", "storage-brownout", "s3-restart"} & kinds
-        if need_s3 and not store.startswith("s3://"):
-            raise ConfigError(
-                "--targets", expected="an s3:// store for " + ", ".join(sorted(need_s3)), found=f"store {store}"
-            )
-        server = {"temporal-restart": "temporal", "s3-restart": "s3", "service-restart": "service"}
-        cannot = sorted(k for k in kinds & set(SERVER_FAULTS) if server[k] not in self.stack.restartable)
-        if cannot:
-            raise ConfigError("--targets", expected="the embedded stack (--stack embedded) for", found=", ".join(cannot))
-        if ({"kill-after-effect", "service-restart"} & kinds) and not self.stack.service_url:
-            raise ConfigError("--targets", expected="a reservation service (CAIRN_RESERVATION_URL)", found="none")
-
     # -- observing --------------------------------------------------------------------------------
     async def _observe(self, pool: WorkerPool) -> None:
         from temporalio.service import RPCError
@@ -394,11 +381,13 @@ class Drill:
             assert self.proxy is not None
             fired: list[int] = []
 
-            def kill() -> None:
-                pid = self._segment_pid(pool)
+            def kill(peer_port: int) -> None:
+                pid = pid_of_connection(peer_port, pool.alive()) or self._segment_pid(pool)
                 pool.signal(pid, signal.SIGKILL)
                 fired.append(pid)
                 rec.fired_at, rec.worker_pid = time.time(), pid
+                seg = self.view.segment if self.view else None
+                rec.activity = (seg.activity_id, seg.attempt) if seg is not None else None
 
             self.proxy.arm_manifest_kill(kill)
             if not await self._until(lambda: bool(fired), RECOVERY_WAIT_S):
@@ -409,7 +398,7 @@ class Drill:
             rec.committed_at_fault = self._committed_step(store, run_id)
             pool.top_up()
         elif kind in SERVER_FAULTS:
-            server = {"temporal-restart": "temporal", "s3-restart": "s3", "service-restart": "service"}[kind]
+            server = _SERVER[kind]
             restart = await asyncio.to_thread(self.stack.restart, server)
             rec.fired_at, rec.restart = restart.down_at, restart
             self.restarts.append(restart)
@@ -524,7 +513,7 @@ class Drill:
 
         spec = self.spec
         store_url = self._store_url()
-        self._check_targets(store_url)
+        check_targets(self.schedule, store_url, self.stack.restartable, self.stack.service_url is not None)
         run_id = f"drill-{spec.seed}-{uuid.uuid4().hex[:6]}"
         inp = self._run_input(run_id, store_url)
         self.every, self.step_seconds = inp.checkpoint.every, inp.throttle_seconds_per_step
@@ -635,6 +624,24 @@ class Drill:
         return f"{self.stack.web_ui}/namespaces/{self.stack.namespace}/workflows/{run_id}"
 
 
+_SERVER = {"temporal-restart": "temporal", "s3-restart": "s3", "service-restart": "service"}
+
+
+def check_targets(schedule: list[PlannedFault], store: str, restartable: frozenset[str], service: bool) -> None:
+    """Refuse, before anything starts, faults this stack and store cannot take."""
+    kinds = {f.kind for f in schedule}
+    need_s3 = {"kill-in-upload", "storage-brownout", "s3-restart"} & kinds
+    if need_s3 and not store.startswith("s3://"):
+        raise ConfigError(
+            "--targets", expected="an s3:// store for " + ", ".join(sorted(need_s3)), found=f"store {store}"
+        )
+    cannot = sorted(k for k in kinds & set(SERVER_FAULTS) if _SERVER[k] not in restartable)
+    if cannot:
+        raise ConfigError("--targets", expected="the embedded stack (--stack embedded) for", found=", ".join(cannot))
+    if ({"kill-after-effect", "service-restart"} & kinds) and not service:
+        raise ConfigError("--targets", expected="a reservation service (CAIRN_RESERVATION_URL)", found="none")
+
+
 def run_drill(
     spec: DrillSpec,
     *,
@@ -649,18 +656,31 @@ def run_drill(
     from workers.drill_verdict import judge
 
     out.mkdir(parents=True, exist_ok=True)
-    state_dir = Path(tempfile.mkdtemp(prefix="drill-", dir=out))
     own = stack is None
-    if stack is None:
-        stack = EmbeddedStack.start(state_dir / "stack", web_ui=spec.web_ui, echo=echo) if spec.stack == "embedded" else EnvStack.from_env()
+    if stack is None and spec.stack == "env":
+        stack = EnvStack.from_env()
+    if stack is None:  # what the embedded stack will offer, checked before it starts
+        store = spec.store or "s3://embedded"
+        check_targets(plan_schedule(spec), store, frozenset(_SERVER.values()), True)
+    else:
+        store = spec.store or (f"s3://{stack.s3_bucket}/drills" if stack.s3_bucket else "")
+        check_targets(plan_schedule(spec), store, stack.restartable, stack.service_url is not None)
+    state_dir = Path(tempfile.mkdtemp(prefix="cairn-drill-"))
     try:
+        if stack is None:
+            stack = EmbeddedStack.start(state_dir / "stack", web_ui=spec.web_ui, echo=echo)
         drill = Drill(spec, stack, state_dir, echo=echo, progress=progress)
         result = asyncio.run(drill.run())
         result.checks = judge(result)
         report = write_report(result, out)
     finally:
-        if own:
+        if own and stack is not None:
             stack.close()
+        # The logs stay with the report; the servers' data goes.
+        (out / "logs").mkdir(exist_ok=True)
+        for log in [*(state_dir / "logs").glob("*.log"), *(state_dir / "stack" / "logs").glob("*.log")]:
+            shutil.copy2(log, out / "logs" / log.name)
+        shutil.rmtree(state_dir, ignore_errors=True)
     return result, report
 
 
@@ -750,3 +770,95 @@ def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> Non
     p.add_argument("--no-ui", action="store_true", help="embedded Temporal without its Web UI")
     p.add_argument("--no-progress", action="store_true", help="no live progress bar")
     p.set_defaults(handler=cmd_drill, exit_hard=True)
+
+
+# -- plan-interval ---------------------------------------------------------------------------------
+def _measurements_from_store(store_url: str, run_id: str) -> dict[str, float]:
+    """Seconds per step and the checkpoint interval, from a run's commit times in its store."""
+    import statistics
+
+    from cairn.run_record import run_record
+    from workers.cli import _store_arg
+
+    record = run_record(_store_arg(store_url, must_exist=True), run_id)
+    timed = [c for c in record.commits if c.at is not None]
+    rates = []
+    for a, b in zip(timed, timed[1:], strict=False):
+        assert a.at is not None and b.at is not None
+        seconds = (b.at - a.at).total_seconds()
+        if seconds > 0 and b.step > a.step:
+            rates.append(seconds / (b.step - a.step))
+    found: dict[str, float] = {}
+    if rates:
+        found["step_seconds"] = statistics.median(rates)
+    gaps = [b.step - a.step for a, b in zip(record.commits, record.commits[1:], strict=False) if b.step > a.step]
+    if gaps:
+        found["every"] = float(statistics.median(gaps))
+    return found
+
+
+def cmd_plan_interval(args: argparse.Namespace) -> int:
+    """Young/Daly from measurements: a drill's report, a run's store, or flags."""
+    from cairn.interval import advise
+    from workers.cli import emit
+
+    found: dict[str, float] = {}
+    if args.report:
+        from cairn.bounded_json import load_json_file
+
+        report = load_json_file(args.report, what="drill report")
+        measured = report.get("interval", {}).get("measured", {}) if isinstance(report, dict) else {}
+        if not isinstance(measured, dict) or not measured:
+            raise ConfigError(args.report, expected="a drill report (drill.json) with interval measurements", found="none")
+        recoveries = [f.get("recovery_s") for f in report.get("faults", []) if f.get("recovery_s") is not None]
+        pairs = {
+            "save_seconds": measured.get("save_seconds_median"),
+            "mtbf_seconds": measured.get("mtbf_seconds"),
+            "step_seconds": measured.get("step_seconds"),
+            "every": report.get("checkpoint_every"),
+            "restart_seconds": sorted(recoveries)[len(recoveries) // 2] if recoveries else None,
+        }
+        found.update({k: float(v) for k, v in pairs.items() if isinstance(v, int | float)})
+    if args.store or args.run:
+        if not (args.store and args.run):
+            raise ConfigError("--run", expected="--store and --run together", found=f"{args.store!r}, {args.run!r}")
+        found.update(_measurements_from_store(args.store, args.run))
+    for flag in ("save_seconds", "mtbf_seconds", "step_seconds", "restart_seconds", "every"):
+        value = getattr(args, flag)
+        if value is not None:
+            found[flag] = value
+    for need in ("save_seconds", "mtbf_seconds", "step_seconds"):
+        if need not in found:
+            raise ConfigError(
+                "--" + need.replace("_", "-"), expected="a measurement (the flag, --report or --store/--run)", found="none"
+            )
+    every = found.get("every")
+    advice = advise(
+        save_seconds=found["save_seconds"],
+        mtbf_seconds=found["mtbf_seconds"],
+        step_seconds=found["step_seconds"],
+        current_every=int(every) if every is not None else None,
+        restart_seconds=found.get("restart_seconds", 0.0),
+    )
+    emit(args, {"advice": advice.to_json(), "measurements": found}, "\n".join(advice.lines()))
+    return 0
+
+
+def register_plan_interval(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
+    p = sub.add_parser("plan-interval", help="checkpoint interval advice (Young/Daly) from a run's measurements")
+    common(p)
+    p.add_argument("--report", metavar="DRILL_JSON", help="a drill's drill.json (save cost, MTBF, step time)")
+    p.add_argument("--store", help="a run's store: step time and interval from its commit times (with --run)")
+    p.add_argument("--run", help="the run id in --store")
+    p.add_argument("--save-seconds", type=float, help="seconds one checkpoint save costs (C)")
+    p.add_argument("--mtbf-seconds", type=float, help="mean time between failures in seconds (M)")
+    p.add_argument("--step-seconds", type=float, help="seconds per training step")
+    p.add_argument("--restart-seconds", type=float, help="detection + restore after a failure (R)")
+    p.add_argument("--every", type=_count_arg, help="the run's checkpoint interval in steps")
+    p.set_defaults(handler=cmd_plan_interval)
+
+
+def _count_arg(text: str) -> int:
+    from workers.cli import _count
+
+    return _count(text)

@@ -12,27 +12,29 @@ with a body is cut after reading half of it) and ``latency`` (the request is hel
 server being restarted) the proxy answers 503, as a load balancer would.
 
 ``arm_manifest_kill(callback)`` makes the next PUT of a training checkpoint's manifest call
-``callback`` (the drill SIGKILLs the writing worker there: its shards are written, the commit
-is not) and drop that request; the checkpoint never becomes visible.
+``callback(peer_port)`` (the drill SIGKILLs the writing worker there, found by the port of its
+connection: its shards are written, the commit is not) and drop that request; the checkpoint
+never becomes visible.
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.client
+import os
 import random
 import re
 import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlparse
 
-__all__ = ["FAULT_KINDS", "FaultPolicy", "FaultProxy"]
+__all__ = ["FAULT_KINDS", "FaultPolicy", "FaultProxy", "pid_of_connection"]
 
 FAULT_KINDS = ("503", "reset", "cut", "latency")
 _MANIFEST_PUT = re.compile(r"/training/(?P<step>[0-9]+)/manifest\.json$")
@@ -57,6 +59,28 @@ class FaultPolicy:
             raise ValueError(f"fault rate must be in [0, 1], found {self.rate}")
 
 
+def pid_of_connection(peer_port: int, candidates: Iterable[int]) -> int | None:
+    """Which of ``candidates`` holds the loopback TCP connection from ``peer_port`` (Linux:
+    /proc/net/tcp gives the socket's inode, a process's fd table holds it)."""
+    inode = None
+    with contextlib.suppress(OSError), open("/proc/net/tcp") as fh:
+        for line in fh.readlines()[1:]:
+            fields = line.split()
+            if int(fields[1].split(":")[1], 16) == peer_port:
+                inode = fields[9]
+                break
+    if inode is None:
+        return None
+    target = f"socket:[{inode}]"
+    for pid in candidates:
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                        return pid
+    return None
+
+
 class _QuietServer(ThreadingHTTPServer):
     daemon_threads = True
 
@@ -74,7 +98,7 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._policy = policy or FaultPolicy()
         self._rng = random.Random(self._policy.seed)
-        self._kill: Callable[[], None] | None = None
+        self._kill: Callable[[int], None] | None = None
         self.count = 0
         self.injected: Counter[str] = Counter()
         self.upstream_down = 0
@@ -95,7 +119,7 @@ class FaultProxy:
             self._policy = policy
             self._rng = random.Random(policy.seed)
 
-    def arm_manifest_kill(self, callback: Callable[[], None]) -> None:
+    def arm_manifest_kill(self, callback: Callable[[int], None]) -> None:
         with self._lock:
             self._kill = callback
 
@@ -111,7 +135,7 @@ class FaultProxy:
         self.server.shutdown()
         self.server.server_close()
 
-    def _decide(self, method: str, path: str) -> tuple[str | None, float, Callable[[], None] | None]:
+    def _decide(self, method: str, path: str) -> tuple[str | None, float, Callable[[int], None] | None]:
         """(fault kind or None, latency, kill callback) for one request."""
         with self._lock:
             self.count += 1
@@ -156,7 +180,7 @@ class FaultProxy:
                 length = int(self.headers.get("Content-Length") or 0)
                 kind, latency, kill = proxy._decide(self.command, self.path)
                 if kill is not None:
-                    kill()  # the writer dies with its shards written and its manifest unsent
+                    kill(self.client_address[1])  # the writer dies, shards written, manifest unsent
                     self._drop()
                     return
                 if kind == "cut" and length:
