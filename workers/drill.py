@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import random
 import shutil
@@ -302,7 +301,7 @@ class Drill:
             now = time.time()
             try:
                 desc = await asyncio.wait_for(self.handle.describe(), timeout=2.0)
-            except (RPCError, asyncio.TimeoutError, RuntimeError):
+            except (TimeoutError, RPCError, RuntimeError):
                 desc = None
             if desc is not None:
                 view = run_view(desc, now)
@@ -358,10 +357,12 @@ class Drill:
             return await self._effect_kill(rec, pool)
         start = max(self.last_fault_step, self._live_step() - planned.gap_steps + 3)
         reached = await self._until(
-            lambda: self._live_step() >= start + planned.gap_steps
-            and self.view is not None
-            and self.view.segment is not None
-            and self.view.segment.running,
+            lambda: (
+                self._live_step() >= start + planned.gap_steps
+                and self.view is not None
+                and self.view.segment is not None
+                and self.view.segment.running
+            ),
             RECOVERY_WAIT_S,
         )
         if not reached:
@@ -494,8 +495,10 @@ class Drill:
             if self.done:
                 return True
             view = self.view
-            return view is not None and view.at > (rec.fired_at or 0) + 0.2 and all(
-                p.activity_id != effect_id for p in view.pending
+            return (
+                view is not None
+                and view.at > (rec.fired_at or 0) + 0.2
+                and all(p.activity_id != effect_id for p in view.pending)
             )
 
         await self._until(effect_done, RECOVERY_WAIT_S)
@@ -550,7 +553,9 @@ class Drill:
                 f"drill {run_id}: {inp.total_steps} steps, checkpoint every {inp.checkpoint.every}, "
                 f"{spec.workers} worker(s), {len(self.schedule)} fault(s), seed {spec.seed}"
             )
-            self.echo("schedule: " + ", ".join(f"{f.kind}{'(' + f.param + ')' if f.param else ''}" for f in self.schedule))
+            self.echo(
+                "schedule: " + ", ".join(f"{f.kind}{'(' + f.param + ')' if f.param else ''}" for f in self.schedule)
+            )
             if url:
                 self.echo(f"Web UI: {url}")
             observer = asyncio.create_task(self._observe(pool))
@@ -562,13 +567,19 @@ class Drill:
             async def progress() -> None:
                 while bar is not None and not self.done:
                     bar.n = self._live_step()
-                    bar.set_postfix(faults=f"{len(faults)}/{len(self.schedule)}", workers=len(pool.alive()), refresh=True)
+                    bar.set_postfix(
+                        faults=f"{len(faults)}/{len(self.schedule)}", workers=len(pool.alive()), refresh=True
+                    )
                     await asyncio.sleep(0.3)
 
             ticker = asyncio.create_task(progress())
             for planned in self.schedule:
                 if self.done and planned.kind != "kill-after-effect":
-                    faults.append(FaultRecord(planned.index, planned.kind, planned.param, planned.gap_steps, note="run ended first"))
+                    faults.append(
+                        FaultRecord(
+                            planned.index, planned.kind, planned.param, planned.gap_steps, note="run ended first"
+                        )
+                    )
                     continue
                 faults.append(await self._fire(planned, pool, store, run_id))
             result = await asyncio.wait_for(self.handle.result(), timeout=max(300.0, inp.total_steps * 0.5))
@@ -691,7 +702,9 @@ def _targets(text: str) -> list[str]:
         return list(FAULT_TARGETS)
     bad = [n for n in names if n not in FAULT_TARGETS]
     if bad or not names:
-        raise ConfigError("--targets", expected="comma-separated among " + ", ".join(FAULT_TARGETS) + " (or all)", found=text)
+        raise ConfigError(
+            "--targets", expected="comma-separated among " + ", ".join(FAULT_TARGETS) + " (or all)", found=text
+        )
     return names
 
 
@@ -729,7 +742,9 @@ def cmd_drill(args: argparse.Namespace) -> int:
     if args.no_ui:
         data["web_ui"] = False
     if data.get("config") and data.get("run"):
-        raise ConfigError("--run", expected="either --config or --run, not both", found=f"{data['config']} and {data['run']}")
+        raise ConfigError(
+            "--run", expected="either --config or --run, not both", found=f"{data['config']} and {data['run']}"
+        )
     for key in ("config", "run"):
         if data.get(key) and not Path(data[key]).is_file():
             raise ConfigError(f"--{key}", expected="an existing file", found=data[key])
@@ -809,7 +824,9 @@ def cmd_plan_interval(args: argparse.Namespace) -> int:
         report = load_json_file(args.report, what="drill report")
         measured = report.get("interval", {}).get("measured", {}) if isinstance(report, dict) else {}
         if not isinstance(measured, dict) or not measured:
-            raise ConfigError(args.report, expected="a drill report (drill.json) with interval measurements", found="none")
+            raise ConfigError(
+                args.report, expected="a drill report (drill.json) with interval measurements", found="none"
+            )
         recoveries = [f.get("recovery_s") for f in report.get("faults", []) if f.get("recovery_s") is not None]
         pairs = {
             "save_seconds": measured.get("save_seconds_median"),
@@ -830,7 +847,9 @@ def cmd_plan_interval(args: argparse.Namespace) -> int:
     for need in ("save_seconds", "mtbf_seconds", "step_seconds"):
         if need not in found:
             raise ConfigError(
-                "--" + need.replace("_", "-"), expected="a measurement (the flag, --report or --store/--run)", found="none"
+                "--" + need.replace("_", "-"),
+                expected="a measurement (the flag, --report or --store/--run)",
+                found="none",
             )
     every = found.get("every")
     advice = advise(

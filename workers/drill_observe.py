@@ -22,7 +22,9 @@ _COMMIT = re.compile(
     r"committed step (?P<step>\d+)(?P<same> \(identical, already committed\))? "
     r"\((?P<fp>[^,]+), (?P<bytes>\d+) bytes, (?P<secs>[0-9.]+) s\)"
 )
-_RESUME = re.compile(r"resumed from step (?P<step>\d+) \(.*?\)(?:; an earlier attempt had reached step (?P<reached>\d+))?$")
+_RESUME = re.compile(
+    r"resumed from step (?P<step>\d+) \(.*?\)(?:; an earlier attempt had reached step (?P<reached>\d+))?$"
+)
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ def recovery_stats(result: Any) -> dict[str, Any]:
     after = [f.after_detection_s for f in kills if f.after_detection_s is not None]
 
     def pm(xs: list[float]) -> dict[str, float | None]:
-        return {"p50": _pct(xs, 0.5), "max": max(xs) if xs else None, "n": len(xs)}  # type: ignore[dict-item]
+        return {"p50": _pct(xs, 0.5), "max": max(xs) if xs else None, "n": float(len(xs))}
 
     return {
         "detection_s": pm(detect),
@@ -59,13 +59,13 @@ def recovery_stats(result: Any) -> dict[str, Any]:
 
 def _step_seconds(result: Any) -> float:
     """Seconds per training step, measured between consecutive commits of one worker."""
-    rates = []
+    rates: list[float] = []
     commits = sorted((c for c in result.logs.commits if c.created), key=lambda c: (c.worker, c.at))
     for a, b in zip(commits, commits[1:], strict=False):
         if a.worker == b.worker and b.step > a.step and 0 < b.at - a.at < 60:
             rates.append((b.at - a.at - b.seconds) / (b.step - a.step))
     rates = [r for r in rates if r > 0]
-    return statistics.median(rates) if rates else max(result.spec.step_seconds, 1e-3)
+    return float(statistics.median(rates)) if rates else max(float(result.spec.step_seconds), 1e-3)
 
 
 def interval_advice(result: Any) -> tuple[IntervalAdvice | None, dict[str, Any]]:
@@ -112,7 +112,10 @@ def _fmt(x: float | None, spec: str = ".2f") -> str:
 
 
 def _table(result: Any) -> list[str]:
-    head = f"{'#':>2}  {'fault':<18}{'at s':>7}{'step':>7}{'detect s':>10}{'resume s':>10}{'after det.':>11}{'recomputed':>12}  note"
+    head = (
+        f"{'#':>2}  {'fault':<18}{'at s':>7}{'step':>7}{'detect s':>10}{'resume s':>10}{'after det.':>11}"
+        f"{'recomputed':>12}  note"
+    )
     lines = [head, "-" * len(head)]
     for f in result.faults:
         at = None if f.fired_at is None else f.fired_at - result.t0
@@ -139,12 +142,34 @@ def _timeline(result: Any, path: Path) -> None:
     resumes = [(r.at, r.step) for r in result.logs.resumes]
     progress = sorted([*result.samples, *resumes])
     if progress:
-        ax.plot([t - t0 for t, _ in progress], [s for _, s in progress], "-", color="tab:gray", lw=1.2, label="step (running segment)")
+        ax.plot(
+            [t - t0 for t, _ in progress],
+            [s for _, s in progress],
+            "-",
+            color="tab:gray",
+            lw=1.2,
+            label="step (running segment)",
+        )
     if resumes:
-        ax.plot([t - t0 for t, _ in resumes], [s for _, s in resumes], "^", ms=5, color="tab:green", mfc="none", label="segment resumed (restore)")
+        ax.plot(
+            [t - t0 for t, _ in resumes],
+            [s for _, s in resumes],
+            "^",
+            ms=5,
+            color="tab:green",
+            mfc="none",
+            label="segment resumed (restore)",
+        )
     commits = [c for c in result.logs.commits if c.created]
     if commits:
-        ax.plot([c.at - t0 for c in commits], [c.step for c in commits], "o", ms=3, color="tab:green", label="checkpoint committed")
+        ax.plot(
+            [c.at - t0 for c in commits],
+            [c.step for c in commits],
+            "o",
+            ms=3,
+            color="tab:green",
+            label="checkpoint committed",
+        )
     for r in result.restarts:
         ax.axvspan(r.down_at - t0, r.up_at - t0, color="tab:blue", alpha=0.12)
     seen: set[str] = set()
@@ -157,13 +182,18 @@ def _timeline(result: Any, path: Path) -> None:
         ax.axvline(f.fired_at - t0, color=color, lw=1.5, ls="--", label=label)
         if f.resumed_at is not None:
             ax.axvspan(f.fired_at - t0, f.resumed_at - t0, color=color, alpha=0.08)
-        ax.annotate(str(f.index), (f.fired_at - t0, 0), xytext=(2, 2), textcoords="offset points", color=color, fontsize=8)
+        ax.annotate(
+            str(f.index), (f.fired_at - t0, 0), xytext=(2, 2), textcoords="offset points", color=color, fontsize=8
+        )
     starts = [t - t0 for t, _ in result.worker_starts if t - t0 > 0.5]
     if starts:
         ax.plot(starts, [0] * len(starts), "|", ms=14, color="black", label="worker started")
     ax.set_xlabel("wall time since the run started (s)")
     ax.set_ylabel("step")
-    ax.set_title(f"drill {result.run_id}: seed {result.spec.seed}, {len(result.faults)} faults (shaded: fault -> progress; blue: server down)")
+    ax.set_title(
+        f"drill {result.run_id}: seed {result.spec.seed}, {len(result.faults)} faults "
+        "(shaded: fault -> progress; blue: server down)"
+    )
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -190,7 +220,8 @@ def write_report(result: Any, out: Path) -> dict[str, Any]:
     lines += ["", *_table(result), ""]
     d, r, a = stats["detection_s"], stats["recovery_s"], stats["resumed_after_detection_s"]
     lines.append(
-        f"recovery: detection p50 {_fmt(d['p50'])} s, max {_fmt(d['max'])} s; fault -> progress p50 {_fmt(r['p50'])} s, "
+        f"recovery: detection p50 {_fmt(d['p50'])} s, max {_fmt(d['max'])} s; "
+        f"fault -> progress p50 {_fmt(r['p50'])} s, "
         f"max {_fmt(r['max'])} s; progress after detection p50 {_fmt(a['p50'])} s, max {_fmt(a['max'])} s "
         f"(target <= {RECOVERY_TARGET_S:g} s: {'met' if stats['within_target'] else 'MISSED'})"
     )
@@ -202,7 +233,8 @@ def write_report(result: Any, out: Path) -> dict[str, Any]:
         lines.append("checkpoint interval (Young/Daly, from this drill's measurements):")
         lines += ["  " + line for line in advice.lines()]
         lines.append(
-            f"  measured: overhead {_fmt(measured['overhead'], '.1%')} of {measured['useful_seconds']:.1f} s of training "
+            f"  measured: overhead {_fmt(measured['overhead'], '.1%')} "
+            f"of {measured['useful_seconds']:.1f} s of training "
             f"({measured['commits']} saves, {measured['recovery_seconds']:.1f} s waiting for recovery), "
             f"lost work {_fmt(measured['lost_steps_per_failure'], '.1f')} steps/failure "
             f"({measured['recomputed_steps']} recomputed in all)"

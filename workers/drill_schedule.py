@@ -58,7 +58,9 @@ class DrillSpec(BaseModel):
     """Faults in the schedule (every target's fault counts, not only kills)."""
     duration_seconds: Annotated[float, Field(gt=0, le=86_400)] | None = None
     """Length of the drilled run's training, uninterrupted; None: long enough for the faults."""
-    targets: Annotated[list[FaultTarget], Field(min_length=1)] = Field(default_factory=lambda: list(DEFAULT_TARGETS))
+    targets: Annotated[list[FaultTarget], Field(min_length=1)] = Field(
+        default_factory=lambda: list(DEFAULT_TARGETS)  # type: ignore[arg-type]
+    )
     workers: Annotated[int, Field(ge=1, le=8)] = 2
     stack: Literal["embedded", "env"] = "embedded"
     """``embedded``: the drill starts (and kills) its own Temporal, SeaweedFS and reservation

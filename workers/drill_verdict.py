@@ -109,7 +109,9 @@ def _effects(result: Any) -> Check | None:
         return Check("effects", False, "; ".join(problems), ("reservation",) if len(mine) != 1 else ())
     r = mine[0]
     return Check(
-        "effects", True, f"exactly once: 1 reservation ({r['reservation_id']}, {r['units']} units, released), 1 published entry"
+        "effects",
+        True,
+        f"exactly once: 1 reservation ({r['reservation_id']}, {r['units']} units, released), 1 published entry",
     )
 
 
@@ -128,12 +130,15 @@ def _checkpoints(result: Any) -> Check:
     if not refs:
         return Check("checkpoints", False, "no committed checkpoint in the store")
     if bad:
-        return Check("checkpoints", False, f"{len(bad)} of {len(refs)} committed checkpoints refused: " + "; ".join(bad))
+        return Check(
+            "checkpoints", False, f"{len(bad)} of {len(refs)} committed checkpoints refused: " + "; ".join(bad)
+        )
     made = len({c.step for c in result.logs.commits})
     return Check(
         "checkpoints",
         True,
-        f"all {len(refs)} kept checkpoints verify (steps {refs[0].step}..{refs[-1].step}; {made} committed during the drill)",
+        f"all {len(refs)} kept checkpoints verify (steps {refs[0].step}..{refs[-1].step}; "
+        f"{made} committed during the drill)",
     )
 
 

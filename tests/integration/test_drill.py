@@ -51,7 +51,9 @@ def assert_passed(report: dict[str, Any]) -> None:
 
 
 def test_kills_an_upload_kill_and_a_temporal_restart(stack: EmbeddedStack, tmp_path: Path) -> None:
-    result, report = drill(stack, tmp_path, seed=9, kills=5, targets=["worker-kill", "kill-in-upload", "temporal-restart"])
+    result, report = drill(
+        stack, tmp_path, seed=9, kills=5, targets=["worker-kill", "kill-in-upload", "temporal-restart"]
+    )
     kinds = Counter(f["kind"] for f in report["faults"])
     assert kinds == {"worker-kill": 3, "kill-in-upload": 1, "temporal-restart": 1}
     assert_passed(report)
@@ -61,7 +63,9 @@ def test_kills_an_upload_kill_and_a_temporal_restart(stack: EmbeddedStack, tmp_p
     # Killed with its shards written and its manifest unsent: the retry redoes the interval.
     assert upload["estimated_reach"] is not None and upload["estimated_reach"] % EVERY == 0
     assert upload["resumed_from"] == upload["estimated_reach"] - EVERY
-    kills = [f for f in report["faults"] if f["kind"] in ("worker-kill", "kill-in-upload") and f["detection_s"] is not None]
+    kills = [
+        f for f in report["faults"] if f["kind"] in ("worker-kill", "kill-in-upload") and f["detection_s"] is not None
+    ]
     assert kills, report["text"]
     for f in kills:
         assert f["recomputed_steps"] <= EVERY
@@ -75,7 +79,12 @@ def test_storage_brownouts_and_s3_and_service_restarts(stack: EmbeddedStack, tmp
     """Storage faults: brown-outs through the fault proxy, the S3 server and the reservation
     service killed and restarted on their data."""
     _, report = drill(
-        stack, tmp_path, seed=3, kills=3, targets=["storage-brownout", "s3-restart", "service-restart"], brownout_rate=0.3
+        stack,
+        tmp_path,
+        seed=3,
+        kills=3,
+        targets=["storage-brownout", "s3-restart", "service-restart"],
+        brownout_rate=0.3,
     )
     assert {f["kind"] for f in report["faults"]} == {"storage-brownout", "s3-restart", "service-restart"}
     assert_passed(report)
@@ -102,7 +111,12 @@ def test_unsaved_rng_state_fails_and_names_the_field(stack: EmbeddedStack, tmp_p
 
 def test_dropped_idempotency_key_reports_the_double_reservation(stack: EmbeddedStack, tmp_path: Path) -> None:
     _, report = drill(
-        stack, tmp_path, seed=1, kills=1, targets=["kill-after-effect"], worker_module="tests.integration.keyless_worker"
+        stack,
+        tmp_path,
+        seed=1,
+        kills=1,
+        targets=["kill-after-effect"],
+        worker_module="tests.integration.keyless_worker",
     )
     assert [(f["kind"], f["param"]) for f in report["faults"]] == [("kill-after-effect", "reserve")]
     effects = checks(report)["effects"]

@@ -86,7 +86,9 @@ def test_cairn_drill_bad_input_is_one_line_exit_2(
 
 
 def test_plan_interval_from_flags_and_from_a_drill_report(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    assert main(["plan-interval", "--save-seconds", "2", "--mtbf-seconds", "3600", "--step-seconds", "0.5", "--json"]) == 0
+    assert (
+        main(["plan-interval", "--save-seconds", "2", "--mtbf-seconds", "3600", "--step-seconds", "0.5", "--json"]) == 0
+    )
     advice = json.loads(capsys.readouterr().out)["advice"]
     assert advice["optimum_seconds"] == pytest.approx(120.0) and advice["optimum_steps"] == 240
     report = {
