@@ -460,7 +460,11 @@ class Drill:
     def _detected(self, activity: tuple[str, int] | None, fired: float) -> float | None:
         if activity is None:
             return None
-        later = [t for (aid, att), t in self.attempt_seen.items() if aid == activity[0] and att > activity[1]]
+        later = [
+            t
+            for (aid, att), t in self.attempt_seen.items()
+            if aid == activity[0] and att > activity[1] and t >= fired - POLL_S
+        ]
         return max(min(later), fired) if later else None
 
     def _estimate_reach(self, rec: FaultRecord, pool: WorkerPool) -> int | None:
@@ -562,7 +566,7 @@ class Drill:
             if self.show_progress:
                 from tqdm import tqdm
 
-                bar = tqdm(total=inp.total_steps, desc=run_id, unit="step", leave=False, file=sys.stderr)
+                bar = tqdm(total=inp.total_steps, desc=run_id, unit="step", leave=False, file=sys.stderr, disable=None)
 
             async def progress() -> None:
                 while bar is not None and not self.done:
