@@ -96,12 +96,12 @@ async def run(args: argparse.Namespace) -> int:
 def _warm_up() -> None:
     """Build one S3 client now, so the first segment this worker runs (often the retry of a
     crashed one) does not pay for loading botocore's S3 model (~0.5 s): recovery time."""
+    import contextlib
+
     from cairn.stores.s3 import S3Store
 
-    try:
+    with contextlib.suppress(Exception):  # only an optimisation: the first real store reports errors
         S3Store("cairn-warm-up").close()
-    except Exception:  # noqa: BLE001 - only an optimisation; the first real store reports errors
-        pass
 
 
 def _start_metrics(port_text: str) -> MetricsEndpoint | None:
