@@ -240,6 +240,8 @@ class Drill:
         self.rng = random.Random(spec.seed ^ 0x5EED)
         self.view: RunView | None = None
         self.samples: list[tuple[float, int]] = []
+        self.unanswered = 0
+        """Polls of the server that got no answer (it was down, or too slow)."""
         self.attempt_seen: dict[tuple[str, int], float] = {}
         """(activity id, attempt) -> when the server had failed the attempt before it."""
         self.restarts: list[Restart] = []
@@ -303,6 +305,7 @@ class Drill:
                 desc = await asyncio.wait_for(self.handle.describe(), timeout=2.0)
             except (TimeoutError, RPCError, RuntimeError):
                 desc = None
+                self.unanswered += 1
             if desc is not None:
                 view = run_view(desc, now)
                 self.view = view
@@ -454,6 +457,11 @@ class Drill:
             rec.estimated_reach = self._estimate_reach(rec, pool)
         # Detection: the server failed the lost worker's attempt (heartbeat timeout, reported failure).
         rec.detected_at = self._detected(rec.activity, fired)
+        if rec.detected_at is None and worker_lost and rec.activity is not None:
+            retry = pool.logs.retry_started_after(fired)  # missed by the polls: the retry's start bounds it
+            if retry is not None and rec.resumed_at is not None and retry.at <= rec.resumed_at:
+                rec.detected_at = retry.at
+                rec.note = (rec.note + "; " if rec.note else "") + "detection bounded by the retry's start"
         if worker_lost and rec.activity is None:
             rec.note = (rec.note + "; " if rec.note else "") + "killed between activities"
 
@@ -630,6 +638,7 @@ class Drill:
                 "config": inp.config.model_dump(mode="json"),
                 "effects": inp.effects is not None,
                 "service_url": self.stack.service_url,
+                "unanswered_polls": self.unanswered,
             },
         )
 

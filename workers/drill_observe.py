@@ -16,7 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Commit", "Resume", "WorkerLogs", "Pending", "RunView", "run_view"]
+__all__ = ["Commit", "Start", "Resume", "WorkerLogs", "Pending", "RunView", "run_view"]
 
 _COMMIT = re.compile(
     r"committed step (?P<step>\d+)(?P<same> \(identical, already committed\))? "
@@ -36,6 +36,18 @@ class Commit:
     worker: str
 
 
+_START = re.compile(r"segment to step (?P<target>\d+), attempt (?P<attempt>\d+)")
+
+
+@dataclass(frozen=True)
+class Start:
+    """A segment attempt began on a worker (before it restores)."""
+
+    at: float
+    attempt: int
+    worker: str
+
+
 @dataclass(frozen=True)
 class Resume:
     """A segment attempt restored its state and starts computing."""
@@ -52,6 +64,7 @@ class WorkerLogs:
     paths: list[Path] = field(default_factory=list)
     commits: list[Commit] = field(default_factory=list)
     resumes: list[Resume] = field(default_factory=list)
+    starts: list[Start] = field(default_factory=list)
     polling: set[str] = field(default_factory=set)
     """Workers that said they are polling their task queue."""
     _offsets: dict[Path, int] = field(default_factory=dict)
@@ -83,6 +96,8 @@ class WorkerLogs:
             self.polling.add(worker)
         elif m := _COMMIT.search(message):
             self.commits.append(Commit(at, int(m["step"]), float(m["secs"]), not m["same"], worker))
+        elif m := _START.search(message):
+            self.starts.append(Start(at, int(m["attempt"]), worker))
         elif m := _RESUME.search(message):
             attempt = record.get("attempt")
             self.resumes.append(
@@ -94,6 +109,10 @@ class WorkerLogs:
                     worker,
                 )
             )
+
+    def retry_started_after(self, t: float) -> Start | None:
+        later = [s for s in self.starts if s.at >= t and s.attempt > 1]
+        return min(later, key=lambda s: s.at) if later else None
 
     def resume_after(self, t: float) -> Resume | None:
         later = [r for r in self.resumes if r.at >= t]

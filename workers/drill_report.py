@@ -264,6 +264,7 @@ def write_report(result: Any, out: Path) -> dict[str, Any]:
         "interval": {"advice": advice.to_json() if advice else None, "measured": measured},
         "summary": result.summary,
         "web_ui": result.web_ui,
+        "unanswered_polls": result.extra.get("unanswered_polls"),
         "files": [str(out / "drill.json"), str(png), str(out / "report.txt")],
     }
     (out / "drill.json").write_text(json.dumps(report, indent=1, default=str))
