@@ -104,7 +104,7 @@ class FaultRecord:
     def recomputed(self) -> int | None:
         if self.resumed_from is None:
             return None
-        reached = max(self.reached or 0, self.estimated_reach or 0)
+        reached = max(self.reached or 0, self.estimated_reach or 0, self.committed_at_fault or 0)
         return max(0, reached - self.resumed_from)
 
     def to_json(self, t0: float) -> dict[str, Any]:
@@ -371,6 +371,7 @@ class Drill:
         if not reached:
             rec.note = "the run ended before this fault's moment" if self.done else "training did not reach the step"
             return rec
+        await asyncio.sleep(planned.phase * self.every * self.step_seconds)  # a moment inside the interval
         kind = planned.kind
         rec.step_at_fault = self.last_fault_step = self._live_step()
         seg = self.view.segment if self.view else None

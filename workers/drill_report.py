@@ -140,7 +140,8 @@ def _timeline(result: Any, path: Path) -> None:
     t0 = result.t0
     fig, ax = plt.subplots(figsize=(10, 4.8))
     resumes = [(r.at, r.step) for r in result.logs.resumes]
-    progress = sorted([*result.samples, *resumes])
+    committed = [(c.at, c.step) for c in result.logs.commits]
+    progress = sorted([*result.samples, *resumes, *committed])  # heartbeats lag; commits and restores do not
     if progress:
         ax.plot(
             [t - t0 for t, _ in progress],
@@ -194,7 +195,7 @@ def _timeline(result: Any, path: Path) -> None:
         f"drill {result.run_id}: seed {result.spec.seed}, {len(result.faults)} faults "
         "(shaded: fault -> progress; blue: server down)"
     )
-    ax.legend(loc="upper left", fontsize=8)
+    ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

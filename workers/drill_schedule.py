@@ -108,6 +108,10 @@ class PlannedFault:
     effect runs instead."""
     param: str = ""
     """``kill-after-effect``: the effect (reserve, publish); ``storage-brownout``: seconds."""
+    phase: float = 0.0
+    """Where inside a checkpoint interval it lands: it fires ``phase`` x interval after its
+    step is seen (the server sees a segment's step at each commit, so without this every
+    fault would land just after a commit)."""
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -141,7 +145,13 @@ def plan_schedule(spec: DrillSpec) -> list[PlannedFault]:
         planned.append(PlannedFault(0, kind, gap, param))
     if effect_kill is not None:  # the reserve crash happens before training, publish after it
         planned = [effect_kill, *planned] if effect_kill.param == "reserve" else [*planned, effect_kill]
-    return [PlannedFault(i + 1, f.kind, f.gap_steps, f.param) for i, f in enumerate(planned)]
+    phases = random.Random(spec.seed + 1)  # a stream of its own: the kinds and gaps above stay put
+    return [
+        PlannedFault(
+            i + 1, f.kind, f.gap_steps, f.param, 0.0 if f.kind == "kill-after-effect" else round(phases.random(), 3)
+        )
+        for i, f in enumerate(planned)
+    ]
 
 
 def default_total_steps(spec: DrillSpec, schedule: list[PlannedFault]) -> int:
