@@ -243,6 +243,8 @@ class Drill:
         self.unanswered = 0
         """Polls of the server that got no answer (it was down, or too slow)."""
         self.attempt_seen: dict[tuple[str, int], float] = {}
+        self.failure_known: set[tuple[str, int]] = set()
+        """Attempts whose predecessor's failure time the server told (else: a bound)."""
         """(activity id, attempt) -> when the server had failed the attempt before it."""
         self.restarts: list[Restart] = []
         self.proxy: FaultProxy | None = None
@@ -315,6 +317,8 @@ class Drill:
                     seen = min(t for t in (now, p.last_failed_at, p.started_at if p.attempt > 1 else None) if t)
                     key = (p.activity_id, p.attempt)
                     self.attempt_seen[key] = min(seen, self.attempt_seen.get(key, seen))
+                    if p.last_failed_at is not None:
+                        self.failure_known.add(key)
                 seg = view.segment
                 if seg is not None and seg.step is not None and seg.running and seg.worker_pid in pool.alive():
                     self.samples.append((now, seg.step))  # a dead worker's last heartbeat is no progress
@@ -457,24 +461,29 @@ class Drill:
         if worker_lost and rec.worker_pid is not None:
             rec.estimated_reach = self._estimate_reach(rec, pool)
         # Detection: the server failed the lost worker's attempt (heartbeat timeout, reported failure).
-        rec.detected_at = self._detected(rec.activity, fired)
+        rec.detected_at, exact = self._detected(rec.activity, fired)
         if rec.detected_at is None and worker_lost and rec.activity is not None:
             retry = pool.logs.retry_started_after(fired)  # missed by the polls: the retry's start bounds it
             if retry is not None and rec.resumed_at is not None and retry.at <= rec.resumed_at:
-                rec.detected_at = retry.at
-                rec.note = (rec.note + "; " if rec.note else "") + "detection bounded by the retry's start"
+                rec.detected_at, exact = retry.at, False
+        if rec.detected_at is not None and not exact:
+            rec.note = (rec.note + "; " if rec.note else "") + "detection: upper bound (the retry's dispatch)"
         if worker_lost and rec.activity is None:
             rec.note = (rec.note + "; " if rec.note else "") + "killed between activities"
 
-    def _detected(self, activity: tuple[str, int] | None, fired: float) -> float | None:
+    def _detected(self, activity: tuple[str, int] | None, fired: float) -> tuple[float | None, bool]:
+        """When the server failed the lost attempt, and whether it said so (else a bound)."""
         if activity is None:
-            return None
+            return None, False
         later = [
-            t
-            for (aid, att), t in self.attempt_seen.items()
-            if aid == activity[0] and att > activity[1] and t >= fired - POLL_S
+            (t, key)
+            for key, t in self.attempt_seen.items()
+            if key[0] == activity[0] and key[1] > activity[1] and t >= fired - POLL_S
         ]
-        return max(min(later), fired) if later else None
+        if not later:
+            return None, False
+        t, key = min(later)
+        return max(t, fired), key in self.failure_known
 
     def _estimate_reach(self, rec: FaultRecord, pool: WorkerPool) -> int | None:
         """The lost worker's step when it died: its last commit plus the steps the clock allows
@@ -516,7 +525,7 @@ class Drill:
 
         await self._until(effect_done, RECOVERY_WAIT_S)
         rec.resumed_at = self.view.at if self.view else time.time()
-        rec.detected_at = self._detected((effect_id, 1), rec.fired_at)
+        rec.detected_at, _ = self._detected((effect_id, 1), rec.fired_at)
         rec.note = f"crashed after the service committed '{effect_id}', before the completion was recorded"
         return rec
 
