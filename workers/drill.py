@@ -661,13 +661,21 @@ class Drill:
 _SERVER = {"temporal-restart": "temporal", "s3-restart": "s3", "service-restart": "service"}
 
 
-def check_targets(schedule: list[PlannedFault], store: str, restartable: frozenset[str], service: bool) -> None:
+def check_targets(
+    schedule: list[PlannedFault], store: str, restartable: frozenset[str], service: bool, endpoint: bool = True
+) -> None:
     """Refuse, before anything starts, faults this stack and store cannot take."""
     kinds = {f.kind for f in schedule}
     need_s3 = {"kill-in-upload", "storage-brownout", "s3-restart"} & kinds
     if need_s3 and not store.startswith("s3://"):
         raise ConfigError(
             "--targets", expected="an s3:// store for " + ", ".join(sorted(need_s3)), found=f"store {store}"
+        )
+    if need_s3 and not endpoint:
+        raise ConfigError(
+            "AWS_ENDPOINT_URL_S3",
+            expected="an S3 endpoint the fault proxy can front, for " + ", ".join(sorted(need_s3)),
+            found="unset",
         )
     cannot = sorted(k for k in kinds & set(SERVER_FAULTS) if _SERVER[k] not in restartable)
     if cannot:
@@ -698,7 +706,9 @@ def run_drill(
         check_targets(plan_schedule(spec), store, frozenset(_SERVER.values()), True)
     else:
         store = spec.store or (f"s3://{stack.s3_bucket}/drills" if stack.s3_bucket else "")
-        check_targets(plan_schedule(spec), store, stack.restartable, stack.service_url is not None)
+        check_targets(
+            plan_schedule(spec), store, stack.restartable, stack.service_url is not None, stack.s3_endpoint is not None
+        )
     state_dir = Path(tempfile.mkdtemp(prefix="cairn-drill-"))
     try:
         if stack is None:
