@@ -150,6 +150,7 @@ def _timeline(result: Any, path: Path) -> None:
             color="tab:gray",
             lw=1.2,
             label="step (running segment)",
+            drawstyle="steps-post",
         )
     if resumes:
         ax.plot(
