@@ -493,6 +493,11 @@ class Drill:
             return self.proxy.manifest_kills[-1][1]
         name = pool.names.get(rec.worker_pid or -1)
         mine = [c for c in pool.logs.commits if c.worker == name and c.at <= rec.fired_at]
+        ended = [e for e in pool.logs.ends if e.worker == name and e.at <= rec.fired_at]
+        starts = [s for s in pool.logs.starts if s.worker == name and s.at <= rec.fired_at]
+        if ended and not (starts and max(s.at for s in starts) > max(e.at for e in ended)):
+            rec.activity = None  # its segment had ended: the worker was between activities
+            return max(ended, key=lambda e: e.at).step
         if not mine:
             return None
         last = max(mine, key=lambda c: c.at)

@@ -36,6 +36,7 @@ class Commit:
     worker: str
 
 
+_END = re.compile(r"segment ended at step (?P<step>\d+)")
 _START = re.compile(r"segment to step (?P<target>\d+), attempt (?P<attempt>\d+)")
 
 
@@ -65,6 +66,8 @@ class WorkerLogs:
     commits: list[Commit] = field(default_factory=list)
     resumes: list[Resume] = field(default_factory=list)
     starts: list[Start] = field(default_factory=list)
+    ends: list[Commit] = field(default_factory=list)
+    """Segments that ended (step, time, worker): the worker was idle after each."""
     polling: set[str] = field(default_factory=set)
     """Workers that said they are polling their task queue."""
     _offsets: dict[Path, int] = field(default_factory=dict)
@@ -96,6 +99,8 @@ class WorkerLogs:
             self.polling.add(worker)
         elif m := _COMMIT.search(message):
             self.commits.append(Commit(at, int(m["step"]), float(m["secs"]), not m["same"], worker))
+        elif m := _END.search(message):
+            self.ends.append(Commit(at, int(m["step"]), 0.0, False, worker))
         elif m := _START.search(message):
             self.starts.append(Start(at, int(m["attempt"]), worker))
         elif m := _RESUME.search(message):
