@@ -349,6 +349,10 @@ class Drill:
             await asyncio.sleep(POLL_S / 2)
         return True
 
+    def _segment_running(self) -> bool:
+        seg = self.view.segment if self.view is not None else None
+        return seg is not None and seg.running and seg.step is not None
+
     def _segment_pid(self, pool: WorkerPool) -> int:
         seg = self.view.segment if self.view else None
         alive = pool.alive()
@@ -364,18 +368,13 @@ class Drill:
             return await self._effect_kill(rec, pool)
         start = max(self.last_fault_step, self._live_step() - planned.gap_steps + 3)
         reached = await self._until(
-            lambda: (
-                self._live_step() >= start + planned.gap_steps
-                and self.view is not None
-                and self.view.segment is not None
-                and self.view.segment.running
-            ),
-            RECOVERY_WAIT_S,
+            lambda: self._live_step() >= start + planned.gap_steps and self._segment_running(), RECOVERY_WAIT_S
         )
         if not reached:
             rec.note = "the run ended before this fault's moment" if self.done else "training did not reach the step"
             return rec
         await asyncio.sleep(planned.phase * self.every * self.step_seconds)  # a moment inside the interval
+        await self._until(self._segment_running, RECOVERY_WAIT_S)  # the segment may have just ended
         kind = planned.kind
         rec.step_at_fault = self.last_fault_step = self._live_step()
         seg = self.view.segment if self.view else None
@@ -469,7 +468,7 @@ class Drill:
         if rec.detected_at is not None and not exact:
             rec.note = (rec.note + "; " if rec.note else "") + "detection: upper bound (the retry's dispatch)"
         if worker_lost and rec.activity is None:
-            rec.note = (rec.note + "; " if rec.note else "") + "killed between activities"
+            rec.note = (rec.note + "; " if rec.note else "") + "hit between activities"
 
     def _detected(self, activity: tuple[str, int] | None, fired: float) -> tuple[float | None, bool]:
         """When the server failed the lost attempt, and whether it said so (else a bound)."""
