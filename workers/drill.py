@@ -6,7 +6,8 @@ one after another while the run trains, measures for each fault when it was dete
 training resumed, and ends with a verdict (``workers.drill_verdict``): the final checkpoint
 compared field by field with an uninterrupted in-process reference, external effects exactly
 once by the service's own records, every committed checkpoint valid, nothing uncommitted left.
-The report (``workers.drill_report``) is a table, ``--json`` and a PNG timeline.
+The report (``workers.drill_report``) is a table, ``--json`` and a PNG timeline; the command is
+``workers.drill_commands``.
 
 Faults: ``worker-kill`` (SIGKILL the worker running the segment), ``kill-in-upload`` (SIGKILL
 it when its manifest PUT reaches the fault proxy: shards written, commit not), ``kill-after-effect``
@@ -18,7 +19,6 @@ of requests for a few seconds). A killed worker is replaced at once, as a superv
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
@@ -37,19 +37,17 @@ from typing import Any
 from cairn.errors import ConfigError
 from workers.drill_observe import RunView, WorkerLogs, run_view
 from workers.drill_schedule import (
-    FAULT_TARGETS,
     SERVER_FAULTS,
     DrillSpec,
     PlannedFault,
     default_total_steps,
-    drill_spec,
     plan_schedule,
 )
 from workers.drill_stack import DrillStack, EmbeddedStack, EnvStack, Restart
 from workers.faultproxy import FaultPolicy, FaultProxy, pid_of_connection
 from workers.servers import ServerProcess
 
-__all__ = ["FaultRecord", "DrillResult", "run_drill", "register"]
+__all__ = ["FaultRecord", "DrillResult", "Drill", "WorkerPool", "check_targets", "run_drill"]
 
 REPO = Path(__file__).resolve().parents[1]
 POLL_S = 0.15
@@ -243,9 +241,9 @@ class Drill:
         self.unanswered = 0
         """Polls of the server that got no answer (it was down, or too slow)."""
         self.attempt_seen: dict[tuple[str, int], float] = {}
+        """(activity id, attempt) -> when the server had failed the attempt before it."""
         self.failure_known: set[tuple[str, int]] = set()
         """Attempts whose predecessor's failure time the server told (else: a bound)."""
-        """(activity id, attempt) -> when the server had failed the attempt before it."""
         self.restarts: list[Restart] = []
         self.proxy: FaultProxy | None = None
         self.client: Any = None
@@ -730,191 +728,3 @@ def run_drill(
             shutil.copy2(log, out / "logs" / log.name)
         shutil.rmtree(state_dir, ignore_errors=True)
     return result, report
-
-
-# -- the command ---------------------------------------------------------------------------------
-def _targets(text: str) -> list[str]:
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    if text.strip() == "all":
-        return list(FAULT_TARGETS)
-    bad = [n for n in names if n not in FAULT_TARGETS]
-    if bad or not names:
-        raise ConfigError(
-            "--targets", expected="comma-separated among " + ", ".join(FAULT_TARGETS) + " (or all)", found=text
-        )
-    return names
-
-
-def cmd_drill(args: argparse.Namespace) -> int:
-    from workers.cli import report_dir, to_json
-
-    data: dict[str, Any] = {}
-    if args.spec:
-        from cairn.bounded_json import load_json_file
-
-        loaded = load_json_file(args.spec, what="drill file")
-        if not isinstance(loaded, dict):
-            raise ConfigError(args.spec, expected="a JSON object with DrillSpec fields", found=type(loaded).__name__)
-        data.update(loaded)
-    for flag, key in (
-        ("seed", "seed"),
-        ("kills", "kills"),
-        ("duration", "duration_seconds"),
-        ("workers", "workers"),
-        ("stack", "stack"),
-        ("store", "store"),
-        ("config", "config"),
-        ("run", "run"),
-        ("checkpoint_every", "checkpoint_every"),
-        ("heartbeat_timeout", "heartbeat_timeout_seconds"),
-        ("step_seconds", "step_seconds"),
-        ("brownout_rate", "brownout_rate"),
-        ("worker_module", "worker_module"),
-    ):
-        value = getattr(args, flag)
-        if value is not None:
-            data[key] = value
-    if args.targets is not None:
-        data["targets"] = _targets(args.targets)
-    if args.no_ui:
-        data["web_ui"] = False
-    if data.get("config") and data.get("run"):
-        raise ConfigError(
-            "--run", expected="either --config or --run, not both", found=f"{data['config']} and {data['run']}"
-        )
-    for key in ("config", "run"):
-        if data.get(key) and not Path(data[key]).is_file():
-            raise ConfigError(f"--{key}", expected="an existing file", found=data[key])
-    if data.get("store") and not (str(data["store"]).startswith("s3://") or os.path.isabs(str(data["store"]))):
-        data["store"] = os.path.abspath(str(data["store"]))
-    spec = drill_spec(data, "drill")
-    out = report_dir(args.out, "drill")
-    echo = (lambda s: print(s, file=sys.stderr)) if args.json else print
-    result, report = run_drill(spec, out=out, echo=echo, progress=not args.no_progress)
-    if args.json:
-        print(to_json(report))
-    else:
-        print(report["text"])
-    return 0 if report["passed"] else 1
-
-
-def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
-    from workers.cli import _count
-
-    p = sub.add_parser("drill", help="a recovery drill: kill workers, servers and storage on a seeded schedule")
-    common(p)
-    p.add_argument("--seed", type=_count, help="seed of the fault schedule (default 1): same seed, same schedule")
-    p.add_argument("--kills", type=_count, help="faults in the schedule (default 5)")
-    p.add_argument("--duration", type=float, help="seconds of uninterrupted training in the drilled run")
-    p.add_argument("--targets", help="comma-separated faults: " + ", ".join(FAULT_TARGETS) + ", or all")
-    p.add_argument("--workers", type=_count, help="workers running at once (default 2)")
-    p.add_argument("--stack", choices=("embedded", "env"), help="start our own servers (default) or use the env's")
-    p.add_argument("--store", help="s3://bucket/prefix or a directory (default: the embedded S3 bucket)")
-    p.add_argument("--config", help="trainer config to drill (default examples/config.json)")
-    p.add_argument("--run", help="a run input file to drill (its run id, store and effects are replaced)")
-    p.add_argument("--spec", help="a JSON file with the drill's fields (flags override it)")
-    p.add_argument("--checkpoint-every", type=_count, help="steps between checkpoints (default 10)")
-    p.add_argument("--heartbeat-timeout", type=float, help="the run's heartbeat timeout in seconds (default 3)")
-    p.add_argument("--step-seconds", type=float, help="pacing per training step (default 0.02)")
-    p.add_argument("--brownout-rate", type=float, help="share of storage requests failed during a brown-out")
-    p.add_argument("--worker-module", help="python module run as each worker (default workers.worker)")
-    p.add_argument("--out", metavar="DIR", help="report folder (default ./cairn-report-drill)")
-    p.add_argument("--no-ui", action="store_true", help="embedded Temporal without its Web UI")
-    p.add_argument("--no-progress", action="store_true", help="no live progress bar")
-    p.set_defaults(handler=cmd_drill, exit_hard=True)
-
-
-# -- plan-interval ---------------------------------------------------------------------------------
-def _measurements_from_store(store_url: str, run_id: str) -> dict[str, float]:
-    """Seconds per step and the checkpoint interval, from a run's commit times in its store."""
-    import statistics
-
-    from cairn.run_record import run_record
-    from workers.cli import _store_arg
-
-    record = run_record(_store_arg(store_url, must_exist=True), run_id)
-    timed = [c for c in record.commits if c.at is not None]
-    rates = []
-    for a, b in zip(timed, timed[1:], strict=False):
-        assert a.at is not None and b.at is not None
-        seconds = (b.at - a.at).total_seconds()
-        if seconds > 0 and b.step > a.step:
-            rates.append(seconds / (b.step - a.step))
-    found: dict[str, float] = {}
-    if rates:
-        found["step_seconds"] = statistics.median(rates)
-    gaps = [b.step - a.step for a, b in zip(record.commits, record.commits[1:], strict=False) if b.step > a.step]
-    if gaps:
-        found["every"] = float(statistics.median(gaps))
-    return found
-
-
-def cmd_plan_interval(args: argparse.Namespace) -> int:
-    """Young/Daly from measurements: a drill's report, a run's store, or flags."""
-    from cairn.interval import advise
-    from workers.cli import emit
-
-    found: dict[str, float] = {}
-    if args.report:
-        from cairn.bounded_json import load_json_file
-
-        report = load_json_file(args.report, what="drill report")
-        measured = report.get("interval", {}).get("measured", {}) if isinstance(report, dict) else {}
-        if not isinstance(measured, dict) or not measured:
-            raise ConfigError(
-                args.report, expected="a drill report (drill.json) with interval measurements", found="none"
-            )
-        recoveries = [f.get("recovery_s") for f in report.get("faults", []) if f.get("recovery_s") is not None]
-        pairs = {
-            "save_seconds": measured.get("save_seconds_median"),
-            "mtbf_seconds": measured.get("mtbf_seconds"),
-            "step_seconds": measured.get("step_seconds"),
-            "every": report.get("checkpoint_every"),
-            "restart_seconds": sorted(recoveries)[len(recoveries) // 2] if recoveries else None,
-        }
-        found.update({k: float(v) for k, v in pairs.items() if isinstance(v, int | float)})
-    if args.store or args.run:
-        if not (args.store and args.run):
-            raise ConfigError("--run", expected="--store and --run together", found=f"{args.store!r}, {args.run!r}")
-        found.update(_measurements_from_store(args.store, args.run))
-    for flag in ("save_seconds", "mtbf_seconds", "step_seconds", "restart_seconds", "every"):
-        value = getattr(args, flag)
-        if value is not None:
-            found[flag] = value
-    for need in ("save_seconds", "mtbf_seconds", "step_seconds"):
-        if need not in found:
-            raise ConfigError(
-                "--" + need.replace("_", "-"),
-                expected="a measurement (the flag, --report or --store/--run)",
-                found="none",
-            )
-    every = found.get("every")
-    advice = advise(
-        save_seconds=found["save_seconds"],
-        mtbf_seconds=found["mtbf_seconds"],
-        step_seconds=found["step_seconds"],
-        current_every=int(every) if every is not None else None,
-        restart_seconds=found.get("restart_seconds", 0.0),
-    )
-    emit(args, {"advice": advice.to_json(), "measurements": found}, "\n".join(advice.lines()))
-    return 0
-
-
-def register_plan_interval(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
-    p = sub.add_parser("plan-interval", help="checkpoint interval advice (Young/Daly) from a run's measurements")
-    common(p)
-    p.add_argument("--report", metavar="DRILL_JSON", help="a drill's drill.json (save cost, MTBF, step time)")
-    p.add_argument("--store", help="a run's store: step time and interval from its commit times (with --run)")
-    p.add_argument("--run", help="the run id in --store")
-    p.add_argument("--save-seconds", type=float, help="seconds one checkpoint save costs (C)")
-    p.add_argument("--mtbf-seconds", type=float, help="mean time between failures in seconds (M)")
-    p.add_argument("--step-seconds", type=float, help="seconds per training step")
-    p.add_argument("--restart-seconds", type=float, help="detection + restore after a failure (R)")
-    p.add_argument("--every", type=_count_arg, help="the run's checkpoint interval in steps")
-    p.set_defaults(handler=cmd_plan_interval)
-
-
-def _count_arg(text: str) -> int:
-    from workers.cli import _count
-
-    return _count(text)
