@@ -29,7 +29,7 @@ def _targets(text: str) -> list[str]:
     bad = [n for n in names if n not in FAULT_TARGETS]
     if bad or not names:
         raise ConfigError(
-            "--targets", expected="comma-separated among " + ", ".join(FAULT_TARGETS) + " (or all)", found=text
+            "--targets", expected="|".join([*FAULT_TARGETS, "all"]), found=text
         )
     return names
 

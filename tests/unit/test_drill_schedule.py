@@ -64,7 +64,7 @@ def test_bad_spec_names_the_field(data: dict[str, object], field: str) -> None:
 @pytest.mark.parametrize(
     ("argv", "named"),
     [
-        (["--targets", "worker-kill,meteor"], "--targets: expected comma-separated among worker-kill"),
+        (["--targets", "worker-kill,meteor"], "--targets: expected worker-kill|kill-in-upload|"),
         (["--kills", "0"], "kills"),
         (["--seed", "x"], "--seed"),
         (["--config", "/nonexistent/config.json"], "--config: expected an existing file"),
