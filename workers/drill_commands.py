@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from cairn.errors import ConfigError
-from workers.drill import run_drill
 from workers.drill_schedule import FAULT_TARGETS, drill_spec
 
 __all__ = ["cmd_drill", "cmd_plan_interval", "register", "register_plan_interval"]
@@ -36,6 +35,7 @@ def _targets(text: str) -> list[str]:
 
 def cmd_drill(args: argparse.Namespace) -> int:
     from workers.cli import report_dir, to_json
+    from workers.drill import run_drill  # here, not at the top: every `cairn` command builds this parser
 
     data: dict[str, Any] = {}
     if args.spec:
