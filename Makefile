@@ -32,4 +32,4 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy cairn
 
 clean:
-	rm -rf $(VENV) .cairn .pytest_cache .hypothesis
+	rm -rf $(VENV) .cairn .pytest_cache .hypothesis cairn-report-drill
