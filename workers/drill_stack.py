@@ -122,7 +122,12 @@ class EmbeddedStack(DrillStack):
                 lambda p: wait_for_tcp("127.0.0.1", t_port, 90, p.alive),
             ),
             "s3": _Server(
-                ServerProcess("seaweedfs", seaweedfs_command(state_dir / "seaweedfs", s3_port), logs / "seaweedfs.log"),
+                ServerProcess(
+                    "seaweedfs",
+                    # One master: a 1 s election (default 10 s) brings it back within seconds of a restart.
+                    [*seaweedfs_command(state_dir / "seaweedfs", s3_port), "-master.electionTimeout=1s"],
+                    logs / "seaweedfs.log",
+                ),
                 lambda p: wait_for_http(f"http://127.0.0.1:{s3_port}/", 90, p.alive),
             ),
             "service": _Server(

@@ -22,8 +22,9 @@ from workers.drill_stack import EmbeddedStack
 pytestmark = [pytest.mark.integration, pytest.mark.drill]
 
 EVERY = 5
-FAST = {"step_seconds": 0.01, "heartbeat_timeout_seconds": 2.0, "checkpoint_every": EVERY, "steps_per_segment": 40}
-"""Short drills for CI: 10 ms steps, a checkpoint every 5, a dead worker noticed within 2 s."""
+FAST = {"step_seconds": 0.01, "heartbeat_timeout_seconds": 1.5, "checkpoint_every": EVERY, "steps_per_segment": 100}
+"""Short drills for CI: 10 ms steps, a checkpoint every 5, long segments (each boundary costs a
+restore), a dead worker noticed within 1.5 s."""
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +101,7 @@ def test_unsaved_rng_state_fails_and_names_the_field(stack: EmbeddedStack, tmp_p
         seed=5,
         kills=1,
         workers=1,
+        steps_per_segment=20,  # several segments: each one restores the last (RNG-less) checkpoint
         targets=["service-restart"],
         worker_module="tests.integration.rng_dropping_worker",
     )
