@@ -26,7 +26,7 @@ from cairn.config import config_error_from
 from cairn.errors import ConfigError, TemporalRefusedError, TemporalUnavailableError
 from cairn.run_record import RunRecord, TimelineEvent
 from cairn.runs import resolve_store_url
-from workers.client import WORKFLOW_TASK_TIMEOUT, add_connection_args, connect
+from workers.client import add_connection_args, connect
 from workflows.training_run import TrainingRun
 
 __all__ = ["register", "load_run_input", "live_step"]
@@ -118,6 +118,8 @@ def _load_start_input(args: argparse.Namespace) -> None:
 
 
 async def _start(args: argparse.Namespace, client: Client) -> int:
+    from workers.client import WORKFLOW_TASK_TIMEOUT
+
     inp: TrainingRunInput = args.run_input
     workflow_id = args.workflow_id or inp.run_id
     try:
