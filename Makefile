@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench lint clean
+.PHONY: demo drill test test-fast bench lint clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(PY) -m workers.demo
+
+drill: $(STAMP)
+	$(PY) -m workers.cli drill --seed 1 --kills 5 --out cairn-report-drill
 
 test: $(STAMP)
 	$(PY) -m pytest
@@ -29,4 +32,4 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy cairn
 
 clean:
-	rm -rf $(VENV) .cairn .pytest_cache .hypothesis
+	rm -rf $(VENV) .cairn .pytest_cache .hypothesis cairn-report-drill

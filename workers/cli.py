@@ -542,10 +542,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_report)
 
     # Temporal-facing commands (worker, run, dev) live beside the worker they drive.
-    from workers import devstack, run_commands
+    from workers import devstack, drill_commands, run_commands
 
     run_commands.register(sub, _common)
     devstack.register(sub, _common)
+    drill_commands.register(sub, _common)
+    drill_commands.register_plan_interval(sub, _common)
     return parser
 
 

@@ -9,6 +9,7 @@ data converter (``activities.converter``: pydantic, with typed input errors).
 from __future__ import annotations
 
 import argparse
+from datetime import timedelta
 from typing import Any
 
 from temporalio.client import Client
@@ -17,9 +18,13 @@ from temporalio.runtime import Runtime
 
 from activities.converter import DATA_CONVERTER
 
-__all__ = ["connect", "add_connection_args"]
+__all__ = ["connect", "add_connection_args", "WORKFLOW_TASK_TIMEOUT"]
 
 DEFAULT_ADDRESS = "127.0.0.1:7233"
+WORKFLOW_TASK_TIMEOUT = timedelta(seconds=2)
+"""Start-to-close bound of a TrainingRun's workflow tasks (Temporal's default is 10 s). A worker
+that dies holding one delays the run by this much; our workflow tasks take milliseconds.
+Every starter of ours passes it (``temporal workflow start --task-timeout 2s`` from the CLI)."""
 
 
 def add_connection_args(p: argparse.ArgumentParser) -> None:

@@ -79,7 +79,7 @@ async def temporal_drill() -> tuple[bool, str]:
     from cairn.config import load_config
     from cairn.session import TrainingSession
     from cairn.stores import LocalStore, MemoryStore
-    from workers.client import connect
+    from workers.client import WORKFLOW_TASK_TIMEOUT, connect
     from workers.devstack import StackConfig, stack_up
     from workers.run_commands import live_step
     from workers.servers import ServerProcess
@@ -112,7 +112,9 @@ async def temporal_drill() -> tuple[bool, str]:
     first = worker("worker-a")
     second: ServerProcess | None = None
     try:
-        handle = await client.start_workflow(TrainingRun.run, inp, id=run_id, task_queue=queue)
+        handle = await client.start_workflow(
+            TrainingRun.run, inp, id=run_id, task_queue=queue, task_timeout=WORKFLOW_TASK_TIMEOUT
+        )
         print(f"started TrainingRun {run_id}: {total} steps, segments of 60, checkpoint every {every}")
         local = LocalStore(store)
         while (ref := latest_committed(local, run_id)) is None or ref.step < 30:

@@ -128,10 +128,14 @@ def _load_start_input(args: argparse.Namespace) -> None:
 
 
 async def _start(args: argparse.Namespace, client: Client) -> int:
+    from workers.client import WORKFLOW_TASK_TIMEOUT
+
     inp: TrainingRunInput = args.run_input
     workflow_id = args.workflow_id or inp.run_id
     try:
-        handle = await client.start_workflow(TrainingRun.run, inp, id=workflow_id, task_queue=args.task_queue)
+        handle = await client.start_workflow(
+            TrainingRun.run, inp, id=workflow_id, task_queue=args.task_queue, task_timeout=WORKFLOW_TASK_TIMEOUT
+        )
     except WorkflowAlreadyStartedError:
         raise TemporalRefusedError(
             f"a workflow with id {workflow_id!r} is already running: watch it with `cairn run watch {workflow_id}`, "

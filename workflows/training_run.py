@@ -52,7 +52,9 @@ with workflow.unsafe.imports_passed_through():
 __all__ = ["TrainingRun"]
 
 SEGMENT_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
+    # The first retry of a lost segment starts at once (a crash is already a heartbeat timeout
+    # late); repeated failures (storage trouble) back off to the 2 s below.
+    initial_interval=timedelta(milliseconds=200),
     backoff_coefficient=2.0,
     # A crashed segment is retried at most 2 s after its loss is detected, however often the
     # same segment has crashed (a growing backoff made recovery after repeated kills take 10 s

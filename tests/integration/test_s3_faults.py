@@ -1,15 +1,11 @@
-"""Transient faults on the S3 path, injected at the network level (a flaky proxy in front of
-the real SeaweedFS server) and, for multipart parts, at the client call."""
+"""Transient faults on the S3 path, injected at the network level (the drill's fault proxy in
+front of the real SeaweedFS server) and, for multipart parts, at the client call."""
 
 from __future__ import annotations
 
-import http.client
-import socket
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import urlparse
 
 import numpy as np
 import pytest
@@ -21,81 +17,19 @@ from cairn.config import TrainConfig
 from cairn.session import TrainingSession
 from cairn.stores.s3 import S3Store
 from tests.integration.conftest import S3Server
+from workers.faultproxy import FaultPolicy, FaultProxy
 
 pytestmark = pytest.mark.integration
 
 
-class FlakyProxy:
-    """Forwards to the real server; fails every ``every``-th request with a 503 or a reset."""
-
-    def __init__(self, upstream: str, every: int, mode: str) -> None:
-        target = urlparse(upstream)
-        proxy = self
-        self.count = 0
-        self.faults = 0
-        self.lock = threading.Lock()
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _handle(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else None
-                with proxy.lock:
-                    proxy.count += 1
-                    fault = proxy.count % every == 0
-                    proxy.faults += fault
-                if fault and mode == "503":
-                    payload = b"<Error><Code>SlowDown</Code><Message>injected</Message></Error>"
-                    self.send_response(503)
-                    self.send_header("Content-Length", str(len(payload)))
-                    self.end_headers()
-                    self.wfile.write(payload)
-                    return
-                if fault and mode == "reset":
-                    # Drop the connection mid-request, without a response.
-                    self.close_connection = True
-                    self.connection.shutdown(socket.SHUT_RDWR)
-                    return
-                conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
-                headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
-                conn.request(self.command, self.path, body=body, headers=headers)
-                resp = conn.getresponse()
-                data = resp.read()
-                self.send_response(resp.status)
-                for k, v in resp.getheaders():
-                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                        self.send_header(k, v)
-                # HEAD carries the object's length without a body.
-                length = resp.getheader("Content-Length") if self.command == "HEAD" else str(len(data))
-                self.send_header("Content-Length", length or "0")
-                self.end_headers()
-                self.wfile.write(data)
-                conn.close()
-
-            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _handle
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture(params=["503", "reset"])
-def flaky(request: pytest.FixtureRequest, seaweedfs: S3Server) -> Iterator[FlakyProxy]:
-    proxy = FlakyProxy(seaweedfs.endpoint, every=4, mode=request.param)
+def flaky(request: pytest.FixtureRequest, seaweedfs: S3Server) -> Iterator[FaultProxy]:
+    proxy = FaultProxy(seaweedfs.endpoint, FaultPolicy(every=4, kinds=(request.param,)))
     yield proxy
     proxy.close()
 
 
-def test_checkpoint_survives_flaky_network(flaky: FlakyProxy, seaweedfs: S3Server, config: TrainConfig) -> None:
+def test_checkpoint_survives_flaky_network(flaky: FaultProxy, seaweedfs: S3Server, config: TrainConfig) -> None:
     store = S3Store(seaweedfs.bucket, "flaky-" + str(id(flaky)), endpoint_url=flaky.url, part_size=5 << 20)
     session = TrainingSession.fresh("flaky", store, config)
     session.run(9, checkpoint_every=3)

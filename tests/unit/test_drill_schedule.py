@@ -1,0 +1,105 @@
+"""The drill's seeded schedule and its input checks (no servers: ``cairn drill`` refuses bad
+input before it starts anything)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cairn import errors as E
+from workers.cli import main
+from workers.drill_schedule import FAULT_TARGETS, DrillSpec, default_total_steps, drill_spec, plan_schedule
+
+
+def test_same_seed_same_schedule() -> None:
+    spec = DrillSpec(seed=42, kills=12, targets=list(FAULT_TARGETS))
+    first, again = plan_schedule(spec), plan_schedule(DrillSpec(seed=42, kills=12, targets=list(FAULT_TARGETS)))
+    assert [f.to_json() for f in first] == [f.to_json() for f in again]
+    other = plan_schedule(DrillSpec(seed=43, kills=12, targets=list(FAULT_TARGETS)))
+    assert [f.to_json() for f in other] != [f.to_json() for f in first]
+
+
+def test_every_target_at_least_once_and_effect_crash_first_or_last() -> None:
+    for seed in range(20):
+        spec = DrillSpec(seed=seed, kills=len(FAULT_TARGETS), targets=list(FAULT_TARGETS))
+        schedule = plan_schedule(spec)
+        assert sorted(f.kind for f in schedule) == sorted(FAULT_TARGETS)
+        assert [f.index for f in schedule] == list(range(1, len(schedule) + 1))
+        effect = next(i for i, f in enumerate(schedule) if f.kind == "kill-after-effect")
+        assert (effect, schedule[effect].param) in ((0, "reserve"), (len(schedule) - 1, "publish"))
+        every = spec.checkpoint_every
+        assert all(every < f.gap_steps <= 3 * every + 7 for f in schedule if f.kind != "kill-after-effect")
+        assert default_total_steps(spec, schedule) > sum(f.gap_steps for f in schedule)
+
+
+def test_one_effect_crash_per_drill() -> None:
+    schedule = plan_schedule(DrillSpec(seed=1, kills=4, targets=["kill-after-effect"]))
+    assert [f.kind for f in schedule].count("kill-after-effect") == 1
+    assert len(schedule) == 4
+
+
+def test_duration_sets_the_runs_length() -> None:
+    spec = DrillSpec(duration_seconds=30, step_seconds=0.02)
+    assert default_total_steps(spec, plan_schedule(spec)) == 1500
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"kills": 0}, "kills"),
+        ({"targets": ["worker-kill", "meteor"]}, "targets.1"),
+        ({"workers": 9}, "workers"),
+        ({"heartbeat_timeout_seconds": 0.5}, "heartbeat_timeout_seconds"),
+        ({"kils": 3}, "kils"),
+    ],
+)
+def test_bad_spec_names_the_field(data: dict[str, object], field: str) -> None:
+    with pytest.raises(E.ConfigError) as info:
+        drill_spec(data)
+    assert f"drill: {field}" in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--targets", "worker-kill,meteor"], "--targets: expected worker-kill|kill-in-upload|"),
+        (["--kills", "0"], "kills"),
+        (["--seed", "x"], "--seed"),
+        (["--config", "/nonexistent/config.json"], "--config: expected an existing file"),
+        (["--store", "/tmp/drill-store", "--targets", "kill-in-upload"], "--targets: expected an s3:// store"),
+        (["--stack", "env", "--targets", "temporal-restart"], "TEMPORAL_ADDRESS"),
+    ],
+)
+def test_cairn_drill_bad_input_is_one_line_exit_2(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("TEMPORAL_ADDRESS", raising=False)
+    code = main(["drill", *argv, "--out", str(tmp_path / "out"), "--json"])
+    out, err = capsys.readouterr()
+    assert code == 2, (out, err)
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("cairn: error: ") and named in line, err
+    error = json.loads(out.strip().splitlines()[-1])["error"]
+    assert error["exit_code"] == 2 and error["type"] in ("ConfigError", "UsageError")
+
+
+def test_plan_interval_from_flags_and_from_a_drill_report(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert (
+        main(["plan-interval", "--save-seconds", "2", "--mtbf-seconds", "3600", "--step-seconds", "0.5", "--json"]) == 0
+    )
+    advice = json.loads(capsys.readouterr().out)["advice"]
+    assert advice["optimum_seconds"] == pytest.approx(120.0) and advice["optimum_steps"] == 240
+    report = {
+        "checkpoint_every": 10,
+        "interval": {"measured": {"save_seconds_median": 0.1, "mtbf_seconds": 20.0, "step_seconds": 0.02}},
+        "faults": [{"recovery_s": 3.0}, {"recovery_s": 5.0}],
+    }
+    (tmp_path / "drill.json").write_text(json.dumps(report))
+    assert main(["plan-interval", "--report", str(tmp_path / "drill.json"), "--mtbf-seconds", "40", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["measurements"]["mtbf_seconds"] == 40.0 and out["advice"]["current_steps"] == 10
+    assert out["advice"]["restart_seconds"] == 5.0
+    assert main(["plan-interval", "--step-seconds", "1"]) == 2
+    assert "--save-seconds" in capsys.readouterr().err

@@ -1,0 +1,178 @@
+"""A drill's verdict: what must hold after any schedule of faults, checked against the truth.
+
+- ``state``: the final checkpoint equals an uninterrupted in-process run of the same config and
+  steps, field by field (theta, m, v, t, RNG, cursor, history, config, lineage) — bit for bit;
+- ``effects``: by the reservation service's own records, the run holds exactly one reservation
+  of its units, released at the end, and the registry holds exactly one published entry, the
+  final checkpoint;
+- ``checkpoints``: every committed checkpoint of the run passes full validation;
+- ``uncommitted``: partial uploads the faults left (shards without a manifest, incomplete
+  multipart uploads) are collected, and none remain;
+- ``faults``: every planned fault fired and training resumed after it, and no fault cost more
+  recomputed steps than the checkpoint interval;
+- ``run``: the workflow completed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Check", "judge"]
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    passed: bool
+    detail: str
+    fields: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "passed": self.passed, "detail": self.detail, "fields": list(self.fields)}
+
+
+def judge(result: Any) -> list[Check]:
+    """Every check of the verdict; a check that could not run fails and says why."""
+    checks = [_run(result)]
+    for fn in (_state, _effects, _checkpoints, _uncommitted, _faults):
+        try:
+            check = fn(result)
+        except Exception as exc:  # noqa: BLE001 - a check that cannot run is a failed check
+            name = fn.__name__.lstrip("_")
+            check = Check(name, False, f"could not check: {type(exc).__name__}: {exc}")
+        if check is not None:
+            checks.append(check)
+    return checks
+
+
+def _run(result: Any) -> Check:
+    ok = result.status == "COMPLETED" and result.summary is not None
+    steps = result.summary["steps"] if result.summary else None
+    return Check("run", ok, f"workflow {result.workflow_id} {result.status.lower()}, {steps} steps")
+
+
+def _state(result: Any) -> Check:
+    from cairn.checkpoint import CheckpointRef, load_training
+    from cairn.checkpoint.compare import compare_states
+    from cairn.config import TrainConfig
+    from cairn.session import TrainingSession
+    from cairn.stores import MemoryStore, open_store
+
+    if not result.summary or not result.summary.get("checkpoint"):
+        return Check("state", False, "no final checkpoint to compare")
+    ref = CheckpointRef.parse(result.summary["checkpoint"])
+    state, manifest = load_training(open_store(ref.store_url), ref)
+    config = TrainConfig.model_validate(result.extra["config"])
+    reference = TrainingSession.fresh("reference", MemoryStore("drill-reference"), config)
+    reference.run(state.step)
+    diffs = compare_states(state, reference.state)
+    if diffs:
+        largest = max(diffs, key=lambda d: d.max_abs_diff or 0.0)
+        worst = f"; largest |diff| {largest.max_abs_diff:.3g} in {largest.field}" if largest.max_abs_diff else ""
+        return Check(
+            "state",
+            False,
+            f"DIFFERENT from {state.step} uninterrupted in-process updates in {len(diffs)} field(s): "
+            + ", ".join(d.field for d in diffs)
+            + worst,
+            tuple(d.field for d in diffs),
+        )
+    return Check(
+        "state",
+        True,
+        f"BIT-IDENTICAL to {state.step} uninterrupted in-process updates "
+        f"(theta, m, v, t, RNG, cursor, history, config; {manifest.fingerprint[:19]})",
+    )
+
+
+def _effects(result: Any) -> Check | None:
+    from cairn.effects import ReservationClient, published_entries
+    from cairn.stores import open_store
+
+    if not result.extra.get("effects"):
+        return None
+    service = ReservationClient(result.extra["service_url"])
+    mine = [r for r in service.reservations() if r.get("run_id") == result.run_id]
+    problems = []
+    if len(mine) != 1:
+        listed = ", ".join(f"{r['reservation_id']} {r['status']}" for r in mine)
+        problems.append(f"{len(mine)} reservations for the run (expected 1): {listed}")
+    held = sum(int(r["units"]) for r in mine if r.get("status") == "active")
+    if held:
+        problems.append(f"{held} unit(s) still consumed after the run (expected 0: released)")
+    entries = published_entries(open_store(result.store), result.run_id)
+    final = result.summary.get("checkpoint") if result.summary else None
+    if len(entries) != 1 or entries[0].checkpoint != final:
+        problems.append(f"{len(entries)} published entr(y/ies) (expected 1, the final checkpoint {final})")
+    if problems:
+        return Check("effects", False, "; ".join(problems), ("reservation",) if len(mine) != 1 else ())
+    r = mine[0]
+    return Check(
+        "effects",
+        True,
+        f"exactly once: 1 reservation ({r['reservation_id']}, {r['units']} units, released), 1 published entry",
+    )
+
+
+def _checkpoints(result: Any) -> Check:
+    from cairn.checkpoint import CheckpointKind, list_checkpoints, load_training
+    from cairn.stores import open_store
+
+    store = open_store(result.store)
+    refs = list_checkpoints(store, result.run_id, CheckpointKind.TRAINING)
+    bad = []
+    for ref in refs:
+        try:
+            load_training(store, ref)
+        except Exception as exc:  # noqa: BLE001 - each refusal is reported
+            bad.append(f"step {ref.step}: {type(exc).__name__}")
+    if not refs:
+        return Check("checkpoints", False, "no committed checkpoint in the store")
+    if bad:
+        return Check(
+            "checkpoints", False, f"{len(bad)} of {len(refs)} committed checkpoints refused: " + "; ".join(bad)
+        )
+    made = len({c.step for c in result.logs.commits})
+    return Check(
+        "checkpoints",
+        True,
+        f"all {len(refs)} kept checkpoints verify (steps {refs[0].step}..{refs[-1].step}; "
+        f"{made} committed during the drill)",
+    )
+
+
+def _uncommitted(result: Any) -> Check:
+    from cairn.checkpoint.retention import RetentionPolicy, collect_garbage, plan_gc
+    from cairn.stores import open_store
+
+    store = open_store(result.store)
+    keep_all = RetentionPolicy(keep_last=1_000_000, grace_seconds=0.0)
+    plan = collect_garbage(store, result.run_id, keep_all)
+    after = plan_gc(store, result.run_id, keep_all)
+    remaining = after.orphans + store.stale_uploads(f"{result.run_id}/", 0.0)
+    found = len(plan.orphans) + len(plan.aborted_uploads)
+    result.extra["orphans_collected"] = found
+    if remaining:
+        return Check("uncommitted", False, f"{len(remaining)} partial upload object(s) remain after collection")
+    return Check(
+        "uncommitted",
+        True,
+        f"no uncommitted checkpoint visible; {len(plan.orphans)} orphan shard(s) and "
+        f"{len(plan.aborted_uploads)} incomplete upload(s) collected, none remain",
+    )
+
+
+def _faults(result: Any) -> Check:
+    problems = []
+    every = result.checkpoint_every
+    for f in result.faults:
+        if f.fired_at is None:
+            problems.append(f"fault {f.index} ({f.kind}) did not fire: {f.note}")
+        elif f.resumed_at is None:
+            problems.append(f"fault {f.index} ({f.kind}): training did not resume")
+        elif f.kind in ("worker-kill", "kill-in-upload") and (f.recomputed or 0) > every:
+            problems.append(f"fault {f.index} ({f.kind}) recomputed {f.recomputed} steps > interval {every}")
+    if problems:
+        return Check("faults", False, "; ".join(problems))
+    return Check("faults", True, f"all {len(result.faults)} faults fired and training resumed after each")
