@@ -27,9 +27,7 @@ def _targets(text: str) -> list[str]:
         return list(FAULT_TARGETS)
     bad = [n for n in names if n not in FAULT_TARGETS]
     if bad or not names:
-        raise ConfigError(
-            "--targets", expected="|".join([*FAULT_TARGETS, "all"]), found=text
-        )
+        raise ConfigError("--targets", expected="|".join([*FAULT_TARGETS, "all"]), found=text)
     return names
 
 

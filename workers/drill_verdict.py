@@ -46,6 +46,10 @@ def judge(result: Any) -> list[Check]:
     return checks
 
 
+TOLERANCE = (1e-5, 1e-8)
+"""(rtol, atol) for runs that declare the tolerance contract (``lineage.reproducibility``)."""
+
+
 def _run(result: Any) -> Check:
     ok = result.status == "COMPLETED" and result.summary is not None
     steps = result.summary["steps"] if result.summary else None
@@ -62,11 +66,13 @@ def _state(result: Any) -> Check:
     if not result.summary or not result.summary.get("checkpoint"):
         return Check("state", False, "no final checkpoint to compare")
     ref = CheckpointRef.parse(result.summary["checkpoint"])
-    state, manifest = load_training(open_store(ref.store_url), ref)
     config = TrainConfig.model_validate(result.extra["config"])
+    state, manifest = load_training(open_store(ref.store_url), ref, run_config=config)  # the drill's trainer
     reference = TrainingSession.fresh("reference", MemoryStore("drill-reference"), config)
     reference.run(state.step)
-    diffs = compare_states(state, reference.state)
+    tolerant = manifest.lineage is not None and manifest.lineage.reproducibility == "tolerance"
+    rtol, atol = TOLERANCE if tolerant else (0.0, 0.0)
+    diffs = compare_states(state, reference.state, rtol=rtol, atol=atol)
     if diffs:
         largest = max(diffs, key=lambda d: d.max_abs_diff or 0.0)
         worst = f"; largest |diff| {largest.max_abs_diff:.3g} in {largest.field}" if largest.max_abs_diff else ""
@@ -78,11 +84,14 @@ def _state(result: Any) -> Check:
             + worst,
             tuple(d.field for d in diffs),
         )
+    verdict = (
+        f"EQUAL within rtol={rtol:g}, atol={atol:g} (the run's tolerance contract)" if tolerant else "BIT-IDENTICAL"
+    )
     return Check(
         "state",
         True,
-        f"BIT-IDENTICAL to {state.step} uninterrupted in-process updates "
-        f"(theta, m, v, t, RNG, cursor, history, config; {manifest.fingerprint[:19]})",
+        f"{verdict} to {state.step} uninterrupted in-process updates "
+        f"(every tensor, t, RNG, cursor, trainer state, history, config; {manifest.fingerprint[:19]})",
     )
 
 
