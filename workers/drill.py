@@ -546,6 +546,8 @@ class Drill:
         self.every, self.step_seconds = inp.checkpoint.every, inp.throttle_seconds_per_step
         queue = f"cairn-drill-{uuid.uuid4().hex[:8]}"
         env = {"CAIRN_METRICS_PORT": "off", "CAIRN_LOG_FORMAT": "json"}
+        if inp.config.trainer is not None:  # the trainer's package is imported before the first fault
+            env["CAIRN_PRELOAD"] = inp.config.trainer.factory.partition(":")[0]
         if self.stack.s3_endpoint:
             os.environ["AWS_ENDPOINT_URL_S3"] = self.stack.s3_endpoint  # the drill reads the store directly
             self.proxy = FaultProxy(self.stack.s3_endpoint)

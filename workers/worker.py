@@ -80,6 +80,8 @@ async def run(args: argparse.Namespace) -> int:
         client = await connect(args.address, args.namespace, runtime=endpoint.runtime if endpoint else None)
     except RuntimeError as exc:  # the SDK's connection failure
         raise TemporalUnavailableError(f"cannot connect to Temporal: {exc}") from None
+    if args.preload:  # before polling: a task this worker takes must not wait for `import torch`
+        await asyncio.to_thread(_preload, args.preload)
     worker = build_worker(client, args.task_queue, max_activities=args.max_activities)
     target = client.service_client.config.target_host
     metrics = f"; metrics on {endpoint.url}" if endpoint else ""
@@ -102,6 +104,18 @@ def _warm_up() -> None:
 
     with contextlib.suppress(Exception):  # only an optimisation: the first real store reports errors
         S3Store("cairn-warm-up").close()
+
+
+def _preload(preload: str) -> None:
+    """Import the ``--preload`` modules (your trainers' packages: ``import torch`` alone takes
+    seconds), so that a retried segment this worker takes starts training at once."""
+    import importlib
+
+    for name in [m.strip() for m in preload.split(",") if m.strip()]:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - the segment that needs it reports it, typed
+            logging.getLogger("cairn.worker").warning("preload of %r failed: %s: %s", name, type(exc).__name__, exc)
 
 
 def _start_metrics(port_text: str) -> MetricsEndpoint | None:
@@ -137,6 +151,13 @@ def add_worker_args(p: argparse.ArgumentParser) -> None:
         "--metrics-port",
         default=os.environ.get("CAIRN_METRICS_PORT", str(DEFAULT_METRICS_PORT)),
         help=f"Prometheus endpoint port (env CAIRN_METRICS_PORT; default {DEFAULT_METRICS_PORT}; 0: any free; off)",
+    )
+    p.add_argument(
+        "--preload",
+        default=os.environ.get("CAIRN_PRELOAD", ""),
+        metavar="MODULES",
+        help="comma-separated modules to import at start, e.g. your trainer's (env CAIRN_PRELOAD): "
+        "a retried segment then does not wait for `import torch`",
     )
     p.add_argument(
         "--log-format",
