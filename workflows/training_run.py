@@ -53,13 +53,14 @@ __all__ = ["TrainingRun"]
 
 SEGMENT_RETRY = RetryPolicy(
     # The first retry of a lost segment starts at once (a crash is already a heartbeat timeout
-    # late); repeated failures (storage trouble) back off to the 2 s below.
+    # late); repeated failures (storage trouble) back off to the 1 s below.
     initial_interval=timedelta(milliseconds=200),
     backoff_coefficient=2.0,
-    # A crashed segment is retried at most 2 s after its loss is detected, however often the
+    # A crashed segment is retried at most 1 s after its loss is detected, however often the
     # same segment has crashed (a growing backoff made recovery after repeated kills take 10 s
-    # and more). A retry costs one restore; storage trouble retries at the same pace.
-    maximum_interval=timedelta(seconds=2),
+    # and more; at 2 s, the restore on top missed "resumed within 2 s of detection"). A retry
+    # costs one restore; storage trouble retries at the same pace.
+    maximum_interval=timedelta(seconds=1),
     maximum_attempts=0,  # unlimited: storage trouble heals; corrupt state is non-retryable
 )
 SHORT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10))
