@@ -110,7 +110,7 @@ def step_overhead(mib: int, steps: int, every: int, reps: int, workdir: Path) ->
     base = TrainingSession.fresh("loop", store, config, options=UNSIGNED)
 
     def loop(mode: str) -> None:
-        session = TrainingSession("loop-" + mode, store, base.state.copy(), base.dataset, options=UNSIGNED)
+        session = TrainingSession("loop-" + mode, store, base.state.copy(), base.trainer, options=UNSIGNED)
         session.run(
             steps,
             checkpoint_every=None if mode == "none" else every,
