@@ -22,6 +22,10 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from workers.servers import ServerProcess
 
 REPO = Path(__file__).resolve().parents[1]
 STATE = REPO / ".cairn"
@@ -42,6 +46,15 @@ def compare(a: str, b: str) -> dict[str, object]:
         cwd=REPO,
     )
     return json.loads(out.stdout)
+
+
+def demo_worker(name: str, address: str, queue: str, preload: str = "") -> ServerProcess:
+    """A worker process on the demo's queue, logging to .cairn/logs/demo-NAME.log."""
+    from workers.servers import ServerProcess
+
+    argv = [sys.executable, "-m", "workers.worker", "--address", address, "--task-queue", queue]
+    argv += ["--preload", preload] if preload else []
+    return ServerProcess(name, argv, STATE / "logs" / f"demo-{name}.log", cwd=REPO).start()
 
 
 def seed_scenario(store: Path, config: Path) -> bool:
@@ -82,7 +95,6 @@ async def temporal_drill() -> tuple[bool, str]:
     from workers.client import WORKFLOW_TASK_TIMEOUT, connect
     from workers.devstack import StackConfig, stack_up
     from workers.run_commands import live_step
-    from workers.servers import ServerProcess
     from workflows.training_run import TrainingRun
 
     print("== Part 2: a durable run on Temporal, with a worker SIGKILLed partway")
@@ -105,8 +117,7 @@ async def temporal_drill() -> tuple[bool, str]:
     )
 
     def worker(name: str) -> ServerProcess:
-        argv = [sys.executable, "-m", "workers.worker", "--address", cfg.temporal_address, "--task-queue", queue]
-        return ServerProcess(name, argv, STATE / "logs" / f"demo-{name}.log", cwd=REPO).start()
+        return demo_worker(name, cfg.temporal_address, queue)
 
     client = await connect(cfg.temporal_address)
     first = worker("worker-a")
@@ -172,9 +183,8 @@ async def digits_on_temporal(web_ui: str) -> bool:
     from cairn.config import load_config
     from cairn.session import TrainingSession
     from cairn.stores import LocalStore, MemoryStore
-    from workers.client import connect
+    from workers.client import WORKFLOW_TASK_TIMEOUT, connect
     from workers.devstack import StackConfig
-    from workers.servers import ServerProcess
     from workflows.training_run import TrainingRun
 
     print("\n== Part 3: your own PyTorch model — the digits CNN, durably on Temporal, epoch by epoch")
@@ -196,14 +206,15 @@ async def digits_on_temporal(web_ui: str) -> bool:
     )
 
     def worker(name: str) -> ServerProcess:
-        argv = [sys.executable, "-m", "workers.worker", "--address", cfg.temporal_address, "--task-queue", queue]
-        return ServerProcess(name, argv, STATE / "logs" / f"demo-{name}.log", cwd=REPO).start()
+        return demo_worker(name, cfg.temporal_address, queue, preload="examples.digits")
 
     client = await connect(cfg.temporal_address)
     first = worker("worker-c")
     second: ServerProcess | None = None
     try:
-        handle = await client.start_workflow(TrainingRun.run, inp, id=run_id, task_queue=queue)
+        handle = await client.start_workflow(
+            TrainingRun.run, inp, id=run_id, task_queue=queue, task_timeout=WORKFLOW_TASK_TIMEOUT
+        )
         print(f"started TrainingRun {run_id}: trainer examples.digits:DigitsCNN, {epochs} epochs, one segment each")
         local = LocalStore(store)
         while (progress := await handle.query(TrainingRun.progress)).steps_per_epoch is None:

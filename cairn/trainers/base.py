@@ -144,6 +144,16 @@ class Trainer(ABC):
     def check_state(self, step: int, cursor: int, rng: Any, meta: Mapping[str, Any]) -> None:
         """Cross-field invariants of a checkpoint's JSON part; raise ``InvariantError``."""
 
+    def check_cursor(self, step: int, cursor: int) -> None:
+        """The data cursor counts the examples drawn: ``step x batch_size``."""
+        if cursor != step * self.config.batch_size:
+            raise InvariantError(
+                "data cursor must equal step x batch_size",
+                field="cursor",
+                expected=step * self.config.batch_size,
+                found=cursor,
+            )
+
     @abstractmethod
     def is_weight(self, name: str) -> bool:
         """Whether tensor ``name`` is part of the model's weights (what ``weights_only`` and

@@ -120,13 +120,7 @@ class MLPTrainer(Trainer):
         problem = rng_state_problem(rng)
         if problem:
             raise InvariantError("RNG state is malformed", field=problem[0], expected=problem[1], found=problem[2])
-        if cursor != step * self.config.batch_size:
-            raise InvariantError(
-                "data cursor must equal step x batch_size",
-                field="cursor",
-                expected=step * self.config.batch_size,
-                found=cursor,
-            )
+        self.check_cursor(step, cursor)
         expected_meta = {"data": self.sampler.cursor_json(step)} if self.sampler is not None else {}
         if self.sampler is not None:
             self.sampler.check_cursor(step, meta.get("data"))

@@ -568,13 +568,7 @@ class TorchTrainer(Trainer):
         return self._optim_probe
 
     def check_state(self, step: int, cursor: int, rng: Any, meta: Mapping[str, Any]) -> None:
-        if cursor != step * self.config.batch_size:
-            raise InvariantError(
-                "data cursor must equal step x batch_size",
-                field="cursor",
-                expected=step * self.config.batch_size,
-                found=cursor,
-            )
+        self.check_cursor(step, cursor)
         self.sampler.check_cursor(step, meta.get("data"))
         _check_rng_json(rng)
         optimizer = meta.get("optimizer")
