@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from cairn.checkpoint.layout import lifecycle_key, lifecycle_prefix
+from cairn.checkpoint.layout import lifecycle_key, lifecycle_prefix, sequence_number
 from cairn.checkpoint.manager import load_training_with_trainer
 from cairn.checkpoint.manifest import CheckpointKind
 from cairn.checkpoint.options import CheckpointOptions
@@ -121,30 +121,22 @@ class Exposure:
     metrics: dict[str, float]
 
 
-def _sequence_numbers(store: Store, run_id: str) -> list[int]:
-    """Numbers of every entry in the run's lifecycle log (whatever the event)."""
-    out = []
-    for info in store.list(lifecycle_prefix(run_id)):
-        name = info.key.rsplit("/", 1)[-1]
-        if name.endswith(".json") and name[:-5].isascii() and name[:-5].isdigit():
-            out.append(int(name[:-5]))
-    return out
+def _entries(store: Store, run_id: str) -> list[tuple[int, str]]:
+    """(number, key) of every entry in the run's lifecycle log (whatever the event), in order."""
+    numbered = ((sequence_number(info.key), info.key) for info in store.list(lifecycle_prefix(run_id)))
+    return sorted((seq, key) for seq, key in numbered if seq is not None)
 
 
-def logged_exposures(store: Store, run_id: str) -> list[Exposure]:
-    """The run's logged final-test exposures, in order (malformed entries are skipped)."""
+def _exposures(store: Store, entries: list[tuple[int, str]]) -> list[Exposure]:
     out = []
-    for info in store.list(lifecycle_prefix(run_id)):
-        name = info.key.rsplit("/", 1)[-1]
-        if not (name.endswith(".json") and name[:-5].isascii() and name[:-5].isdigit()):
-            continue
+    for seq, key in entries:
         try:
-            body = json.loads(store.read(info.key)[: 1 << 16])
+            body = json.loads(store.read(key)[: 1 << 16])
             if body.get("event") != "test-exposure":
                 continue
             out.append(
                 Exposure(
-                    seq=int(name[:-5]),
+                    seq=seq,
                     checkpoint=str(body["checkpoint"]),
                     fingerprint=str(body["fingerprint"]),
                     step=int(body["step"]),
@@ -153,8 +145,13 @@ def logged_exposures(store: Store, run_id: str) -> list[Exposure]:
                 )
             )
         except (ValueError, KeyError, TypeError, AttributeError):
-            continue
-    return sorted(out, key=lambda e: e.seq)
+            continue  # a malformed entry is skipped
+    return out
+
+
+def logged_exposures(store: Store, run_id: str) -> list[Exposure]:
+    """The run's logged final-test exposures, in order (malformed entries are skipped)."""
+    return _exposures(store, _entries(store, run_id))
 
 
 def exposure_count(store: Store, run_id: str, lineage: Lineage | None) -> int:
@@ -176,8 +173,9 @@ def record_test_exposure(
         "metrics": metrics,
     }
     for _ in range(16):
-        logged = logged_exposures(store, ref.run_id)
-        seq = max(_sequence_numbers(store, ref.run_id), default=0) + 1
+        entries = _entries(store, ref.run_id)
+        logged = _exposures(store, entries)
+        seq = max((n for n, _ in entries), default=0) + 1
         if store.put_if_absent(lifecycle_key(ref.run_id, seq), json.dumps(body).encode()):
             return (lineage.final_test_exposures if lineage is not None else 0) + len(logged) + 1
     raise StorageError(f"run {ref.run_id!r}: the lifecycle log kept changing; try again")

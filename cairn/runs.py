@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from cairn.checkpoint.layout import STORE_ID_KEY, owner_key, owners_prefix
+from cairn.checkpoint.layout import STORE_ID_KEY, owner_key, owners_prefix, sequence_number
 from cairn.errors import ConfigError, ObjectNotFoundError, RunOwnershipError, StoreIdentityError
 from cairn.stores.base import Store
 
@@ -130,12 +130,8 @@ class OwnerRecord:
 
 def _claims(store: Store, run_id: str) -> list[tuple[int, str]]:
     """(sequence number, key) of every claim of the run, in order."""
-    out = []
-    for info in store.list(owners_prefix(run_id)):
-        name = info.key.rsplit("/", 1)[-1]
-        if name.endswith(".json") and name[:-5].isascii() and name[:-5].isdigit():
-            out.append((int(name[:-5]), info.key))
-    return sorted(out)
+    numbered = ((sequence_number(info.key), info.key) for info in store.list(owners_prefix(run_id)))
+    return sorted((seq, key) for seq, key in numbered if seq is not None)
 
 
 def read_owner(store: Store, run_id: str) -> OwnerRecord | None:

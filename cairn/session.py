@@ -149,11 +149,6 @@ class TrainingSession:
     def checkpoint_options(self) -> CheckpointOptions:
         return self.options or CheckpointOptions.from_env()
 
-    @property
-    def dataset(self) -> Any:
-        """The built-in trainer's dataset (kept for callers of the v1 API)."""
-        return getattr(self.trainer, "dataset", None)
-
     # -- state replacement --------------------------------------------------------------
     def restore(self, ref: CheckpointRef) -> None:
         """Replace this session's state with ``ref``'s, only if it passes validation."""

@@ -40,6 +40,7 @@ __all__ = [
     "owners_prefix",
     "registry_prefix",
     "lifecycle_prefix",
+    "sequence_number",
     "lifecycle_key",
     "registry_entry_key",
 ]
@@ -113,6 +114,14 @@ def owners_prefix(run_id: str) -> str:
 def owner_key(run_id: str, seq: int) -> str:
     """The ``seq``-th claim of a run (12 digits, so keys sort by number)."""
     return f"{owners_prefix(run_id)}{seq:0{STEP_DIGITS}d}.json"
+
+
+def sequence_number(key: str) -> int | None:
+    """The number of a numbered object (``.../SEQ.json``: owner claims, lifecycle events), or
+    None for any other key."""
+    name = key.rsplit("/", 1)[-1]
+    stem = name[:-5]
+    return int(stem) if name.endswith(".json") and stem.isascii() and stem.isdigit() else None
 
 
 def lifecycle_prefix(run_id: str) -> str:

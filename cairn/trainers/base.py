@@ -179,10 +179,6 @@ class Trainer(ABC):
         """Value rules for (a chunk of) one tensor: floats must be finite everywhere."""
         check_finite(name, values)
 
-    def model_hash(self) -> str:
-        """The architecture's identity: names, dtypes and shapes of the weights."""
-        return model_hash({n: s for n, s in self.tensor_specs(0, {}).items() if self.is_weight(n)})
-
 
 def check_finite(name: str, values: np.ndarray) -> None:
     """Floating-point values must be finite: one cheap sum proves the common case; the exact

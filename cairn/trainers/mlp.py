@@ -134,12 +134,6 @@ class MLPTrainer(Trainer):
                 "Adam second moment must be >= 0", field=f"tensors[{name}]", expected=">= 0", found=float(values.min())
             )
 
-    def weights_only(self, state: TrainState) -> TrainState:
-        fresh = self.init_state()
-        for name, theta in state.params.items():
-            fresh.tensors[f"theta/{name}"] = theta.copy()
-        return fresh
-
     def evaluate(self, state: TrainState, split: str) -> dict[str, float] | None:
         data = self.splits.get(split)
         return None if data is None else evaluate_split(state.params, data)
