@@ -36,6 +36,7 @@ __all__ = [
     "TrainConfig",
     "TrainerSpec",
     "InitFrom",
+    "DistributedConfig",
     "BUILTIN_TRAINER",
     "load_config",
     "parse_config",
@@ -123,6 +124,30 @@ class OptimizerConfig(_Strict):
     min_lr_ratio: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] = 0.1
 
 
+class DistributedConfig(_Strict):
+    """Data-parallel arithmetic that does not depend on the number of ranks (``cairn.distributed``).
+
+    Each update's batch is split into ``microbatches`` equal microbatches (a power of two that
+    divides ``batch_size``); their gradients are summed in one fixed binary-tree order over the
+    microbatch index, whichever rank computed them, so every world size that divides
+    ``microbatches`` gives the same bits. ``block_bytes`` is the checkpoint block size (format
+    v2): a property of the run, never of the world size, so checkpoints of the same state saved
+    by any number of ranks are identical. The world size itself is not part of the config.
+    """
+
+    microbatches: Annotated[int, Field(ge=1, le=1024)] = 1
+    block_bytes: Annotated[int, Field(ge=64, le=1 << 30)] = 1 << 20
+
+    @model_validator(mode="after")
+    def _power_of_two(self) -> DistributedConfig:
+        m = self.microbatches
+        if m & (m - 1):
+            raise ValueError(f"microbatches must be a power of two (expected 1, 2, 4, 8, ..., found {m})")
+        if self.block_bytes % 8:
+            raise ValueError(f"block_bytes must be a multiple of 8 (found {self.block_bytes})")
+        return self
+
+
 MLP_SECTIONS = ("model", "data", "optimizer")
 """Config sections of the built-in MLP; another trainer takes its settings in ``trainer.options``."""
 TRAINER_PATH = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
@@ -168,6 +193,8 @@ class TrainConfig(_Strict):
     trainer: TrainerSpec | None = None
     """None: the built-in numpy MLP (``cairn.trainers.mlp:MLPTrainer``)."""
     init_from: InitFrom | None = None
+    distributed: DistributedConfig | None = None
+    """Data-parallel training over any world size dividing ``microbatches`` (None: single process)."""
 
     @property
     def trainer_path(self) -> str:
@@ -187,6 +214,15 @@ class TrainConfig(_Strict):
                     f"'{name}' configures the built-in MLP; trainer {self.trainer_path!r} takes its settings "
                     f"in trainer.options (found a '{name}' section)"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _microbatches_divide_the_batch(self) -> TrainConfig:
+        m = self.distributed.microbatches if self.distributed is not None else 1
+        if self.batch_size % m:
+            raise ValueError(
+                f"distributed.microbatches must divide batch_size (expected a divisor of {self.batch_size}, found {m})"
+            )
         return self
 
     @model_validator(mode="after")
@@ -234,6 +270,7 @@ class TrainConfig(_Strict):
 _V1_OMITTED_AT_DEFAULT: tuple[tuple[tuple[str, ...], object], ...] = (
     (("trainer",), None),
     (("init_from",), None),
+    (("distributed",), None),
     (("data", "sampling"), "replacement"),
     (("data", "val_fraction"), 0.0),
     (("data", "test_fraction"), 0.0),

@@ -15,6 +15,7 @@ expected vs found value, so a refused import says exactly why::
      │                                file, a symlink out of the store, a bad key): same bytes, same verdict
      ├── TrainingDivergedError        training produced NaN/inf: nothing is committed       no    1
      ├── TrainerCodeError             the trainer's own code (build, forward, data) raised  no    1
+     ├── GangFailedError              a rank of a distributed segment died; gang stopped  yes   3
      ├── CheckpointError              a checkpoint is refused (never retryable: same bytes, same verdict)
      │    ├── CheckpointNotFoundError   no committed manifest at that reference
      │    ├── ManifestError             manifest is not valid JSON / does not match the schema
@@ -75,6 +76,8 @@ __all__ = [
     "CommandInterrupted",
     "TemporalUnavailableError",
     "TrainingDivergedError",
+    "GangFailedError",
+    "error_named",
     "one_line",
 ]
 
@@ -180,6 +183,29 @@ class TrainerCodeError(CairnError):
     Deterministic code given the same state: a retry would raise again, so it fails the run."""
 
     exit_code = 1
+
+
+class GangFailedError(CairnError):
+    """A rank of a distributed segment died or failed, so the whole gang was stopped (every rank
+    process reaped). Nothing half-saved is committed: a retry resumes from the last commit."""
+
+    retryable = True
+    exit_code = 3
+
+
+def error_named(type_name: str, message: str) -> CairnError:
+    """Rebuild a typed error another process reported (by class name and message); an unknown
+    name becomes a ``GangFailedError`` carrying the message."""
+    todo: list[type[CairnError]] = [CairnError]
+    while todo:
+        cls = todo.pop()
+        if cls.__name__ == type_name:
+            err = cls.__new__(cls)
+            Exception.__init__(err, one_line(message, 2000))
+            err.field = err.expected = err.found = None
+            return err
+        todo.extend(cls.__subclasses__())
+    return GangFailedError(f"{type_name}: {message}")
 
 
 class CheckpointError(CairnError):

@@ -17,6 +17,7 @@ import numpy as np
 
 from cairn.config import TrainConfig
 from cairn.data import Dataset
+from cairn.distributed.reduce import tree_sum
 from cairn.errors import ConfigError
 from cairn.sampler import EpochSampler
 from cairn.state import HISTORY_KEYS, Lineage, TrainState, param_shapes
@@ -131,6 +132,22 @@ def loss_and_grads(
     }
 
 
+def microbatch_loss_and_grads(
+    params: dict[str, np.ndarray], xb: np.ndarray, yb: np.ndarray, microbatches: int
+) -> tuple[float, dict[str, np.ndarray]]:
+    """The batch's mean loss and gradient as the canonical reduction of its ``microbatches``
+    equal microbatches (``cairn.distributed.reduce``): what any number of ranks computes."""
+    size = xb.shape[0] // microbatches
+    parts = [
+        loss_and_grads(params, xb[i * size : (i + 1) * size], yb[i * size : (i + 1) * size])
+        for i in range(microbatches)
+    ]
+    scale = 1.0 / microbatches  # a power of two: exact
+    loss = tree_sum([p[0] for p in parts]) * scale
+    grads = {name: tree_sum([p[1][name] for p in parts]) * scale for name in params}
+    return loss, grads
+
+
 def _update_in_place(
     state: TrainState, dataset: Dataset, rng: np.random.Generator, sampler: EpochSampler | None
 ) -> None:
@@ -143,7 +160,11 @@ def _update_in_place(
         else rng.integers(0, dataset.n_examples, size=config.batch_size)
     )
     params, moments1, moments2 = state.params, state.m, state.v
-    loss, grads = loss_and_grads(params, dataset.x[idx], dataset.y[idx])
+    microbatches = config.distributed.microbatches if config.distributed is not None else 1
+    if microbatches == 1:  # the v1 arithmetic
+        loss, grads = loss_and_grads(params, dataset.x[idx], dataset.y[idx])
+    else:
+        loss, grads = microbatch_loss_and_grads(params, dataset.x[idx], dataset.y[idx], microbatches)
     t = state.step + 1
     lr = learning_rate(config, t)
     bc1 = 1.0 - opt.beta1**t

@@ -21,9 +21,10 @@ from datetime import UTC, datetime
 
 import numpy as np
 
+from cairn.checkpoint.blocks import parts_json, parts_of, split_blocks
 from cairn.checkpoint.content import CheckpointContent, check_content, index_of
 from cairn.checkpoint.layout import checkpoint_prefix, manifest_key
-from cairn.checkpoint.manifest import Manifest, WriterInfo
+from cairn.checkpoint.manifest import BLOCKED_FORMAT_VERSION, FORMAT_VERSION, Manifest, PartSpec, WriterInfo
 from cairn.checkpoint.options import CheckpointOptions
 from cairn.checkpoint.reader import parse_manifest
 from cairn.checkpoint.ref import CheckpointRef
@@ -52,9 +53,11 @@ def commit_manifest(
     *,
     nonce: str,
     options: CheckpointOptions | None = None,
+    parts: dict[str, PartSpec] | None = None,
 ) -> CommitResult:
     """Phase 2, run once (by the coordinator) after every rank's shards are durable:
-    commit one manifest listing all of them, by create-if-absent. This is the commit."""
+    commit one manifest listing all of them, by create-if-absent. This is the commit.
+    ``parts``: the blocked layout (format v2) the ranks wrote (``cairn.checkpoint.blocks``)."""
     options = options or CheckpointOptions.from_env()
     mkey = manifest_key(content.run_id, content.kind, content.step)
     ref = CheckpointRef(store.url, content.run_id, content.kind, content.step)
@@ -63,9 +66,11 @@ def commit_manifest(
     if len(set(names)) != len(names):
         raise TensorSpecError("two ranks wrote the same tensor", field="tensors", found=sorted(names))
     shards = [s for r in sorted(ranks, key=lambda r: r.rank) for s in r.shards]
-    fingerprint = content.fingerprint(index_of(entries))
+    fingerprint = content.fingerprint(index_of(entries), parts_json(parts))
     manifest = Manifest(
         **content.manifest_fields(),
+        format_version=FORMAT_VERSION if parts is None else BLOCKED_FORMAT_VERSION,
+        parts=parts,
         tensors=entries,
         shards=shards,
         total_bytes=sum(e.length for e in entries),
@@ -99,21 +104,29 @@ def write_checkpoint(
     tensors: Mapping[str, np.ndarray],
     *,
     options: CheckpointOptions | None = None,
+    block_bytes: int | None = None,
 ) -> CommitResult:
-    """Single-writer save: shards, then the manifest, under the (run, kind, step) key."""
+    """Single-writer save: shards, then the manifest, under the (run, kind, step) key.
+    ``block_bytes``: write the blocked layout (format v2) a distributed save of the same state
+    writes, so both have the same fingerprint."""
     started = time.perf_counter()
     options = options or CheckpointOptions.from_env()
     ref = CheckpointRef(store.url, content.run_id, content.kind, content.step)
+    parts = None
+    if block_bytes is not None:
+        parts = parts_of(tensors, block_bytes)
+        tensors = split_blocks(tensors, parts)
     if store.exists(manifest_key(content.run_id, content.kind, content.step)):
         # A retry (or a stale writer) of a committed step: compare, don't rewrite.
         check_content(content, tensors, options.limits)  # (write_shards checks it on the other path)
         arrays = {name: as_le_contiguous(a) for name, a in tensors.items()}
         index = [(n, a.dtype.str, list(a.shape), tensor_checksum(a)) for n, a in sorted(arrays.items())]
-        result = _converge(store, ref, content.fingerprint(index), orphan_keys=[], options=options)
+        fingerprint = content.fingerprint(index, parts_json(parts))
+        result = _converge(store, ref, fingerprint, orphan_keys=[], options=options)
     else:
         nonce = new_save_nonce()
         rank0 = write_shards(store, content, tensors, nonce=nonce, options=options)
-        result = commit_manifest(store, content, [rank0], nonce=nonce, options=options)
+        result = commit_manifest(store, content, [rank0], nonce=nonce, options=options, parts=parts)
     return replace(result, seconds=time.perf_counter() - started)
 
 

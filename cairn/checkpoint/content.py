@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from cairn.bounded_json import JsonLimits, parse_json
-from cairn.checkpoint.manifest import FORMAT_VERSION, CheckpointKind, Manifest, TensorEntry
+from cairn.checkpoint.manifest import BLOCKED_FORMAT_VERSION, FORMAT_VERSION, CheckpointKind, Manifest, TensorEntry
 from cairn.checkpoint.options import Limits
 from cairn.errors import InvariantError, SizeLimitError, TensorSpecError
 from cairn.state import Lineage
@@ -59,10 +59,11 @@ class CheckpointContent:
         """The manifest's content fields, as keyword arguments for ``Manifest``."""
         return {name: getattr(self, name) for name in CONTENT_FIELDS}
 
-    def fingerprint(self, tensors: Iterable[TensorIndex]) -> str:
-        """sha256 over the content and the tensor index; see the module docstring."""
-        body = {
-            "format_version": FORMAT_VERSION,
+    def fingerprint(self, tensors: Iterable[TensorIndex], parts: dict[str, Any] | None = None) -> str:
+        """sha256 over the content and the tensor index (and, for a blocked v2 checkpoint, its
+        ``parts``: ``cairn.checkpoint.blocks.parts_json``); see the module docstring."""
+        body: dict[str, Any] = {
+            "format_version": FORMAT_VERSION if parts is None else BLOCKED_FORMAT_VERSION,
             "kind": str(self.kind),
             "step": self.step,
             "cursor": self.cursor,
@@ -72,6 +73,8 @@ class CheckpointContent:
             "meta": self.meta,
             "tensors": sorted([n, d, list(s), c] for n, d, s, c in tensors),
         }
+        if parts is not None:
+            body["parts"] = parts
         try:
             text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
         except ValueError:  # NaN or infinity somewhere: it has no JSON form and would not round-trip

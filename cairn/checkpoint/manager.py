@@ -15,7 +15,7 @@ from cairn.checkpoint.content import CheckpointContent
 from cairn.checkpoint.layout import parse_checkpoint_key, run_prefix
 from cairn.checkpoint.manifest import CheckpointKind, Manifest
 from cairn.checkpoint.options import CheckpointOptions
-from cairn.checkpoint.reader import read_manifest, read_tensors
+from cairn.checkpoint.reader import read_logical, read_manifest
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.validate import check_training_manifest
 from cairn.config import TrainConfig
@@ -59,8 +59,17 @@ def training_content(run_id: str, state: TrainState) -> CheckpointContent:
 def save_training(
     store: Store, run_id: str, state: TrainState, *, options: CheckpointOptions | None = None
 ) -> CommitResult:
-    """Commit the full training state under (run_id, training, step)."""
-    return write_checkpoint(store, training_content(run_id, state), training_tensors(state), options=options)
+    """Commit the full training state under (run_id, training, step); a run with a
+    ``distributed`` config is saved in its blocked layout (format v2), exactly as its ranks
+    would save it."""
+    dist = state.config.distributed
+    return write_checkpoint(
+        store,
+        training_content(run_id, state),
+        training_tensors(state),
+        options=options,
+        block_bytes=None if dist is None else dist.block_bytes,
+    )
 
 
 def load_training(
@@ -94,7 +103,7 @@ def load_training_with_trainer(
     options = options or CheckpointOptions.from_env()
     manifest = read_manifest(store, ref, expect_kind=CheckpointKind.TRAINING, options=options)
     config, trainer = check_training_manifest(manifest, run_config=run_config, trainer=trainer)
-    arrays = read_tensors(store, ref, manifest, max_workers=options.max_workers, value_check=trainer.check_values)
+    arrays = read_logical(store, ref, manifest, max_workers=options.max_workers, value_check=trainer.check_values)
     assert manifest.lineage is not None  # checked above
     history = {name[len("history/") :]: arr.tolist() for name, arr in arrays.items() if name.startswith("history/")}
     check_eval_history(manifest.step, history)

@@ -11,6 +11,12 @@ of the manifest; it is **not** a signature — anyone can recompute it for forge
 Authenticity comes only from the optional HMAC ``signature`` (``cairn.checkpoint.signing``).
 Where things live in a store is ``cairn.checkpoint.layout``.
 
+Format v2 adds one thing: a *blocked* layout (``parts``), written by distributed saves. Each
+logical tensor is cut into fixed-size 1-D blocks named ``NAME#IIIII`` (``cairn.checkpoint.blocks``);
+the block size comes from the run's config, never from the number of writers, so the same state
+saved by 1, 2 or 4 ranks has the same tensor index and the same fingerprint. ``parts`` records
+each logical tensor's shape and block size, and is covered by the fingerprint.
+
 Shard keys are relative paths under the checkpoint prefix: '/'-separated segments, none
 empty, '.' or '..', no leading '/', no backslash, NUL or newline. Anything else is refused
 when the manifest is parsed, before a key reaches a store.
@@ -22,7 +28,7 @@ import json
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from cairn.checkpoint.layout import RUN_ID_PATTERN
 from cairn.state import Lineage
@@ -36,13 +42,17 @@ __all__ = [
     "TensorEntry",
     "ShardEntry",
     "WriterInfo",
+    "PartSpec",
     "Manifest",
+    "BLOCKED_FORMAT_VERSION",
     "shard_key_problem",
 ]
 
 FORMAT_NAME = "cairn-checkpoint"
 FORMAT_VERSION = 1
-SUPPORTED_VERSIONS = frozenset({1})
+BLOCKED_FORMAT_VERSION = 2
+"""Version of manifests with a blocked layout (``parts``); everything else is written as v1."""
+SUPPORTED_VERSIONS = frozenset({1, 2})
 
 
 def shard_key_problem(key: str) -> str | None:
@@ -99,6 +109,13 @@ class WriterInfo(_Model):
     """ISO-8601 wall-clock time of the commit, for humans (never used by training)."""
 
 
+class PartSpec(_Model):
+    """One logical tensor of a blocked (v2) checkpoint: its shape and its block size in elements."""
+
+    shape: list[int]
+    block_elems: int = Field(gt=0)
+
+
 class Manifest(_Model):
     format: Literal["cairn-checkpoint"] = "cairn-checkpoint"
     format_version: int = FORMAT_VERSION
@@ -116,6 +133,21 @@ class Manifest(_Model):
     fingerprint: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
     writer: WriterInfo
     signature: str | None = None
+    parts: dict[str, PartSpec] | None = None
+    """v2 only: logical tensor name -> shape and block size (``cairn.checkpoint.blocks``)."""
+
+    @model_validator(mode="after")
+    def _parts_iff_v2(self) -> Manifest:
+        if (self.parts is not None) != (self.format_version == BLOCKED_FORMAT_VERSION):
+            raise ValueError(f"parts are given exactly when format_version is {BLOCKED_FORMAT_VERSION}")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _v1_has_no_parts(self, handler: Any) -> Any:
+        body = handler(self)
+        if body.get("parts") is None:
+            body.pop("parts", None)  # a v1 manifest stays exactly v1 (older readers refuse unknown fields)
+        return body
 
     def to_json_bytes(self) -> bytes:
         return self.model_dump_json(indent=1).encode()

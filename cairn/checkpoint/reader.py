@@ -26,6 +26,7 @@ from blake3 import blake3
 from pydantic import ValidationError
 
 from cairn.bounded_json import JsonLimits, parse_json
+from cairn.checkpoint.blocks import base_name, check_parts, parts_json, plan_blocks
 from cairn.checkpoint.content import CheckpointContent, index_of
 from cairn.checkpoint.layout import manifest_key
 from cairn.checkpoint.manifest import FORMAT_NAME, SUPPORTED_VERSIONS, CheckpointKind, Manifest, TensorEntry
@@ -44,7 +45,7 @@ from cairn.errors import (
 )
 from cairn.stores.base import Store
 
-__all__ = ["ValueCheck", "parse_manifest", "read_manifest", "verify_tensors", "read_tensors"]
+__all__ = ["ValueCheck", "parse_manifest", "read_manifest", "verify_tensors", "read_tensors", "read_logical"]
 
 ValueCheck = Callable[[str, np.ndarray], None]
 """``value_check(name, chunk)``: raise to refuse a tensor from a 1-D chunk of its values."""
@@ -116,6 +117,7 @@ def _check_structure(manifest: Manifest, limits: Limits) -> None:
         total += t.length
     if total != manifest.total_bytes:
         raise TensorSpecError(field="total_bytes", expected=total, found=manifest.total_bytes)
+    check_parts(manifest)
 
 
 def read_manifest(
@@ -157,7 +159,7 @@ def read_manifest(
     if options.signer is not None:
         options.signer.verify(manifest.signed_payload(), manifest.signature)
     _check_structure(manifest, limits)
-    recomputed = CheckpointContent.of(manifest).fingerprint(index_of(manifest.tensors))
+    recomputed = CheckpointContent.of(manifest).fingerprint(index_of(manifest.tensors), parts_json(manifest.parts))
     if recomputed != manifest.fingerprint:
         raise IntegrityError(
             "manifest content does not match its fingerprint (edited or corrupted)",
@@ -217,7 +219,7 @@ def verify_tensors(
             store.read_into(f"{ref.prefix}/{entry.shard}", entry.offset + start, view[:size])
             h.update(view[:size])
             if value_check is not None:
-                value_check(entry.name, buffer[:size].view(dtype))
+                value_check(base_name(entry.name) if manifest.parts else entry.name, buffer[:size].view(dtype))
         require_checksum(entry.name, entry.checksum, h)
 
 
@@ -247,6 +249,8 @@ def read_tensors(
     *,
     max_workers: int = 4,
     value_check: ValueCheck | None = None,
+    only: set[str] | None = None,
+    out: dict[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """Allocate each tensor from its declared dtype/shape, fill it by ranged reads, verify its
     checksum and (optionally) its values.
@@ -258,12 +262,32 @@ def read_tensors(
     release the GIL, so the checks run on the other cores while the bytes stream in; every
     byte is still hashed and every value checked before anything is returned. Every tensor is
     allocated whole: to check a checkpoint without holding it, use ``verify_tensors``.
+
+    ``only`` reads just these entries (a rank's blocks); ``out`` gives, per entry, the
+    C-contiguous array of its dtype and size to fill instead of allocating one (a view into a
+    logical tensor, or into a rank's flat shard).
     """
     readers, checkers = _pools(max(1, max_workers), os.getpid())
-    _check_shards_present(store, ref, manifest, readers)
-    arrays = {e.name: np.empty(e.shape, dtype=np.dtype(e.dtype)) for e in manifest.tensors}
-    pieces = {e.name: _pieces(e, store.read_piece_bytes) for e in manifest.tensors}
-    largest_first = sorted(manifest.tensors, key=lambda e: -e.length)
+    wanted = [e for e in manifest.tensors if only is None or e.name in only]
+    if only is None:
+        _check_shards_present(store, ref, manifest, readers)
+    else:  # a rank's read: only the shards it reads from
+        needed = {e.shard for e in wanted}
+        subset = manifest.model_copy(update={"shards": [s for s in manifest.shards if s.key in needed]})
+        _check_shards_present(store, ref, subset, readers)
+    arrays: dict[str, np.ndarray] = {}
+    for e in wanted:
+        target = None if out is None else out.get(e.name)
+        if target is None:
+            target = np.empty(e.shape, dtype=np.dtype(e.dtype))
+        elif target.dtype != np.dtype(e.dtype) or target.size != math.prod(e.shape) or not target.flags.c_contiguous:
+            raise TensorSpecError(
+                field=f"tensors[{e.name}]", expected=f"{e.dtype} x {e.shape}", found=f"{target.dtype} x {target.shape}"
+            )
+        arrays[e.name] = target
+    check_name = base_name if manifest.parts else (lambda n: n)
+    pieces = {e.name: _pieces(e, store.read_piece_bytes) for e in wanted}
+    largest_first = sorted(wanted, key=lambda e: -e.length)
     # Round-robin over tensors: piece 0 of each, then piece 1 of each, ...
     order = [
         (entry, k)
@@ -290,7 +314,7 @@ def read_tensors(
                 chunk = flat[first : min(end // itemsize, first + step)]
                 h.update(byte_view(chunk))
                 if value_check is not None:
-                    value_check(entry.name, chunk)
+                    value_check(check_name(entry.name), chunk)
         require_checksum(entry.name, entry.checksum, h)
 
     try:
@@ -304,8 +328,36 @@ def read_tensors(
             f.cancel()
         futures.wait([*landed.values(), *verdicts])
     by_name = dict(zip((e.name for e in largest_first), failures, strict=True))
-    for entry in manifest.tensors:
+    for entry in wanted:
         failure = by_name[entry.name]
         if failure is not None:
             raise failure
     return arrays
+
+
+def read_logical(
+    store: Store,
+    ref: CheckpointRef,
+    manifest: Manifest,
+    *,
+    names: set[str] | None = None,
+    max_workers: int = 4,
+    value_check: ValueCheck | None = None,
+) -> dict[str, np.ndarray]:
+    """The checkpoint's logical tensors (``names``: only these), v1 or v2 alike: a blocked
+    tensor is allocated once and its blocks are read straight into their places."""
+    if manifest.parts is None:
+        return read_tensors(store, ref, manifest, max_workers=max_workers, value_check=value_check, only=names)
+    dtype_of = {base_name(t.name): np.dtype(t.dtype) for t in manifest.tensors}
+    logical = {
+        name: np.empty(spec.shape, dtype=dtype_of[name])
+        for name, spec in manifest.parts.items()
+        if names is None or name in names
+    }
+    targets = {
+        b.name: logical[b.tensor].reshape(-1)[b.start : b.stop]
+        for b in plan_blocks(manifest.parts)
+        if b.tensor in logical
+    }
+    read_tensors(store, ref, manifest, max_workers=max_workers, value_check=value_check, only=set(targets), out=targets)
+    return logical

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from cairn.checkpoint.blocks import logical_specs
 from cairn.checkpoint.manifest import Manifest
 from cairn.config import TrainConfig, config_error_from
 from cairn.errors import (
@@ -51,7 +52,7 @@ __all__ = [
     "manifest_config",
 ]
 
-IDENTITY_FIELDS = ("trainer", "seed", "batch_size", "model", "data", "tokenizer_version", "init_from")
+IDENTITY_FIELDS = ("trainer", "seed", "batch_size", "model", "data", "tokenizer_version", "init_from", "distributed")
 F8 = np.dtype("<f8").str
 
 
@@ -143,7 +144,7 @@ def check_training_manifest(
             )
     trainer.check_state(manifest.step, manifest.cursor, manifest.rng, manifest.meta)
     want_specs = expected_tensors(trainer, manifest)
-    have = {t.name: (t.dtype, tuple(t.shape)) for t in manifest.tensors}
+    have = logical_specs(manifest)
     missing = sorted(set(want_specs) - set(have))
     if missing:
         raise TensorSpecError("missing tensors", field="tensors", expected=missing, found=sorted(have)[:20])

@@ -1,0 +1,168 @@
+"""Blocked tensors (format v2): fixed-size 1-D blocks, whatever the number of writers.
+
+A distributed save cuts every logical tensor (C order, flattened) into blocks of
+``block_elems`` elements — the last one shorter, an empty tensor one empty block — and stores
+each block as its own tensor entry named ``NAME#IIIII`` with its own BLAKE3 checksum. The block
+size is part of the run's config (``distributed.block_bytes``), never derived from the world
+size, so the same state saved by 1, 2 or 4 ranks has the same entries, checksums and
+fingerprint, and a rank reads or writes exactly the blocks it owns (ranged reads on S3).
+
+``Manifest.parts`` records each logical tensor's shape and block size; ``check_parts`` proves
+before anything is allocated that the blocks tile every declared tensor exactly (names, count,
+lengths, one dtype), and the fingerprint covers ``parts``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cairn.checkpoint.manifest import Manifest, PartSpec
+from cairn.checkpoint.tensors import MAX_DIM
+from cairn.errors import TensorSpecError
+
+__all__ = [
+    "Block",
+    "block_name",
+    "base_name",
+    "block_elems_for",
+    "parts_of",
+    "plan_blocks",
+    "split_blocks",
+    "check_parts",
+    "logical_specs",
+    "parts_json",
+]
+
+SEPARATOR = "#"
+
+
+def block_name(name: str, index: int) -> str:
+    return f"{name}{SEPARATOR}{index:05d}"
+
+
+def base_name(entry: str) -> str:
+    """The logical tensor a block entry belongs to (the entry itself when not a block)."""
+    head, sep, _ = entry.rpartition(SEPARATOR)
+    return head if sep else entry
+
+
+def block_elems_for(dtype: np.dtype[Any] | str, block_bytes: int) -> int:
+    return max(1, block_bytes // np.dtype(dtype).itemsize)
+
+
+def _count(n_elems: int, block_elems: int) -> int:
+    return max(1, -(-n_elems // block_elems))
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block: entry name, logical tensor, and its element range ``[start, stop)`` in the
+    flattened tensor."""
+
+    name: str
+    tensor: str
+    index: int
+    start: int
+    stop: int
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+
+def parts_of(arrays: Mapping[str, np.ndarray], block_bytes: int) -> dict[str, PartSpec]:
+    """The blocked layout of ``arrays`` at ``block_bytes`` per block."""
+    return {
+        name: PartSpec(shape=list(a.shape), block_elems=block_elems_for(a.dtype, block_bytes))
+        for name, a in sorted(arrays.items())
+    }
+
+
+def plan_blocks(parts: Mapping[str, PartSpec]) -> list[Block]:
+    """Every block of ``parts``, by tensor name then index: the one order every rank agrees on."""
+    out: list[Block] = []
+    for name in sorted(parts):
+        spec = parts[name]
+        n = math.prod(spec.shape)
+        for i in range(_count(n, spec.block_elems)):
+            start = i * spec.block_elems
+            out.append(Block(block_name(name, i), name, i, start, min(n, start + spec.block_elems)))
+    return out
+
+
+def split_blocks(
+    arrays: Mapping[str, np.ndarray], parts: Mapping[str, PartSpec], only: Collection[str] | None = None
+) -> dict[str, np.ndarray]:
+    """Block entry name -> 1-D view into ``arrays`` (no copy for C-contiguous arrays);
+    ``only``: just these logical tensors."""
+    out: dict[str, np.ndarray] = {}
+    for block in plan_blocks(parts):
+        if only is not None and block.tensor not in only:
+            continue
+        flat = np.ascontiguousarray(arrays[block.tensor]).reshape(-1)
+        out[block.name] = flat[block.start : block.stop]
+    return out
+
+
+def parts_json(parts: Mapping[str, PartSpec] | None) -> dict[str, Any] | None:
+    """``parts`` as the fingerprint covers it."""
+    if parts is None:
+        return None
+    return {name: spec.model_dump(mode="json") for name, spec in sorted(parts.items())}
+
+
+def check_parts(manifest: Manifest) -> None:
+    """The blocks of a v2 manifest tile its declared tensors exactly; nothing else is listed."""
+    parts = manifest.parts
+    if parts is None:
+        return
+    entries = {t.name: t for t in manifest.tensors}
+    expected: set[str] = set()
+    for name, spec in parts.items():
+        where = f"parts[{name}]"
+        if not 1 <= len(name) <= 240 or SEPARATOR in name:
+            raise TensorSpecError(
+                field="parts", expected=f"names of 1 to 240 characters without {SEPARATOR!r}", found=name[:80]
+            )
+        if len(spec.shape) > 8 or any(not 0 <= d <= MAX_DIM for d in spec.shape):
+            raise TensorSpecError(
+                field=f"{where}.shape", expected=f"<= 8 dims, each in [0, {MAX_DIM}]", found=spec.shape
+            )
+        n = math.prod(spec.shape)
+        count = _count(n, spec.block_elems)
+        if count > len(manifest.tensors):  # before building names: a forged count cannot allocate
+            raise TensorSpecError(
+                "blocks missing",
+                field=f"{where}.block_elems",
+                expected=f">= {count} blocks",
+                found=len(manifest.tensors),
+            )
+        dtypes: set[str] = set()
+        for i in range(count):
+            bname = block_name(name, i)
+            entry = entries.get(bname)
+            if entry is None:
+                raise TensorSpecError("a block of a declared tensor is missing", field="tensors", expected=bname)
+            want = min(n, (i + 1) * spec.block_elems) - i * spec.block_elems
+            if entry.shape != [want]:
+                raise TensorSpecError(field=f"tensors[{bname}].shape", expected=[want], found=entry.shape)
+            dtypes.add(entry.dtype)
+            expected.add(bname)
+        if len(dtypes) != 1:
+            raise TensorSpecError("blocks of one tensor disagree on dtype", field=f"{where}", found=sorted(dtypes))
+    stray = sorted(set(entries) - expected)
+    if stray:
+        raise TensorSpecError("entries outside every declared tensor", field="tensors", found=stray[:10])
+
+
+def logical_specs(manifest: Manifest) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Logical tensor name -> (dtype, shape), for v1 (the entries) and v2 (the parts) alike."""
+    if manifest.parts is None:
+        return {t.name: (t.dtype, tuple(t.shape)) for t in manifest.tensors}
+    dtype_of = {base_name(t.name): t.dtype for t in manifest.tensors}
+    return {name: (dtype_of[name], tuple(spec.shape)) for name, spec in manifest.parts.items()}

@@ -1,0 +1,9 @@
+"""Data-parallel training whose bits do not depend on the world size.
+
+``reduce`` (the canonical tree reduction), ``partition`` (who owns which checkpoint blocks and
+optimizer slices), ``comm`` (the collective engine: ``torch.distributed``, or one process),
+``zero`` (the built-in MLP, ZeRO-1 sharded), ``checkpoint`` (coordinated save and load),
+``rank`` (a rank process, as ``torchrun`` starts it) and ``launch`` (starting and supervising a
+gang of rank processes). Only ``comm`` and ``rank`` import torch, and only when a collective is
+needed.
+"""

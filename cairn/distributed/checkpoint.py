@@ -1,0 +1,144 @@
+"""Coordinated save and load: every rank writes its own blocks, one commit, any world size back.
+
+Save (``coordinated_save``): rank 0 draws the attempt's nonce and broadcasts it; every rank
+streams its own blocks out as its own shard files (``write_shards``, concurrently across
+ranks); an all-gather of the ranks' shard indexes is the barrier — it completes only when every
+rank's shards are durable, or reports which rank failed; then rank 0 alone commits one manifest
+(``commit_manifest``, create-if-absent) and broadcasts the outcome. A rank that dies before the
+commit leaves nonce-named shards and no manifest: no checkpoint exists, and the retry (a new
+nonce) converges on the same idempotency key (run, kind, step). Retention collects the orphans.
+
+Load (``read_blocks``): every rank reads the manifest and checks it against the run's trainer
+(all metadata rules), then reads exactly the blocks it owns at the *new* world size — ranged
+reads of those byte ranges only, each block checksummed and value-checked — into its own
+buffers. The outcome of every rank is agreed before anyone uses what it read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cairn.checkpoint.commit import commit_manifest
+from cairn.checkpoint.content import CheckpointContent
+from cairn.checkpoint.manifest import Manifest, PartSpec, ShardEntry, TensorEntry
+from cairn.checkpoint.options import CheckpointOptions
+from cairn.checkpoint.reader import read_tensors
+from cairn.checkpoint.ref import CheckpointRef
+from cairn.checkpoint.shards import RankShards, new_save_nonce, write_shards
+from cairn.distributed.comm import Comm
+from cairn.errors import CairnError, StorageError, error_named
+from cairn.faults import maybe_crash
+from cairn.stores.base import Store
+
+__all__ = ["SaveOutcome", "coordinated_save", "agree", "failure_of", "read_blocks"]
+
+
+@dataclass(frozen=True)
+class SaveOutcome:
+    ref: str
+    fingerprint: str
+    created: bool
+    total_bytes: int
+    seconds: float
+
+
+def failure_of(exc: BaseException) -> list[str]:
+    if isinstance(exc, CairnError):
+        return [exc.type_name, str(exc)]
+    return [StorageError.__name__, f"{type(exc).__name__}: {exc}"]
+
+
+def agree(comm: Comm, failure: list[str] | None, what: str) -> None:
+    """Every rank learns whether any rank failed ``what``; all raise the first failure (typed),
+    so no rank goes on with a state its peers refused."""
+    reports = comm.all_gather_json(failure)
+    for rank, report in enumerate(reports):
+        if report is not None:
+            type_name, message = report
+            prefix = "" if comm.world == 1 else f"rank {rank} of {comm.world}: {what}: "
+            raise error_named(type_name, prefix + message)
+
+
+def coordinated_save(
+    comm: Comm,
+    store: Store,
+    content: CheckpointContent,
+    mine: Mapping[str, np.ndarray],
+    parts: dict[str, PartSpec],
+    options: CheckpointOptions,
+) -> SaveOutcome:
+    """Phase 1 on every rank (its own blocks), the barrier, phase 2 on rank 0; see the module."""
+    started = time.perf_counter()
+    nonce = comm.broadcast_json(new_save_nonce() if comm.rank == 0 else None)
+    report: dict[str, Any]
+    try:
+        shards = write_shards(store, content, mine, nonce=nonce, rank=comm.rank, options=options)
+        report = {
+            "rank": comm.rank,
+            "shards": [s.model_dump(mode="json") for s in shards.shards],
+            "tensors": [t.model_dump(mode="json") for t in shards.tensors],
+        }
+    except Exception as exc:  # reported to every rank below, then raised everywhere
+        report = {"error": failure_of(exc)}
+    maybe_crash("rank-mid-save", tag=f"{comm.rank}@{content.step}")
+    reports = comm.all_gather_json(report)  # the barrier: every rank's shards are durable
+    for rank, r in enumerate(reports):  # every rank sees the same reports: all raise alike
+        if "error" in r:
+            raise error_named(r["error"][0], f"rank {rank} of {comm.world}: save: {r['error'][1]}")
+    outcome: dict[str, Any] | None = None
+    failure: list[str] | None = None
+    if comm.rank == 0:
+        ranks = [
+            RankShards(
+                rank=r["rank"],
+                shards=[ShardEntry.model_validate(s) for s in r["shards"]],
+                tensors=[TensorEntry.model_validate(t) for t in r["tensors"]],
+            )
+            for r in reports
+        ]
+        try:
+            result = commit_manifest(store, content, ranks, nonce=nonce, options=options, parts=parts)
+            outcome = {
+                "ref": str(result.ref),
+                "fingerprint": result.manifest.fingerprint,
+                "created": result.created,
+                "total_bytes": result.manifest.total_bytes,
+            }
+        except Exception as exc:
+            failure = failure_of(exc)
+    agree(comm, failure, "commit")
+    done = comm.broadcast_json(outcome)
+    return SaveOutcome(seconds=time.perf_counter() - started, **done)
+
+
+def read_blocks(
+    comm: Comm,
+    store: Store,
+    ref: CheckpointRef,
+    manifest: Manifest,
+    targets: Mapping[str, np.ndarray],
+    *,
+    value_check: Any,
+    options: CheckpointOptions,
+) -> None:
+    """Fill ``targets`` (block entry name -> this rank's buffer for it) by ranged reads, every
+    block checked; then agree with every rank that all reads passed."""
+    failure: list[str] | None = None
+    try:
+        read_tensors(
+            store,
+            ref,
+            manifest,
+            max_workers=options.max_workers,
+            value_check=value_check,
+            only=set(targets),
+            out=dict(targets),
+        )
+    except Exception as exc:
+        failure = failure_of(exc)
+    agree(comm, failure, f"restore of {ref}")

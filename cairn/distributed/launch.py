@@ -1,0 +1,199 @@
+"""Starting and supervising a gang of rank processes the way the field does: ``torchrun``.
+
+``Gang`` writes the job file, starts ``python -m torch.distributed.run`` (c10d rendezvous,
+``--max-restarts=0``: a failed rank fails the gang; the retry belongs to Temporal) with
+``cairn.distributed.rank`` as the entry point, and supervises it: progress from the ranks'
+files, a stop request as a file, and on any failure or cancellation the whole gang is stopped
+— torchrun first (it terminates its workers), then SIGKILL, then every process still carrying
+the gang's token is killed (``reap``). The agent dies with its parent and each rank with its
+agent (``PR_SET_PDEATHSIG``), so a SIGKILLed worker leaves no rank behind either.
+
+One node: ``--standalone`` (torchrun picks the port). Several nodes: every node's agent meets
+at ``rendezvous`` (``HOST:PORT``, hosted by node 0: ``is_host``), so ``nnodes x nproc_per_node``
+ranks form one process group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cairn.distributed.rank import die_with_parent
+from cairn.errors import GangFailedError, error_named
+
+__all__ = ["GangSpec", "Gang", "free_endpoint", "reap", "gang_processes"]
+
+
+@dataclass(frozen=True)
+class GangSpec:
+    nproc_per_node: int
+    nnodes: int = 1
+    rendezvous: str | None = None
+    """``HOST:PORT`` of node 0's rendezvous store; None on one node (standalone)."""
+    rdzv_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    is_host: bool = True
+    """This node hosts the rendezvous store (node 0)."""
+
+
+def free_endpoint(host: str = "127.0.0.1") -> str:
+    """``HOST:PORT`` with a port free right now on this host, for node 0's rendezvous store."""
+    with socket.socket() as s:
+        s.bind(("" if host not in ("127.0.0.1", "localhost") else host, 0))
+        return f"{host}:{s.getsockname()[1]}"
+
+
+def gang_processes(token: str) -> list[int]:
+    """Pids of live processes whose command line carries ``token`` (Linux ``/proc``)."""
+    found: list[int] = []
+    needle = token.encode()
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if needle in cmdline and ") Z " not in stat:  # zombies are dead already
+            found.append(int(entry.name))
+    return found
+
+
+def reap(token: str) -> list[int]:
+    """SIGKILL every process of the gang ``token`` still alive; returns their pids."""
+    pids = gang_processes(token)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return pids
+
+
+class Gang:
+    """One node's share of a gang: its torchrun agent and that agent's ranks."""
+
+    def __init__(self, spec: GangSpec, job: dict[str, Any], workdir: Path) -> None:
+        self.spec = spec
+        self.workdir = workdir
+        self.token = f"cairn-gang-{uuid.uuid4().hex[:16]}"
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.job_path = workdir / "job.json"
+        self.job_path.write_text(json.dumps(job))
+        self.log_path = workdir / "torchrun.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def command(self) -> list[str]:
+        spec = self.spec
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={spec.nnodes}",
+            f"--nproc-per-node={spec.nproc_per_node}",
+            "--max-restarts=0",
+            "--monitor-interval=0.1",
+        ]
+        if spec.rendezvous is None:
+            cmd.append("--standalone")
+        else:
+            cmd += [
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={spec.rendezvous}",
+                f"--rdzv-id={spec.rdzv_id}",
+                f"--rdzv-conf=is_host={'true' if spec.is_host else 'false'},join_timeout=60",
+            ]
+        return [*cmd, "-m", "cairn.distributed.rank", "--job", str(self.job_path), "--gang", self.token]
+
+    def start(self) -> None:
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", "1")  # ranks share the host's cores
+        env["PYTHONUNBUFFERED"] = "1"
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent
+            )
+
+    def progress(self) -> dict[str, Any] | None:
+        try:
+            doc = json.loads((self.workdir / "progress.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return doc if isinstance(doc, dict) else None
+
+    def request_stop(self) -> None:
+        (self.workdir / "stop").touch()
+
+    def stop(self, grace: float = 5.0) -> list[int]:
+        """Stop the whole gang now: SIGTERM the agent (it terminates its ranks), SIGKILL it
+        after ``grace``, then kill whatever still carries the token. Returns reaped pids."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        return reap(self.token)
+
+    def failure(self, code: int) -> Exception:
+        """The gang's failure, typed: a rank's own error (a config or checkpoint refusal is not
+        retried) before a peer's 'connection closed', else the exit code and the log's tail."""
+        reports = []
+        for path in sorted(self.workdir.glob("error-rank*.json")):
+            try:
+                reports.append(json.loads(path.read_text()))
+            except (OSError, ValueError):
+                continue
+        reports.sort(key=lambda r: (r.get("type") == "GangFailedError", r.get("rank", 0)))
+        if reports:
+            first = reports[0]
+            return error_named(str(first.get("type")), f"rank {first.get('rank')}: {first.get('message')}")
+        tail = ""
+        with contextlib.suppress(OSError):
+            tail = " ".join(self.log_path.read_text(errors="replace").strip().splitlines()[-3:])[-300:]
+        return GangFailedError(f"rank processes failed (torchrun exit {code}; a rank was killed or crashed): {tail}")
+
+    def supervise(
+        self,
+        *,
+        on_progress: Callable[[dict[str, Any]], None],
+        cancelled: Callable[[], bool],
+        stop_grace: float = 30.0,
+        poll: float = 0.1,
+    ) -> dict[str, Any]:
+        """Run the gang to its end. ``cancelled()`` turning true asks the ranks to checkpoint and
+        stop (they agree at the next step); past ``stop_grace`` the gang is killed. Whatever
+        happens, no process of the gang survives this call."""
+        assert self.proc is not None, "start() first"
+        deadline: float | None = None
+        try:
+            while True:
+                code = self.proc.poll()
+                doc = self.progress()
+                if doc is not None:
+                    on_progress(doc)
+                if code is not None:
+                    break
+                if deadline is None and cancelled():
+                    self.request_stop()
+                    deadline = time.monotonic() + stop_grace
+                if deadline is not None and time.monotonic() > deadline:
+                    raise GangFailedError(f"the gang did not stop within {stop_grace:.0f} s of the request")
+                time.sleep(poll)
+        finally:
+            self.stop()
+        if code != 0:
+            raise self.failure(code)
+        result: dict[str, Any] = json.loads((self.workdir / "result.json").read_text())
+        return result

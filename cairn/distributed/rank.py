@@ -1,0 +1,197 @@
+"""A rank process, as ``torchrun`` starts it: ``python -m cairn.distributed.rank --job JOB.json``.
+
+The job file (written by ``cairn.distributed.launch``) names the run, its store and config, the
+segment's target step and checkpoint interval. Every rank joins the gloo process group from
+torchrun's environment, restores the run's last committed checkpoint onto this world size (or
+starts fresh), trains to the target with coordinated checkpoints every ``checkpoint_every``
+steps and at the end, and exits. Files in the job's directory (on each node) are the only
+channel to the supervising activity: ``progress.json`` and ``result.json`` (local rank 0),
+``error-rank{R}.json`` (a typed failure), and ``stop`` (created by the supervisor: finish the
+current step, checkpoint, exit — agreed by all ranks through one all-reduce per step).
+
+A rank dies with its parent (``PR_SET_PDEATHSIG``): when the torchrun agent is killed, no rank
+survives it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "run_rank", "engine_for", "die_with_parent", "write_json_atomic"]
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (no-op elsewhere)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def write_json_atomic(path: Path, doc: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, path)
+
+
+def engine_for(trainer: Any, comm: Any, run_id: str, store: Any, options: Any) -> Any:
+    """The data-parallel engine for this trainer: ZeRO-1 for the built-in MLP; replicated
+    optimizer state for the PyTorch adapter (``cairn.distributed.torch_dp``).
+
+    An engine has ``state`` (a ``TrainState``), ``start_fresh()``, ``load(ref) -> Manifest``,
+    ``step() -> loss`` and ``save() -> SaveOutcome``; every rank calls them in the same order."""
+    from cairn.trainers.mlp import MLPTrainer
+
+    if isinstance(trainer, MLPTrainer):
+        from cairn.distributed.zero import ZeroMLP
+
+        return ZeroMLP(trainer, comm, run_id, store, options)
+    from cairn.trainers.pytorch import TorchTrainer
+
+    if isinstance(trainer, TorchTrainer):
+        from cairn.distributed.torch_dp import TorchDP  # type: ignore[import-not-found,unused-ignore]
+
+        return TorchDP(trainer, comm, run_id, store, options)
+    from cairn.errors import ConfigError
+
+    raise ConfigError("trainer.factory", expected="the built-in MLP or a PyTorch adapter trainer", found=trainer.path)
+
+
+def run_rank(comm: Any, job: dict[str, Any], workdir: Path, local_rank: int = 0) -> dict[str, Any]:
+    """Train one rank's share of a segment; returns the segment's outcome (the same on every rank)."""
+    from cairn.checkpoint.manager import latest_committed
+    from cairn.checkpoint.options import CheckpointOptions
+    from cairn.checkpoint.ref import CheckpointRef
+    from cairn.config import parse_config
+    from cairn.distributed.checkpoint import agree, failure_of
+    from cairn.errors import InvariantError
+    from cairn.stores import open_store
+    from cairn.trainers.base import load_trainer
+
+    options = CheckpointOptions.from_env()
+    config = parse_config(job["config"], "job config")
+    store = open_store(job["store"])
+    target, every = int(job["target_step"]), int(job["checkpoint_every"])
+    engine: Any = None
+    failure = None
+    try:
+        engine = engine_for(load_trainer(config), comm, job["run_id"], store, options)
+    except Exception as exc:
+        failure = failure_of(exc)
+    agree(comm, failure, "start")
+    assert engine is not None
+    chosen: str | None = None
+    if comm.rank == 0:
+        latest = job.get("resume_from") or latest_committed(store, job["run_id"])
+        chosen = None if latest is None else str(latest)
+    ref = comm.broadcast_json(chosen if comm.rank == 0 else None)  # one choice for every rank
+    last: dict[str, Any]
+    if ref is None:
+        engine.start_fresh()
+        saved = engine.save()  # step 0 is a checkpoint too: the origin is durable
+        last = {"checkpoint": saved.ref, "fingerprint": saved.fingerprint}
+    else:
+        manifest = engine.load(CheckpointRef.parse(ref))
+        last = {"checkpoint": ref, "fingerprint": manifest.fingerprint}
+    state = engine.state
+    assert state is not None
+    resumed = state.step
+    if resumed > target:
+        raise InvariantError(f"latest committed step {resumed} is past this segment's target {target}")
+    workdir.mkdir(parents=True, exist_ok=True)
+    progress = workdir / "progress.json"
+    stop_file = workdir / "stop"
+    throttle = float(job.get("throttle_seconds_per_step", 0.0))
+
+    def report(**extra: Any) -> None:
+        if local_rank == 0:
+            write_json_atomic(
+                progress,
+                {
+                    "step": state.step,
+                    "loss": state.history["loss"][-1] if state.history["loss"] else None,
+                    **last,
+                    **extra,
+                },
+            )
+
+    report(committed_step=resumed)
+    interrupted = False
+    while state.step < target:
+        engine.step()
+        if throttle:
+            time.sleep(throttle)
+        stop = comm.any(stop_file.exists())
+        if state.step % every == 0 or state.step == target or stop:
+            saved = engine.save()
+            last = {"checkpoint": saved.ref, "fingerprint": saved.fingerprint}
+            report(committed_step=state.step)
+        else:
+            report()
+        if stop:
+            interrupted = True
+            break
+    hist = state.history
+    return {
+        "step": state.step,
+        "cursor": state.cursor,
+        "checkpoint": last["checkpoint"],
+        "fingerprint": last["fingerprint"],
+        "loss": hist["loss"][-1] if hist["loss"] else None,
+        "val_loss": hist["val_loss"][-1] if hist.get("val_loss") else None,
+        "val_accuracy": hist["val_accuracy"][-1] if hist.get("val_accuracy") else None,
+        "resumed_from_step": resumed,
+        "interrupted": interrupted,
+        "world_size": comm.world,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    die_with_parent()
+    parser = argparse.ArgumentParser(prog="cairn.distributed.rank")
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--gang", required=True, help="the gang's token (the supervisor reaps by it)")
+    args = parser.parse_args(argv)
+    job_path = Path(args.job)
+    workdir = job_path.parent
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    from cairn.errors import CairnError
+
+    try:
+        job = json.loads(job_path.read_text())
+        from cairn.distributed.comm import init_torch_comm
+
+        comm = init_torch_comm(float(job.get("collective_timeout_seconds", 120.0)))
+        result = run_rank(comm, job, workdir, local_rank)
+        if local_rank == 0:
+            write_json_atomic(workdir / "result.json", result)
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+        return 0
+    except CairnError as exc:
+        write_json_atomic(
+            workdir / f"error-rank{rank}.json", {"type": exc.type_name, "message": str(exc), "rank": rank}
+        )
+        print(f"rank {rank}: {exc.type_name}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except Exception as exc:  # a peer died (gloo), or a bug: the gang fails and is retried
+        write_json_atomic(
+            workdir / f"error-rank{rank}.json",
+            {"type": "GangFailedError", "message": f"{type(exc).__name__}: {exc}", "rank": rank},
+        )
+        print(f"rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""The canonical reduction: microbatch gradients summed in one fixed binary-tree order.
+
+Floating-point addition is not associative, so a data-parallel sum whose order follows the
+ranks (a ring all-reduce, a rank-order fold) changes its bits with the world size. Here the
+order follows the *microbatch index* instead: for M microbatches (a power of two) the sum is
+the complete binary tree ``((g0+g1)+(g2+g3))+((g4+g5)+(g6+g7))``. A rank that holds a
+contiguous, aligned block of M/W microbatches computes exactly one subtree of it; the W
+subtree sums are then combined by the top of the same tree. So every W dividing M gives the
+same bits as one process summing all M (``tree_sum``), and the result does not depend on
+which rank computed which subtree.
+
+``CAIRN_TEST_RANK_ORDER_SUM=1`` (tests only) switches to a left-to-right fold, in each rank and
+then across ranks in rank order — what a naive implementation does — so a test can show that
+the exactness claim fails without the tree.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import TypeVar
+
+import numpy as np
+
+__all__ = ["tree_sum", "combine", "rank_order_sum_enabled", "RANK_ORDER_ENV"]
+
+RANK_ORDER_ENV = "CAIRN_TEST_RANK_ORDER_SUM"
+T = TypeVar("T", np.ndarray, float)
+
+
+def rank_order_sum_enabled() -> bool:
+    return os.environ.get(RANK_ORDER_ENV) == "1"
+
+
+def _fold(items: Sequence[T]) -> T:
+    total = items[0]
+    for item in items[1:]:
+        total = total + item
+    return total
+
+
+def tree_sum(items: Sequence[T]) -> T:
+    """The complete binary tree sum of ``items`` (a power-of-two count), left to right.
+
+    A new object is returned; no input is modified."""
+    n = len(items)
+    if n == 0 or n & (n - 1):
+        raise ValueError(f"tree_sum needs a power-of-two number of items, found {n}")
+    if rank_order_sum_enabled():
+        return _fold(items) + 0  # (+0: a new object even for one item)
+    level = list(items)
+    if n == 1:
+        return level[0] + 0
+    while len(level) > 1:
+        level = [level[i] + level[i + 1] for i in range(0, len(level), 2)]
+    return level[0]
+
+
+def combine(partials: Sequence[T]) -> T:
+    """Combine the W subtree sums of W ranks (in rank order = microbatch order): the top of
+    the tree, identical to ``tree_sum`` over all microbatches."""
+    return tree_sum(partials)

@@ -1,0 +1,297 @@
+"""The built-in MLP, data-parallel over any world size, ZeRO-1 sharded, bit-identical for every W.
+
+Each update (``ZeroMLP.step``):
+
+1. every rank draws the same batch (the data cursor and the RNG are global, not per rank) and
+   computes the mean loss and gradient of its own contiguous block of the M microbatches;
+2. it sums them as its subtree of the canonical tree (``cairn.distributed.reduce``);
+3. the subtree sums are exchanged by one all-to-all of slices — rank j receives every rank's
+   partial sum of the slice it owns (the traffic of a reduce-scatter) — and combined by the top
+   of the tree, in microbatch order: the full batch's gradient, for the owned slice only;
+4. the rank applies Adam to its slice (it alone holds that slice's m and v: ZeRO-1);
+5. the updated slices are all-gathered, so every rank holds the full parameters again.
+
+Elementwise arithmetic (Adam) gives the same bits on a slice as on a whole tensor, and the tree
+fixes the order of every sum, so the state after each update does not depend on W; at W=1 it
+is exactly ``MLPTrainer.train`` with the same ``distributed`` config.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from cairn.checkpoint.blocks import block_name, plan_blocks
+from cairn.checkpoint.content import CheckpointContent
+from cairn.checkpoint.manager import training_content
+from cairn.checkpoint.manifest import Manifest, PartSpec
+from cairn.checkpoint.options import CheckpointOptions
+from cairn.checkpoint.reader import read_manifest
+from cairn.checkpoint.ref import CheckpointRef
+from cairn.checkpoint.validate import check_training_manifest
+from cairn.distributed.checkpoint import SaveOutcome, agree, coordinated_save, failure_of, read_blocks
+from cairn.distributed.comm import Comm
+from cairn.distributed.partition import flat_layout
+from cairn.distributed.reduce import combine, tree_sum
+from cairn.errors import ConfigError, InvariantError, ManifestError, TrainingDivergedError
+from cairn.lifecycle import initial_state
+from cairn.state import TrainState, param_shapes
+from cairn.stores.base import Store
+from cairn.trainer import learning_rate, loss_and_grads
+from cairn.trainers.base import Trainer, check_eval_history
+from cairn.trainers.mlp import MLPTrainer
+
+__all__ = ["ZeroMLP", "check_world_size"]
+
+GROUPS = ("theta", "adam.m", "adam.v")
+
+
+def check_world_size(microbatches: int, world: int) -> None:
+    if world < 1 or microbatches % world:
+        divisors = [d for d in range(1, microbatches + 1) if microbatches % d == 0]
+        raise ConfigError("world_size", expected=f"a divisor of distributed.microbatches: {divisors}", found=world)
+
+
+class ZeroMLP:
+    """One rank's share of a data-parallel run of the built-in MLP."""
+
+    def __init__(self, trainer: Trainer, comm: Comm, run_id: str, store: Store, options: CheckpointOptions) -> None:
+        config = trainer.config
+        if not isinstance(trainer, MLPTrainer) or config.distributed is None:
+            raise ConfigError(
+                "distributed",
+                expected="the built-in MLP with a 'distributed' section",
+                found=trainer.path if config.distributed is not None else None,
+            )
+        self.trainer, self.comm, self.run_id, self.store, self.options = trainer, comm, run_id, store, options
+        self.microbatches = config.distributed.microbatches
+        check_world_size(self.microbatches, comm.world)
+        self.block_elems = config.distributed.block_bytes // 8
+        self.layout = flat_layout(param_shapes(config, config.data.n_features), self.block_elems)
+        self.slices = self.layout.slices(comm.world)
+        self.mine = self.slices[comm.rank]
+        self.theta = np.zeros(self.layout.size)
+        self.m = np.zeros(self.mine.size)
+        self.v = np.zeros(self.mine.size)
+        self.state: TrainState | None = None
+        self.rng = np.random.Generator(np.random.PCG64())
+
+    # -- state -----------------------------------------------------------------------------
+
+    def _views(self) -> dict[str, np.ndarray]:
+        lay = self.layout
+        return {
+            f"theta/{n}": self.theta[lay.offsets[n] : lay.offsets[n] + math.prod(lay.shapes[n])].reshape(lay.shapes[n])
+            for n in lay.names
+        }
+
+    def _adopt(self, full: TrainState) -> None:
+        """Take a full state: theta whole, m and v for the owned slice only."""
+        lo, hi = self.mine.start, self.mine.stop
+        for name in self.layout.names:
+            off = self.layout.offsets[name]
+            size = math.prod(self.layout.shapes[name])
+            self.theta[off : off + size] = full.tensors[f"theta/{name}"].reshape(-1)
+        flat_m = np.concatenate([full.tensors[f"adam.m/{n}"].reshape(-1) for n in self.layout.names])
+        flat_v = np.concatenate([full.tensors[f"adam.v/{n}"].reshape(-1) for n in self.layout.names])
+        self.m[:] = flat_m[lo:hi]
+        self.v[:] = flat_v[lo:hi]
+        full.tensors = self._views()
+        self.state = full
+        self.rng.bit_generator.state = full.rng_state
+
+    def start_fresh(self) -> None:
+        """Step 0 (every rank computes the same seeded state and keeps its share)."""
+        self._adopt(initial_state(self.trainer, options=self.options))
+
+    def load(self, ref: CheckpointRef) -> Manifest:
+        """The coordinated load path onto this world size: each rank checks the manifest against
+        the run's trainer, reads the blocks of its own slice (theta, m, v) and the history,
+        then the theta slices are all-gathered."""
+        failure: list[str] | None = None
+        manifest: Manifest | None = None
+        try:
+            manifest = read_manifest(self.store, ref, expect_kind=None, options=self.options)
+            check_training_manifest(manifest, trainer=self.trainer)
+            self._check_layout(manifest)
+        except Exception as exc:
+            failure = failure_of(exc)
+        agree(self.comm, failure, f"restore of {ref}")
+        assert manifest is not None and manifest.parts is not None
+        lo = self.mine.start
+        targets: dict[str, np.ndarray] = {}
+        for block in self.mine.blocks:
+            flat = self.layout.flat_start(block) - lo
+            param = block.tensor.split("/", 1)[1]
+            targets[block.name] = self.theta[lo + flat : lo + flat + block.size]
+            targets[block_name(f"adam.m/{param}", block.index)] = self.m[flat : flat + block.size]
+            targets[block_name(f"adam.v/{param}", block.index)] = self.v[flat : flat + block.size]
+        history_parts = {n: p for n, p in manifest.parts.items() if n.startswith("history/")}
+        history = {n: np.empty(p.shape) for n, p in history_parts.items()}
+        for block in plan_blocks(history_parts):
+            targets[block.name] = history[block.tensor].reshape(-1)[block.start : block.stop]
+        read_blocks(
+            self.comm, self.store, ref, manifest, targets, value_check=self.trainer.check_values, options=self.options
+        )
+        self._gather_theta()
+        hist = {n[len("history/") :]: a.tolist() for n, a in history.items()}
+        check_eval_history(manifest.step, hist)
+        assert manifest.lineage is not None
+        self.state = TrainState(
+            config=self.trainer.config,
+            lineage=manifest.lineage.model_copy(update={"parent": manifest.fingerprint}),
+            tensors=self._views(),
+            step=manifest.step,
+            cursor=manifest.cursor,
+            rng_state=dict(manifest.rng or {}),
+            history=hist,
+            meta=dict(manifest.meta),
+        )
+        self.rng.bit_generator.state = self.state.rng_state
+        return manifest
+
+    def _check_layout(self, manifest: Manifest) -> None:
+        if manifest.parts is None:
+            raise ManifestError(
+                "a distributed run restores only blocked checkpoints", field="format_version", expected=2, found=1
+            )
+        for name in self.layout.names:
+            for group in GROUPS:
+                spec = manifest.parts.get(f"{group}/{name}")
+                if spec is None or spec.block_elems != self.block_elems:
+                    raise InvariantError(
+                        "block size differs from the run's distributed.block_bytes",
+                        field=f"parts[{group}/{name}].block_elems",
+                        expected=self.block_elems,
+                        found=None if spec is None else spec.block_elems,
+                    )
+
+    def _gather_theta(self) -> None:
+        """Every rank's updated slice to every rank (an all-gather of uneven slices)."""
+        sizes = [s.size for s in self.slices]
+        mine = self.theta[self.mine.start : self.mine.stop]
+        self.theta[:] = self.comm.exchange(np.tile(mine, self.comm.world), [mine.size] * self.comm.world, sizes)
+
+    # -- training --------------------------------------------------------------------------
+
+    def step(self) -> float:
+        """One update; returns its loss (the same on every rank)."""
+        state = self.state
+        assert state is not None
+        config = self.trainer.config
+        opt = config.optimizer
+        data, sampler = self.trainer.train_data, self.trainer.sampler
+        idx = (
+            sampler.batch(state.step)
+            if sampler is not None
+            else self.rng.integers(0, data.n_examples, size=config.batch_size)
+        )
+        size = config.batch_size // self.microbatches
+        per_rank = self.microbatches // self.comm.world
+        first = self.comm.rank * per_rank
+        params = {k[len("theta/") :]: a for k, a in state.tensors.items()}
+        grads: list[np.ndarray] = []
+        losses: list[float] = []
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            for i in range(first, first + per_rank):
+                rows = idx[i * size : (i + 1) * size]
+                loss_i, grad_i = loss_and_grads(params, data.x[rows], data.y[rows])
+                grads.append(np.concatenate([grad_i[n].reshape(-1) for n in self.layout.names]))
+                losses.append(loss_i)
+            partial = tree_sum(grads)
+            sizes = [s.size for s in self.slices]
+            received = self.comm.exchange(partial, sizes, [self.mine.size] * self.comm.world)
+            pieces = [received[r * self.mine.size : (r + 1) * self.mine.size] for r in range(self.comm.world)]
+            scale = 1.0 / self.microbatches
+            g = combine(pieces) * scale
+            loss = combine(self.comm.all_gather_float(tree_sum(losses))) * scale
+            t = state.step + 1
+            lr = learning_rate(config, t)
+            bc1 = 1.0 - opt.beta1**t
+            bc2 = 1.0 - opt.beta2**t
+            theta = self.theta[self.mine.start : self.mine.stop]
+            m, v = self.m, self.v
+            m *= opt.beta1
+            m += (1.0 - opt.beta1) * g
+            v *= opt.beta2
+            v += (1.0 - opt.beta2) * (g * g)
+            update = (m / bc1) / (np.sqrt(v / bc2) + opt.eps)
+            if opt.weight_decay:
+                update += opt.weight_decay * theta
+            theta -= lr * update
+        self._gather_theta()
+        state.step = t
+        state.cursor += config.batch_size
+        state.history["loss"].append(loss)
+        state.history["lr"].append(lr)
+        state.rng_state = dict(self.rng.bit_generator.state)
+        if sampler is not None or self.trainer.eval_history:
+            self.trainer._after_update(state)  # the data position; evaluation at epoch ends
+        if not math.isfinite(loss):
+            raise TrainingDivergedError(
+                f"training diverged at step {t}: loss is {loss!r}; nothing was committed", field="loss"
+            )
+        return loss
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def parts(self) -> dict[str, PartSpec]:
+        """The checkpoint's blocked layout: exactly what a single writer of the same state writes."""
+        assert self.state is not None
+        out: dict[str, PartSpec] = {}
+        for group in GROUPS:
+            out.update(self.layout.parts(group))
+        for key, values in self.state.history.items():
+            out[f"history/{key}"] = PartSpec(shape=[len(values)], block_elems=self.block_elems)
+        return dict(sorted(out.items()))
+
+    def my_blocks(self) -> dict[str, np.ndarray]:
+        """The blocks this rank writes: its slice of theta, m and v; rank 0 also the history."""
+        assert self.state is not None
+        lo = self.mine.start
+        out: dict[str, np.ndarray] = {}
+        for block in self.mine.blocks:
+            flat = self.layout.flat_start(block) - lo
+            param = block.tensor.split("/", 1)[1]
+            out[block.name] = self.theta[lo + flat : lo + flat + block.size]
+            out[block_name(f"adam.m/{param}", block.index)] = self.m[flat : flat + block.size]
+            out[block_name(f"adam.v/{param}", block.index)] = self.v[flat : flat + block.size]
+        if self.comm.rank == 0:
+            history = {f"history/{k}": np.asarray(v, dtype=np.float64) for k, v in self.state.history.items()}
+            parts = {n: p for n, p in self.parts().items() if n.startswith("history/")}
+            for block in plan_blocks(parts):
+                out[block.name] = history[block.tensor].reshape(-1)[block.start : block.stop]
+        return out
+
+    def content(self) -> CheckpointContent:
+        assert self.state is not None
+        return training_content(self.run_id, self.state)
+
+    def save(self) -> SaveOutcome:
+        """A coordinated checkpoint of the current step (every rank calls it)."""
+        failure: list[str] | None = None
+        for name, arr in (
+            ("theta", self.theta[self.mine.start : self.mine.stop]),
+            ("adam.m", self.m),
+            ("adam.v", self.v),
+        ):
+            if arr.size and not np.isfinite(arr).all():
+                failure = [
+                    "TrainingDivergedError",
+                    f"{name} is not finite at step {self.state.step if self.state else '?'}; nothing was committed",
+                ]
+                break
+        agree(self.comm, failure, "save")
+        return coordinated_save(self.comm, self.store, self.content(), self.my_blocks(), self.parts(), self.options)
+
+    def full_state(self) -> dict[str, Any]:
+        """For tests at W=1: the logical tensors this rank holds whole."""
+        assert self.state is not None and self.comm.world == 1
+        out = dict(self._views())
+        for name in self.layout.names:
+            off, size = self.layout.offsets[name], math.prod(self.layout.shapes[name])
+            out[f"adam.m/{name}"] = self.m[off : off + size].reshape(self.layout.shapes[name])
+            out[f"adam.v/{name}"] = self.v[off : off + size].reshape(self.layout.shapes[name])
+        return out
