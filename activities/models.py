@@ -27,6 +27,9 @@ __all__ = [
     "TrainingRunInput",
     "TrainSegmentInput",
     "TrainSegmentResult",
+    "GangNodeInput",
+    "GangEndpointInput",
+    "node_queue",
     "OpenRunInput",
     "OpenRunResult",
     "LatestCheckpointInput",
@@ -144,6 +147,15 @@ class SegmentSpec(_Model):
         return self
 
 
+NODE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+
+
+def node_queue(task_queue: str, node: str) -> str:
+    """The task queue of the worker on ``node`` (``cairn worker --node NODE`` polls it): a
+    gang's per-node activity is routed to that host this way."""
+    return f"{task_queue}@{node}"
+
+
 class TrainingRunInput(_Model):
     run_id: Annotated[str, Field(pattern=RUN_ID_PATTERN.pattern)]
     config: TrainConfig
@@ -165,6 +177,15 @@ class TrainingRunInput(_Model):
     throttle_seconds_per_step: Annotated[float, Field(ge=0, le=10)] = 0.0
     """Sleep after each step: pacing for demos and drills (simulates a heavier model)."""
     effects: EffectsSpec | None = None
+    world_size: Annotated[int, Field(ge=1, le=1024)] = 1
+    """Ranks of a data-parallel run (``config.distributed``): each segment runs as a gang of
+    this many rank processes under torchrun. Any divisor of ``distributed.microbatches`` gives
+    the same bits, so a run may continue at another world size (start it again with the same
+    ``run_id``)."""
+    nodes: list[Annotated[str, Field(pattern=NODE_NAME)]] = Field(default_factory=list, max_length=256)
+    """Hosts of the gang, by the name their worker polls (``cairn worker --node NAME``): one
+    gang activity per node, ``world_size / len(nodes)`` ranks each. Empty: one node, any
+    worker of the run's task queue."""
     carry: RunCarry | None = None
     """Internal: set by continue-as-new. Leave empty when starting a run."""
 
@@ -181,6 +202,29 @@ class TrainingRunInput(_Model):
         if (self.total_steps is None) == (self.total_epochs is None):
             raise ValueError("give exactly one of total_steps or total_epochs")
         return self
+
+    @model_validator(mode="after")
+    def _gang_fits(self) -> TrainingRunInput:
+        w, nodes, dist = self.world_size, self.nodes, self.config.distributed
+        if len(set(nodes)) != len(nodes):
+            raise ValueError(f"nodes must be distinct (found {nodes})")
+        if nodes and w % len(nodes):
+            raise ValueError(
+                f"world_size must be a multiple of len(nodes) (expected a multiple of {len(nodes)}, found {w})"
+            )
+        if (w > 1 or nodes) and dist is None:
+            raise ValueError(f"world_size {w} needs config.distributed (expected a 'distributed' section, found none)")
+        if dist is not None and dist.microbatches % w:
+            m = dist.microbatches
+            raise ValueError(
+                f"world_size must divide config.distributed.microbatches (expected a divisor of {m}, found {w})"
+            )
+        return self
+
+    @property
+    def gang(self) -> bool:
+        """Segments run as a gang of rank processes (not in the activity's own thread)."""
+        return self.world_size > 1 or bool(self.nodes)
 
 
 class OpenRunInput(_Model):
@@ -218,6 +262,34 @@ class TrainSegmentInput(_Model):
     heartbeat_every_seconds: float = 0.2
     """Local bound on heartbeat calls; the SDK further throttles what goes over the network
     (about once a second), so the server's view of a segment's step is at most ~1 s stale."""
+
+
+class GangEndpointInput(_Model):
+    run_id: str
+
+
+class GangNodeInput(_Model):
+    """One node's share of a gang segment: ``nproc`` rank processes under torchrun."""
+
+    run_id: str
+    config: TrainConfig
+    store: str
+    store_id: str | None = None
+    target_step: int
+    resume_from: str | None = None
+    checkpoint_every: int
+    throttle_seconds_per_step: float = 0.0
+    heartbeat_every_seconds: float = 0.2
+    world_size: int
+    nnodes: int = 1
+    node_index: int = 0
+    rendezvous: str | None = None
+    """``HOST:PORT`` of node 0's rendezvous store (``gang_endpoint``); None on one node."""
+    rdzv_id: str
+    attempt: int = 1
+    """The gang's attempt at this segment (the workflow retries whole gangs)."""
+    reached_before: int | None = None
+    """The furthest step an earlier attempt of this segment reported (for recomputed steps)."""
 
 
 class TrainSegmentResult(_Model):

@@ -61,6 +61,8 @@ __all__ = [
     "activity_errors",
     "open_run_store",
     "Heartbeater",
+    "previous_reach",
+    "heartbeat_interval",
     "INTERRUPTED",
 ]
 
@@ -150,7 +152,7 @@ def heartbeat_interval(default: float = 1.0) -> float:
     return default if timeout is None else max(0.05, min(default, timeout.total_seconds() / 4))
 
 
-def _previous_reach(info: activity.Info) -> int | None:
+def previous_reach(info: activity.Info) -> int | None:
     """The furthest step an earlier attempt reported, from its last heartbeat."""
     details = info.heartbeat_details
     if not details or not isinstance(details[0], dict):
@@ -200,7 +202,7 @@ def _report(inp: TrainSegmentInput, result: TrainSegmentResult, why: str) -> Tra
 
 
 def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSegmentResult, str]:
-    reached_before = _previous_reach(info)
+    reached_before = previous_reach(info)
     beats = Heartbeater(
         min(inp.heartbeat_every_seconds, heartbeat_interval()),
         step=None,

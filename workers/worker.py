@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -22,7 +23,8 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.effects import EFFECT_ACTIVITIES
-from activities.models import DEFAULT_TASK_QUEUE
+from activities.gang import ADVERTISE_ENV, GANG_ACTIVITIES
+from activities.models import DEFAULT_TASK_QUEUE, NODE_NAME, node_queue
 from activities.training import TRAINING_ACTIVITIES
 from cairn.errors import ConfigError, TemporalUnavailableError
 from workers.client import add_connection_args, connect
@@ -39,14 +41,17 @@ HEARTBEAT_THROTTLE = timedelta(milliseconds=200)
 
 
 def all_activities() -> list[Any]:
-    return [*TRAINING_ACTIVITIES, *EFFECT_ACTIVITIES]
+    return [*TRAINING_ACTIVITIES, *EFFECT_ACTIVITIES, *GANG_ACTIVITIES]
 
 
-def build_worker(client: Client, task_queue: str = DEFAULT_TASK_QUEUE, *, max_activities: int = 4) -> Worker:
+def build_worker(
+    client: Client, task_queue: str = DEFAULT_TASK_QUEUE, *, max_activities: int = 4, workflows: bool = True
+) -> Worker:
+    """A worker of ``task_queue``; ``workflows=False``: activities only (a node's own queue)."""
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=WORKFLOWS,
+        workflows=WORKFLOWS if workflows else [],
         activities=all_activities(),
         activity_executor=ThreadPoolExecutor(max_workers=max_activities, thread_name_prefix="cairn-activity"),
         max_concurrent_activities=max_activities,
@@ -71,6 +76,10 @@ async def run(args: argparse.Namespace) -> int:
     """Poll until SIGTERM/SIGINT, then shut down gracefully. Returns the exit status."""
     if args.max_activities < 1:
         raise ConfigError("--max-activities", expected=">= 1", found=args.max_activities)
+    if args.node and not re.match(NODE_NAME, args.node):
+        raise ConfigError("--node", expected=NODE_NAME, found=args.node)
+    if args.advertise_addr:
+        os.environ[ADVERTISE_ENV] = args.advertise_addr  # read by gang_endpoint on this host
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -83,12 +92,21 @@ async def run(args: argparse.Namespace) -> int:
     if args.preload:  # before polling: a task this worker takes must not wait for `import torch`
         await asyncio.to_thread(_preload, args.preload)
     worker = build_worker(client, args.task_queue, max_activities=args.max_activities)
+    queues = [args.task_queue]
+    node_worker = None
+    if args.node:  # this host's own queue: a gang's activity for this node is routed here
+        queues.append(node_queue(args.task_queue, args.node))
+        node_worker = build_worker(client, queues[-1], max_activities=args.max_activities, workflows=False)
     target = client.service_client.config.target_host
     metrics = f"; metrics on {endpoint.url}" if endpoint else ""
-    _say(args, f"polling {args.task_queue!r} on {target}{metrics}")
+    _say(args, f"polling {', '.join(repr(q) for q in queues)} on {target}{metrics}")
     warm = asyncio.create_task(asyncio.to_thread(_warm_up))
     async with worker:
-        await stop.wait()
+        if node_worker is not None:
+            async with node_worker:
+                await stop.wait()
+        else:
+            await stop.wait()
         warm.cancel()
         _say(args, "shutting down gracefully (running segments checkpoint and hand back)")
     _say(args, "stopped")
@@ -158,6 +176,20 @@ def add_worker_args(p: argparse.ArgumentParser) -> None:
         metavar="MODULES",
         help="comma-separated modules to import at start, e.g. your trainer's (env CAIRN_PRELOAD): "
         "a retried segment then does not wait for `import torch`",
+    )
+    p.add_argument(
+        "--node",
+        default=os.environ.get("CAIRN_NODE", ""),
+        metavar="NAME",
+        help="this host's name in runs' 'nodes' (env CAIRN_NODE): also poll the queue QUEUE@NAME, "
+        "where a distributed run sends this node's gang activity",
+    )
+    p.add_argument(
+        "--advertise-addr",
+        default=os.environ.get(ADVERTISE_ENV, ""),
+        metavar="HOST",
+        help=f"address other nodes reach this host at, for a gang's rendezvous (env {ADVERTISE_ENV}; "
+        "default: the hostname)",
     )
     p.add_argument(
         "--log-format",

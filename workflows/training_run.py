@@ -26,15 +26,19 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 from temporalio.workflow import ContinueAsNewError
 
 with workflow.unsafe.imports_passed_through():
     from activities.effects import publish_checkpoint, record_decision, release_capacity, reserve_capacity
+    from activities.gang import gang_endpoint, train_gang_node
     from activities.models import (
         CollectInput,
         DecisionInput,
         EffectInput,
         EffectReceipt,
+        GangEndpointInput,
+        GangNodeInput,
         LatestCheckpointInput,
         LatestCheckpointResult,
         OpenRunInput,
@@ -46,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
         TrainingRunInput,
         TrainSegmentInput,
         TrainSegmentResult,
+        node_queue,
     )
     from activities.training import INTERRUPTED, collect_checkpoints, latest_checkpoint, open_run, train_segment
 
@@ -351,6 +356,9 @@ class TrainingRun:
     async def _run_segment(self, inp: TrainingRunInput, target: int | None = None) -> None:
         if target is None:
             target = min(self._segment_end(inp), self._total(inp))
+        if inp.gang:
+            await self._run_gang_segment(inp, target)
+            return
         self._checkpoint_now = False
         resume_from, self._carry.resume_from = self._carry.resume_from, None
         handle = workflow.start_activity(
@@ -384,6 +392,123 @@ class TrainingRun:
             handle.cancel()
         await self._settle(inp, handle)
 
+    async def _run_gang_segment(self, inp: TrainingRunInput, target: int) -> None:
+        """A segment as a gang: one ``train_gang_node`` per node, on that node's own task queue.
+        Any node's failure fails the gang: the other nodes are cancelled (their ranks stop and
+        are reaped) and the whole gang is retried — a fresh rendezvous — from the last commit."""
+        self._checkpoint_now = False
+        resume_from, self._carry.resume_from = self._carry.resume_from, None
+        base = workflow.info().task_queue
+        queues = [node_queue(base, n) for n in inp.nodes] or [base]
+        attempt, reached = 0, None
+        while True:
+            attempt += 1
+            rendezvous = None
+            if len(queues) > 1:
+                rendezvous = await workflow.execute_activity(
+                    gang_endpoint,
+                    GangEndpointInput(run_id=inp.run_id),
+                    task_queue=queues[0],
+                    start_to_close_timeout=timedelta(seconds=30),
+                    retry_policy=SEGMENT_RETRY,
+                )
+            handles = [
+                workflow.start_activity(
+                    train_gang_node,
+                    GangNodeInput(
+                        run_id=inp.run_id,
+                        config=inp.config,
+                        store=inp.store,
+                        store_id=self._carry.store_id,
+                        target_step=target,
+                        resume_from=resume_from,
+                        checkpoint_every=inp.checkpoint.every,
+                        throttle_seconds_per_step=inp.throttle_seconds_per_step,
+                        heartbeat_every_seconds=min(0.1, inp.heartbeat_timeout_seconds / 4),
+                        world_size=inp.world_size,
+                        nnodes=len(queues),
+                        node_index=i,
+                        rendezvous=rendezvous,
+                        rdzv_id=f"{inp.run_id}-{target}-{attempt}-{workflow.info().run_id[:8]}",
+                        attempt=attempt,
+                        reached_before=reached,
+                    ),
+                    task_queue=queue,
+                    start_to_close_timeout=timedelta(seconds=inp.segment_timeout_seconds),
+                    heartbeat_timeout=timedelta(seconds=inp.heartbeat_timeout_seconds),
+                    retry_policy=RetryPolicy(maximum_attempts=1),  # the gang is retried whole, below
+                    cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+                )
+                for i, queue in enumerate(queues)
+            ]
+
+            def failed(hs: list[workflow.ActivityHandle[TrainSegmentResult]] = handles) -> bool:
+                return any(h.done() and h.exception() is not None for h in hs)
+
+            def settled(hs: list[workflow.ActivityHandle[TrainSegmentResult]] = handles) -> bool:
+                return all(h.done() for h in hs) or failed(hs) or self._interrupt_requested()
+
+            try:
+                await workflow.wait_condition(settled)
+            except asyncio.CancelledError:
+                for h in handles:
+                    h.cancel()
+                await self._settle_gang(inp, handles, interrupted=True)
+                raise
+            if not all(h.done() for h in handles):
+                if not failed():
+                    self._phase = "stopping" if self._carry.stop_requested else "training"
+                for h in handles:
+                    h.cancel()
+            outcome = await self._settle_gang(inp, handles, interrupted=self._interrupt_requested())
+            if outcome is None:
+                return
+            reached = max(reached or 0, outcome) if outcome >= 0 else reached
+            await workflow.sleep(timedelta(milliseconds=min(1000, 200 * 2 ** (attempt - 1))))
+
+    async def _settle_gang(
+        self, inp: TrainingRunInput, handles: list[workflow.ActivityHandle[TrainSegmentResult]], *, interrupted: bool
+    ) -> int | None:
+        """Wait for every node; record the outcome. Returns None when the segment is settled
+        (completed or interrupted), else how far the failed attempt got (-1: unknown) for a retry;
+        a non-retryable failure is raised (it fails the run)."""
+        results: list[TrainSegmentResult] = []
+        errors: list[ActivityError] = []
+        for h in handles:
+            try:
+                results.append(await h)
+            except ActivityError as err:
+                errors.append(err)
+
+        def benign(err: ActivityError) -> bool:
+            cause = err.cause
+            return isinstance(cause, CancelledError) or (
+                isinstance(cause, ApplicationError) and cause.type == INTERRUPTED
+            )
+
+        real = [e for e in errors if not benign(e)]
+        for err in real:
+            if isinstance(err.cause, ApplicationError) and err.cause.non_retryable:
+                raise err
+        if not errors:
+            self._record_result(results[0])
+            return None
+        if not real or interrupted:
+            await self._record_interruption(inp, next((e.cause for e in errors if benign(e)), None))
+            return None
+        reached = -1
+        for err in real:
+            cause = err.cause
+            details: object = None
+            if isinstance(cause, ApplicationError) and cause.details:
+                details = cause.details[0]
+            elif isinstance(cause, ActivityTimeoutError) and cause.last_heartbeat_details:
+                details = cause.last_heartbeat_details[0]
+            if isinstance(details, dict) and isinstance(details.get("reached"), int):
+                reached = max(reached, details["reached"])
+        workflow.logger.warning("gang segment failed (%s); retrying the whole gang", real[0].cause)
+        return reached
+
     def _segment_end(self, inp: TrainingRunInput) -> int:
         """Where the next segment stops: ``segment.steps`` on, or the end of the
         ``segment.epochs``-th epoch boundary from here (an interrupted epoch is finished first)."""
@@ -409,21 +534,27 @@ class TrainingRun:
             interrupted = isinstance(err.cause, ApplicationError) and err.cause.type == INTERRUPTED
             if not interrupted and not isinstance(err.cause, CancelledError):
                 raise
-            # Interrupted (pause/stop/checkpoint-now/cancel): it committed before reporting.
-            # After a rollback "latest" may be a checkpoint from before the rollback; training
-            # is deterministic, so it holds the very state the replay would have reached.
-            latest: LatestCheckpointResult = await workflow.execute_activity(
-                latest_checkpoint,
-                LatestCheckpointInput(run_id=inp.run_id, store=inp.store, store_id=self._carry.store_id),
-                **self._bookkeeping(inp),
-            )
-            report = _interruption_report(err.cause)
-            self._carry.record_segment(report.get("attempt", 1))
-            self._carry.recomputed_steps += report.get("recomputed_steps", 0)
-            self._carry.step = latest.step
-            self._carry.checkpoint = latest.checkpoint
-            self._carry.fingerprint = latest.fingerprint
+            await self._record_interruption(inp, err.cause)
             return
+        self._record_result(result)
+
+    async def _record_interruption(self, inp: TrainingRunInput, cause: BaseException | None) -> None:
+        """Interrupted (pause/stop/checkpoint-now/cancel): it committed before reporting.
+        After a rollback "latest" may be a checkpoint from before the rollback; training is
+        deterministic, so it holds the very state the replay would have reached."""
+        latest: LatestCheckpointResult = await workflow.execute_activity(
+            latest_checkpoint,
+            LatestCheckpointInput(run_id=inp.run_id, store=inp.store, store_id=self._carry.store_id),
+            **self._bookkeeping(inp),
+        )
+        report = _interruption_report(cause)
+        self._carry.record_segment(report.get("attempt", 1))
+        self._carry.recomputed_steps += report.get("recomputed_steps", 0)
+        self._carry.step = latest.step
+        self._carry.checkpoint = latest.checkpoint
+        self._carry.fingerprint = latest.fingerprint
+
+    def _record_result(self, result: TrainSegmentResult) -> None:
         self._carry.record_segment(result.attempt)
         self._carry.recomputed_steps += result.recomputed_steps
         self._carry.step = result.step

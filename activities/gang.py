@@ -1,0 +1,163 @@
+"""Gang activities: one per node of a data-parallel segment, each supervising its rank processes.
+
+``train_gang_node`` runs on the worker of one node (routed there by that worker's own task
+queue, ``node_queue``). It starts torchrun for the node's ranks (``cairn.distributed.launch``),
+which rendezvous through c10d with the other nodes' ranks; it heartbeats the ranks' progress;
+on cancellation (pause, stop, checkpoint-now, workflow cancel) or worker shutdown it asks the
+ranks to checkpoint and stop at the next step; and whatever happens — a rank's death, a
+failure, a cancel — it returns only after every rank process of its node is gone. The
+workflow fails the whole gang when any node fails and retries it from the last committed
+checkpoint (``workflows.training_run``).
+
+``gang_endpoint`` runs on node 0 and picks the rendezvous address the nodes meet at.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
+
+from activities import metrics as m
+from activities.log_context import run_context, set_step
+from activities.models import GangEndpointInput, GangNodeInput, TrainSegmentResult
+from activities.training import INTERRUPTED, Heartbeater, activity_errors, heartbeat_interval, open_run_store
+from cairn.distributed.launch import Gang, GangSpec, free_endpoint
+from cairn.errors import CairnError, one_line
+from cairn.runs import require_run_owner
+
+__all__ = ["train_gang_node", "gang_endpoint", "GANG_ACTIVITIES", "ADVERTISE_ENV"]
+
+log = logging.getLogger("cairn.activity")
+
+ADVERTISE_ENV = "CAIRN_ADVERTISE_ADDR"
+"""The address other nodes reach this worker's host at (``cairn worker --advertise-addr``)."""
+
+
+def advertised_host() -> str:
+    return os.environ.get(ADVERTISE_ENV) or socket.gethostname()
+
+
+@activity.defn(name="gang_endpoint")
+def gang_endpoint(inp: GangEndpointInput) -> str:
+    """``HOST:PORT`` for the gang's rendezvous store, on this (node 0's) host."""
+    with run_context(inp.run_id):
+        return free_endpoint(advertised_host())
+
+
+@activity.defn(name="train_gang_node")
+def train_gang_node(inp: GangNodeInput) -> TrainSegmentResult:
+    info = activity.info()
+    with run_context(inp.run_id), activity.shield_thread_cancel_exception():
+        with activity_errors():
+            result, interrupted = _train_gang_node(inp, info)
+        if interrupted:
+            m.SEGMENTS.labels("interrupted").inc()
+            raise ApplicationError(
+                f"gang segment interrupted on request at step {result.step} after committing {result.checkpoint}",
+                {"attempt": result.attempt, "recomputed_steps": result.recomputed_steps, "step": result.step},
+                type=INTERRUPTED,
+                non_retryable=True,
+                category=ApplicationErrorCategory.BENIGN,
+            )
+        m.SEGMENTS.labels("completed").inc()
+        return result
+
+
+def _train_gang_node(inp: GangNodeInput, info: activity.Info) -> tuple[TrainSegmentResult, bool]:
+    reached_before = inp.reached_before
+    attempt = inp.attempt
+    nproc = inp.world_size // inp.nnodes
+    beats = Heartbeater(
+        min(inp.heartbeat_every_seconds, heartbeat_interval()),
+        step=None,
+        reached=reached_before,
+        checkpoint=None,
+        attempt=attempt,
+        loss=None,
+        node=inp.node_index,
+        ranks=nproc,
+    )
+    with beats:
+        store = open_run_store(inp.store, inp.store_id)
+        require_run_owner(store, inp.run_id, info.workflow_id)
+        job: dict[str, Any] = {
+            "run_id": inp.run_id,
+            "store": inp.store,
+            "config": inp.config.model_dump(mode="json"),
+            "target_step": inp.target_step,
+            "checkpoint_every": inp.checkpoint_every,
+            "resume_from": inp.resume_from,
+            "throttle_seconds_per_step": inp.throttle_seconds_per_step,
+        }
+        spec = GangSpec(
+            nproc_per_node=nproc,
+            nnodes=inp.nnodes,
+            rendezvous=inp.rendezvous,
+            rdzv_id=inp.rdzv_id,
+            is_host=inp.node_index == 0,
+        )
+        with tempfile.TemporaryDirectory(prefix="cairn-gang-") as tmp:
+            gang = Gang(spec, job, Path(tmp))
+            log.info(
+                "run %s: gang segment to step %d: node %d of %d, %d rank(s) of %d (%s)",
+                inp.run_id,
+                inp.target_step,
+                inp.node_index,
+                inp.nnodes,
+                nproc,
+                inp.world_size,
+                inp.rdzv_id,
+            )
+            gang.start()
+
+            def on_progress(doc: dict[str, Any]) -> None:
+                step = doc.get("step")
+                if isinstance(step, int):
+                    set_step(step)
+                    beats.update(
+                        step=step,
+                        reached=max(step, reached_before or 0),
+                        loss=doc.get("loss"),
+                        checkpoint=doc.get("checkpoint"),
+                        committed_step=doc.get("committed_step"),
+                    )
+
+            try:
+                out = gang.supervise(
+                    on_progress=on_progress,
+                    cancelled=lambda: activity.is_cancelled() or activity.is_worker_shutdown(),
+                )
+            except CairnError as exc:  # the workflow retries the gang; it learns how far it got
+                log.warning("run %s: gang node %d failed: %s: %s", inp.run_id, inp.node_index, exc.type_name, exc)
+                raise ApplicationError(
+                    one_line(str(exc)),
+                    {"reached": beats.details().get("reached"), "attempt": attempt},
+                    type=exc.type_name,
+                    non_retryable=not exc.retryable,
+                ) from None
+    resumed = int(out["resumed_from_step"])
+    recomputed = max(0, (reached_before or 0) - resumed) if attempt > 1 else 0
+    result = TrainSegmentResult(
+        step=out["step"],
+        cursor=out["cursor"],
+        checkpoint=out["checkpoint"],
+        fingerprint=out["fingerprint"],
+        loss=out["loss"],
+        val_loss=out.get("val_loss"),
+        val_accuracy=out.get("val_accuracy"),
+        attempt=attempt,
+        resumed_from_step=resumed,
+        recomputed_steps=recomputed,
+    )
+    log.info("run %s: gang segment ended at step %d (%s)", inp.run_id, result.step, result.checkpoint)
+    return result, bool(out.get("interrupted"))
+
+
+GANG_ACTIVITIES = [train_gang_node, gang_endpoint]
