@@ -59,6 +59,7 @@ def train_gang_node(inp: GangNodeInput) -> TrainSegmentResult:
             result, interrupted = _train_gang_node(inp, info)
         if interrupted:
             m.SEGMENTS.labels("interrupted").inc()
+            log.info("run %s: gang segment interrupted on request at step %d", inp.run_id, result.step)
             raise ApplicationError(
                 f"gang segment interrupted on request at step {result.step} after committing {result.checkpoint}",
                 {"attempt": result.attempt, "recomputed_steps": result.recomputed_steps, "step": result.step},

@@ -1,0 +1,229 @@
+"""Distributed training for real: torchrun rank processes over gloo on loopback, SeaweedFS as
+the store, Temporal as the orchestrator.
+
+- W=4 and W=2 segments and a W=1 finish give exactly the W=1 reference's bits (save at W=4,
+  resume at W=2, resume at W=1), through ranged reads of each rank's own blocks on S3;
+- the exactness claim can fail: summing in rank order (a test-only switch) breaks W=4 vs W=1;
+- a rank SIGKILLed mid-save leaves no committed checkpoint and no rank process; the retry
+  converges on the same checkpoint;
+- on Temporal, a two-node gang (2 workers x 2 ranks) trains bit-identically, a killed rank
+  fails the whole gang, which is retried from the last commit, and a cancelled run leaves no
+  rank process behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+
+from activities.models import RunSummary, TrainingRunInput
+from cairn.checkpoint import latest_committed, list_checkpoints, load_training
+from cairn.checkpoint.reader import read_manifest
+from cairn.config import TrainConfig
+from cairn.distributed.comm import SoloComm
+from cairn.distributed.launch import Gang, GangSpec, gang_processes
+from cairn.distributed.rank import run_rank
+from cairn.distributed.reduce import RANK_ORDER_ENV
+from cairn.errors import GangFailedError
+from cairn.stores import open_store
+from cairn.stores.base import Store
+from tests.integration.conftest import S3Server, TemporalServer, start_worker_process, wait_progress
+from tests.unit.test_distributed_core import dist_config
+from workers.servers import ServerProcess
+from workflows.training_run import TrainingRun
+
+pytestmark = pytest.mark.integration
+
+
+def job(store_url: str, config: TrainConfig, target: int, run_id: str = "dist", every: int = 4) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "store": store_url,
+        "config": config.model_dump(mode="json"),
+        "target_step": target,
+        "checkpoint_every": every,
+    }
+
+
+def gang(workdir: Path, world: int, body: dict[str, Any]) -> dict[str, Any]:
+    g = Gang(GangSpec(nproc_per_node=world), body, workdir)
+    g.start()
+    try:
+        return g.supervise(on_progress=lambda _: None, cancelled=lambda: False)
+    finally:
+        assert gang_processes(g.token) == [], "a rank process outlived its gang"
+
+
+def reference(tmp_path: Path, config: TrainConfig, target: int) -> dict[str, str]:
+    """W=1, in this process: step -> fingerprint of every checkpoint up to ``target``."""
+    store_url = str(tmp_path / "reference")
+    run_rank(SoloComm(), job(store_url, config, target), tmp_path / "ref-work")
+    store = open_store(store_url)
+    return {str(r.step): read_manifest(store, r, expect_kind=None).fingerprint for r in list_checkpoints(store, "dist")}
+
+
+@pytest.fixture
+def s3_url(seaweedfs: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", seaweedfs.endpoint)  # the rank processes inherit it
+    return f"s3://{seaweedfs.bucket}/dist-{uuid.uuid4().hex[:8]}"
+
+
+def test_save_at_four_ranks_resume_at_two_then_one_is_bit_identical_on_s3(tmp_path: Path, s3_url: str) -> None:
+    config = dist_config(microbatches=4, block_bytes=64)  # 8 values per block: slices cut tensors
+    expected = reference(tmp_path, config, 16)
+    four = gang(tmp_path / "w4", 4, job(s3_url, config, 8))
+    assert four["world_size"] == 4 and four["fingerprint"] == expected["8"]
+    two = gang(tmp_path / "w2", 2, job(s3_url, config, 12))
+    assert two["resumed_from_step"] == 8 and two["fingerprint"] == expected["12"]
+    one = run_rank(SoloComm(), job(s3_url, config, 16), tmp_path / "w1")
+    assert one["resumed_from_step"] == 12 and one["fingerprint"] == expected["16"]
+    store = open_store(s3_url)
+    manifest = read_manifest(store, latest_committed(store, "dist"), expect_kind=None)  # type: ignore[arg-type]
+    assert manifest.writer.ranks == 1
+    eight = [r for r in list_checkpoints(store, "dist") if r.step == 8][0]
+    written_by_four = read_manifest(store, eight, expect_kind=None)
+    assert written_by_four.writer.ranks == 4 and {s.rank for s in written_by_four.shards} == {0, 1, 2, 3}
+
+
+def test_summing_in_rank_order_breaks_the_exactness_across_world_sizes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = dist_config(microbatches=8, block_bytes=64)
+    monkeypatch.setenv(RANK_ORDER_ENV, "1")  # this process (W=1) and the ranks (inherited)
+    expected = reference(tmp_path, config, 8)
+    four = gang(tmp_path / "w4", 4, job(str(tmp_path / "store"), config, 8))
+    assert four["fingerprint"] != expected["8"], "rank-order sums should change the bits at W=4"
+
+
+def test_a_rank_killed_mid_save_leaves_no_committed_checkpoint_and_no_rank_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = dist_config(microbatches=4, block_bytes=64)
+    store_url = str(tmp_path / "store")
+    monkeypatch.setenv("CAIRN_FAULT", "rank-mid-save:1@8")  # rank 1 dies after writing its blocks
+    with pytest.raises(GangFailedError) as failed:
+        gang(tmp_path / "killed", 2, job(store_url, config, 12))
+    assert failed.value.retryable
+    store: Store = open_store(store_url)
+    assert [r.step for r in list_checkpoints(store, "dist")] == [0, 4]  # nothing at step 8
+    assert any("/training/000000000008/" in o.key for o in store.list("dist/")), "rank 0's shards were written"
+    monkeypatch.delenv("CAIRN_FAULT")
+    retry = gang(tmp_path / "retry", 2, job(store_url, config, 12))
+    assert retry["resumed_from_step"] == 4
+    assert retry["fingerprint"] == reference(tmp_path, config, 12)["12"]
+
+
+# -- on Temporal ----------------------------------------------------------------------------------
+def dist_run_input(tmp_path: Path, **overrides: Any) -> TrainingRunInput:
+    body: dict[str, Any] = {
+        "run_id": f"dist-{uuid.uuid4().hex[:8]}",
+        "config": dist_config(microbatches=4, block_bytes=64).model_dump(mode="json"),
+        "total_steps": 12,
+        "steps_per_segment": 6,
+        "store": str(tmp_path / "store"),
+        "checkpoint": {"every": 3},
+        "heartbeat_timeout_seconds": 5,
+        "world_size": 4,
+    }
+    body.update(overrides)
+    return TrainingRunInput.model_validate(body)
+
+
+def worker(server: TemporalServer, queue: str, tmp_path: Path, node: str = "") -> ServerProcess:
+    """A worker whose gangs keep their job files under ``tmp_path/gangs`` (so this test's rank
+    processes are told apart from any other's by their command line)."""
+    (tmp_path / "gangs").mkdir(exist_ok=True)
+    env = {"TMPDIR": str(tmp_path / "gangs")}
+    if node:
+        env.update(CAIRN_NODE=node, CAIRN_ADVERTISE_ADDR="127.0.0.1")
+    return start_worker_process(server.address, queue, tmp_path / f"worker-{node or 'any'}.log", env=env)
+
+
+def rank_processes(tmp_path: Path, ranks_only: bool = False) -> list[int]:
+    """torchrun agents and rank processes of this test's gangs still alive."""
+    pids = gang_processes(str(tmp_path / "gangs"))
+    if not ranks_only:
+        return pids
+    return [p for p in pids if b"cairn.distributed.rank" in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+
+def reference_fingerprint(tmp_path: Path, inp: TrainingRunInput) -> str:
+    return reference(tmp_path, inp.config, inp.total_steps or 0)[str(inp.total_steps)]
+
+
+async def test_two_nodes_of_two_ranks_on_temporal_train_bit_identically(
+    client: Client, temporal_server: TemporalServer, task_queue: str, tmp_path: Path
+) -> None:
+    inp = dist_run_input(tmp_path, nodes=["host-a", "host-b"])
+    workers = [worker(temporal_server, task_queue, tmp_path, n) for n in ("host-a", "host-b")]
+    try:
+        handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
+        summary = RunSummary.model_validate(await asyncio.wait_for(handle.result(), timeout=240))
+    finally:
+        for w in workers:
+            w.stop()
+    assert summary.steps == 12 and summary.segments == 2
+    assert summary.fingerprint == reference_fingerprint(tmp_path, inp)
+    store = open_store(inp.store)
+    manifest = read_manifest(store, latest_committed(store, inp.run_id), expect_kind=None)  # type: ignore[arg-type]
+    assert manifest.writer.ranks == 4
+    logs = "".join((tmp_path / f"worker-{n}.log").read_text() for n in ("host-a", "host-b"))
+    assert "node 0 of 2, 2 rank(s) of 4" in logs and "node 1 of 2, 2 rank(s) of 4" in logs
+    assert rank_processes(tmp_path) == []
+
+
+async def test_a_killed_rank_fails_the_gang_which_is_retried_whole_and_ends_bit_identical(
+    client: Client, temporal_server: TemporalServer, task_queue: str, tmp_path: Path
+) -> None:
+    inp = dist_run_input(tmp_path, world_size=2, throttle_seconds_per_step=0.15)
+    proc = worker(temporal_server, task_queue, tmp_path)
+    try:
+        handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
+        await wait_progress(handle, lambda p: p["step"] >= 3, timeout=120)
+        deadline = time.monotonic() + 60
+        while not rank_processes(tmp_path):
+            assert time.monotonic() < deadline, proc.log_tail()
+            await asyncio.sleep(0.05)
+        victim = rank_processes(tmp_path, ranks_only=True)[-1]
+        os.kill(victim, signal.SIGKILL)
+        summary = RunSummary.model_validate(await asyncio.wait_for(handle.result(), timeout=240))
+    finally:
+        proc.stop()
+    assert summary.steps == 12 and summary.retried_segments >= 1 and max(summary.attempts) >= 2
+    assert summary.fingerprint == reference_fingerprint(tmp_path, inp)
+    assert "retrying the whole gang" in (tmp_path / "worker-any.log").read_text()
+    assert rank_processes(tmp_path) == []
+
+
+async def test_a_cancelled_gang_checkpoints_and_leaves_no_rank_process(
+    client: Client, temporal_server: TemporalServer, task_queue: str, tmp_path: Path
+) -> None:
+    inp = dist_run_input(tmp_path, world_size=2, total_steps=90, steps_per_segment=90, throttle_seconds_per_step=0.1)
+    store = open_store(inp.store)
+    proc = worker(temporal_server, task_queue, tmp_path)
+    try:
+        handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
+        deadline = time.monotonic() + 120
+        while (seen := latest_committed(store, inp.run_id)) is None or seen.step < 6:
+            assert time.monotonic() < deadline, proc.log_tail()
+            await asyncio.sleep(0.05)
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError):
+            await asyncio.wait_for(handle.result(), timeout=120)
+        assert (await handle.describe()).status == WorkflowExecutionStatus.CANCELED
+    finally:
+        proc.stop()
+    assert rank_processes(tmp_path) == []
+    latest = latest_committed(store, inp.run_id)
+    assert latest is not None and seen.step <= latest.step < 90  # the gang checkpointed on its way out
+    state, _ = load_training(store, latest)
+    assert state.step == latest.step
+    assert "interrupted on request" in (tmp_path / "worker-any.log").read_text()
