@@ -130,6 +130,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     config = load_config(args.config) if args.config else None
     if args.trainer is not None:
         config = _with_trainer(config, args.trainer)
+    if args.world_size is not None:
+        return _train_gang(args, store, config)
     if args.resume:
         ref = _ref(args.resume)
         default_id = f"{ref.run_id}-weights-only" if args.weights_only else ref.run_id
@@ -201,6 +203,96 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 130 if interrupted else 0
 
 
+def _train_gang(args: argparse.Namespace, store: Store, config: TrainConfig | None) -> int:
+    """``cairn train --world-size W``: a gang of W rank processes on this host (torchrun),
+    resuming the run's latest committed checkpoint (or ``--resume``), to ``--steps`` more."""
+    import tempfile
+
+    from tqdm import tqdm
+
+    from cairn.checkpoint import latest_committed, read_manifest
+    from cairn.checkpoint.validate import manifest_config
+    from cairn.distributed.launch import Gang, GangSpec
+    from cairn.distributed.zero import check_world_size
+
+    if args.weights_only:
+        raise ConfigError("--weights-only", expected="a single-process run (no --world-size)", found=True)
+    resume_from: str | None = None
+    if args.resume:
+        ref = _ref(args.resume)
+        if ref.store_url.rstrip("/") != store.url.rstrip("/"):
+            raise ConfigError("--resume", expected=f"a checkpoint in --store {store.url}", found=str(ref))
+        run_id = args.run_id or ref.run_id
+        if run_id != ref.run_id:
+            raise ConfigError("--run-id", expected=ref.run_id, found=run_id)
+        manifest = read_manifest(store, ref, expect_kind=None)
+        config = config or manifest_config(manifest)
+        start, resume_from = ref.step, str(ref)
+    else:
+        if config is None:
+            raise ConfigError("--config is required unless --resume is given")
+        run_id = args.run_id if args.run_id is not None else default_run_id(normalized_config(config))
+        latest = latest_committed(store, run_id)
+        start = latest.step if latest is not None else 0
+    if config.distributed is None:
+        raise ConfigError("--world-size", expected="a config with a 'distributed' section", found=args.world_size)
+    check_world_size(config.distributed.microbatches, args.world_size)
+    target = start + args.steps
+    job = {
+        "run_id": run_id,
+        "store": store.url,
+        "config": config.model_dump(mode="json"),
+        "target_step": target,
+        "checkpoint_every": args.checkpoint_every or max(1, args.steps),
+        "resume_from": resume_from,
+    }
+    bar = tqdm(total=target, initial=start, desc=f"train {run_id} x{args.world_size}", unit="step", disable=None)
+    stop = False
+
+    def on_sigint(_sig: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True  # the ranks finish the step in progress, checkpoint together, exit
+
+    def on_progress(doc: dict[str, Any]) -> None:
+        if isinstance(doc.get("step"), int):
+            bar.n = doc["step"]
+            if doc.get("loss") is not None:
+                bar.set_postfix(loss=f"{doc['loss']:.4f}", refresh=False)
+            bar.refresh()
+
+    started = time.perf_counter()
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        with tempfile.TemporaryDirectory(prefix="cairn-gang-") as tmp:
+            gang = Gang(GangSpec(nproc_per_node=args.world_size), job, Path(tmp))
+            gang.start()
+            out = gang.supervise(on_progress=on_progress, cancelled=lambda: stop)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        bar.close()
+    payload = {
+        "checkpoint": out["checkpoint"],
+        "run_id": run_id,
+        "step": out["step"],
+        "cursor": out["cursor"],
+        "fingerprint": out["fingerprint"],
+        "loss": out["loss"],
+        "world_size": out["world_size"],
+        "resumed_from_step": out["resumed_from_step"],
+        "seconds": round(time.perf_counter() - started, 3),
+        "interrupted": bool(out["interrupted"]),
+    }
+    if out["interrupted"]:
+        print(
+            f"cairn: interrupted at step {out['step']}: checkpoint {out['checkpoint']} committed; resume with: "
+            f"cairn train --resume {out['checkpoint']} --steps {target - out['step']} --store {args.store} "
+            f"--world-size {args.world_size}",
+            file=sys.stderr,
+        )
+    emit(args, payload, str(out["checkpoint"]))
+    return 130 if out["interrupted"] else 0
+
+
 def _with_trainer(config: TrainConfig | None, factory: str) -> TrainConfig:
     """The config with ``trainer.factory`` set from ``--trainer`` (its options kept)."""
     body = config.to_json() if config is not None else {}
@@ -232,7 +324,14 @@ def cmd_ckpt_show(args: argparse.Namespace) -> int:
     print(f"run          {manifest.run_id}   step {manifest.step}   cursor {manifest.cursor}")
     print(f"fingerprint  {manifest.fingerprint}  (an identifier, not a signature)")
     print(f"signed       {'yes' if manifest.signature else 'no'}")
-    print(f"bytes        {manifest.total_bytes} in {len(manifest.tensors)} tensors, {len(manifest.shards)} shards")
+    if manifest.parts is None:
+        print(f"bytes        {manifest.total_bytes} in {len(manifest.tensors)} tensors, {len(manifest.shards)} shards")
+    else:
+        print(
+            f"bytes        {manifest.total_bytes} in {len(manifest.parts)} tensors cut into {len(manifest.tensors)} "
+            f"blocks, {len(manifest.shards)} shards"
+        )
+    print(f"written by   {manifest.writer.ranks} rank(s)")
     if lineage is not None:
         print(f"dataset      {lineage.dataset_version} {lineage.dataset_hash}")
         print(f"model        {lineage.model_version}   tokenizer {lineage.tokenizer_version}")
@@ -474,6 +573,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--trainer",
         metavar="MODULE:CLASS",
         help="trainer by import path (default: the config's, else the built-in MLP)",
+    )
+    p.add_argument(
+        "--world-size",
+        type=_count,
+        metavar="W",
+        help="train as W rank processes under torchrun on this host (needs config.distributed; any W dividing "
+        "distributed.microbatches gives the same bits)",
     )
     p.set_defaults(handler=cmd_train)
 

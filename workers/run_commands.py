@@ -35,10 +35,15 @@ __all__ = ["register", "load_run_input", "live_step"]
 QUERY_TIMEOUT = timedelta(seconds=5)
 
 
-def load_run_input(path: str, cwd: str | Path | None = None) -> TrainingRunInput:
+def load_run_input(
+    path: str, cwd: str | Path | None = None, overrides: dict[str, Any] | None = None
+) -> TrainingRunInput:
     """Read and validate a run file; a relative ``store`` is resolved here, once, against the
-    starter's working directory (workers have their own, so the run input never holds one)."""
+    starter's working directory (workers have their own, so the run input never holds one).
+    ``overrides`` (top-level fields, from flags) replace the file's before validation."""
     data = load_json_file(path, what="run file")
+    if isinstance(data, dict) and overrides:
+        data.update(overrides)
     if isinstance(data, dict) and isinstance(data.get("store"), str):
         data["store"] = resolve_store_url(data["store"], cwd)
     effects = data.get("effects") if isinstance(data, dict) else None
@@ -124,7 +129,14 @@ def _summary_text(s: RunSummary) -> str:
 
 
 def _load_start_input(args: argparse.Namespace) -> None:
-    args.run_input = load_run_input(args.run_file)  # a bad file is exit 2 even with Temporal down
+    overrides: dict[str, Any] = {}
+    if args.world_size is not None:
+        overrides["world_size"] = args.world_size
+    if args.nodes is not None:
+        overrides["nodes"] = [n for n in args.nodes.split(",") if n]
+    if args.total_steps is not None:
+        overrides.update(total_steps=args.total_steps, total_epochs=None)
+    args.run_input = load_run_input(args.run_file, overrides=overrides)  # bad input: exit 2 even with Temporal down
 
 
 async def _start(args: argparse.Namespace, client: Client) -> int:
@@ -563,6 +575,9 @@ def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> Non
     p.add_argument("--wait", action="store_true", help="wait for the result and print it")
     p.add_argument("--workflow-id", help="default: the run_id")
     p.add_argument("--task-queue", default=DEFAULT_TASK_QUEUE)
+    p.add_argument("--world-size", type=int, help="override the file's world_size (ranks of a distributed run)")
+    p.add_argument("--nodes", metavar="A,B", help="override the file's nodes (hosts of the gang, by worker --node)")
+    p.add_argument("--total-steps", type=int, help="override the file's length (e.g. to continue a finished run)")
     for name, help_text, fn in (
         ("status", "print a run's status and progress", _status),
         ("watch", "a live progress bar until the run closes", _watch),

@@ -269,3 +269,18 @@ def test_reap_kills_every_process_carrying_the_gang_token() -> None:
     finally:
         for p in procs:
             p.kill()
+
+
+def test_the_distributed_examples_validate_and_name_a_world_size_that_divides_the_microbatches() -> None:
+    from cairn.config import load_config
+    from tests.conftest import REPO
+    from workers.run_commands import load_run_input
+
+    config = load_config(REPO / "examples" / "distributed.json")
+    assert config.distributed is not None and config.distributed.microbatches == 8
+    inp = load_run_input(str(REPO / "examples" / "distributed-run.json"))
+    assert inp.gang and inp.world_size == 4 and inp.config == config
+    resumed = load_run_input(str(REPO / "examples" / "distributed-run.json"), overrides={"world_size": 2})
+    assert resumed.world_size == 2
+    with pytest.raises(ConfigError, match="world_size must divide"):
+        load_run_input(str(REPO / "examples" / "distributed-run.json"), overrides={"world_size": 3})
