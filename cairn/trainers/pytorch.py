@@ -30,6 +30,10 @@ kernels without deterministic implementations) and the run records ``"tolerance"
 with ``cairn ckpt compare --rtol/--atol``. The adapter owns the process's global RNGs and
 thread settings while it trains, so a worker runs one torch segment at a time (a lock).
 
+**Data parallel.** With a ``distributed`` config an update is the microbatched one of
+``cairn.distributed.torch_dp`` — here in one process, or by a gang of rank processes
+(``TorchDP``) — and every world size dividing ``distributed.microbatches`` gives the same bits.
+
 **Data.** ``train``/``val``/``test`` are ``(x, y)`` pairs of tensors or arrays (indexed by
 batch), or any map-style ``torch.utils.data.Dataset`` (items collated with
 ``default_collate``). Batches come from ``cairn.sampler.EpochSampler``: a seeded permutation
@@ -56,6 +60,7 @@ from torch.utils.data import Dataset as TorchDataset
 from torch.utils.data import default_collate
 
 from cairn.config import TrainConfig
+from cairn.distributed.comm import Comm, SoloComm
 from cairn.errors import CairnError, ConfigError, InvariantError, TensorSpecError, TrainerCodeError
 from cairn.sampler import EpochSampler
 from cairn.state import Lineage, TrainState
@@ -462,23 +467,41 @@ class TorchTrainer(Trainer):
             step = state.step
             work = self._export(step, history, state.lineage)
             for _ in range(steps):
-                epoch_end = (step + 1) % self.steps_per_epoch == 0
-                with self._owned_rngs(), self._user_code(f"update {step + 1}"):
-                    loss, lr = self._update(step)
-                    if self.scheduler is not None and (self.options.scheduler_interval == "step" or epoch_end):
-                        self.scheduler.step()
-                    metrics = self._evaluate_live("val") if epoch_end and self.eval_history else None
+                self._advance(step, history)
                 step += 1
-                history["loss"].append(loss)
-                history["lr"].append(lr)
-                if metrics is not None:
-                    history["val_step"].append(float(step))
-                    history["val_loss"].append(metrics["loss"])
-                    history["val_accuracy"].append(metrics["accuracy"])
                 work = self._export(step, history, work.lineage)
                 if on_step is not None and on_step(work):
                     break
             return work
+
+    def _advance(self, step: int, history: dict[str, list[float]], comm: Comm | None = None) -> float:
+        """Update ``step + 1`` of the live objects, then the scheduler and (at an epoch end) the
+        evaluation, recorded in ``history``; returns the update's loss. With a ``distributed``
+        config the update is the microbatched data-parallel one (``cairn.distributed.torch_dp``)
+        over ``comm`` (this process alone when None): ``cairn train`` and a gang of any size
+        compute the same bits. Its collectives run outside ``_user_code`` (a peer's failure is
+        the gang's, not the trainer's code's)."""
+        epoch_end = (step + 1) % self.steps_per_epoch == 0
+        what = f"update {step + 1}"
+        with self._owned_rngs():
+            if self.config.distributed is None:
+                with self._user_code(what):
+                    loss, lr = self._update(step)
+            else:
+                from cairn.distributed.torch_dp import microbatched_update
+
+                loss, lr = microbatched_update(self, step, SoloComm() if comm is None else comm)
+            with self._user_code(what):
+                if self.scheduler is not None and (self.options.scheduler_interval == "step" or epoch_end):
+                    self.scheduler.step()
+                metrics = self._evaluate_live("val") if epoch_end and self.eval_history else None
+        history["loss"].append(loss)
+        history["lr"].append(lr)
+        if metrics is not None:
+            history["val_step"].append(float(step + 1))
+            history["val_loss"].append(metrics["loss"])
+            history["val_accuracy"].append(metrics["accuracy"])
+        return loss
 
     def _update(self, step: int) -> tuple[float, float]:
         model, optimizer = self.model, self.optimizer

@@ -1,0 +1,365 @@
+"""The PyTorch adapter, data-parallel over any world size, replicated optimizer, bit-identical for every W.
+
+Each update (``microbatched_update``; ``TorchTrainer.train`` runs the same function in one
+process, so ``cairn train`` with a ``distributed`` config gives the bits of a gang):
+
+1. every rank draws the same batch (the epoch sampler's cursor is global) and cuts it into the
+   M = ``distributed.microbatches`` equal microbatches; rank r of W runs forward and backward
+   of its contiguous block ``[r M/W, (r+1) M/W)``, one microbatch at a time;
+2. per microbatch it records two vectors: the gradient of every trainable parameter (in the
+   model's parameter order) in the parameters' dtype (``gradient_dtype``: float32 for a float32
+   model, the sum a data-parallel all-reduce computes), and, in float64, every buffer after the
+   forward and the loss; the rank sums each as its subtree of the canonical tree
+   (``cairn.distributed.reduce``);
+3. for each, one all-to-all of slices hands rank j every rank's partial sum of slice j (the
+   traffic of a reduce-scatter); rank j combines them by the top of the tree, in microbatch
+   order, scales by 1/M (a power of two: exact) and the reduced slices are all-gathered;
+4. every rank writes the mean gradient into each parameter's ``.grad`` and the mean buffers
+   into the buffers; the optimizer and scheduler — replicated, the same state on every rank —
+   step identically.
+
+**Randomness.** Each microbatch's forward and backward run with torch's, numpy's and Python's
+global generators seeded from (run seed, step, microbatch index) (``microbatch_seed``), then
+the run's own streams are put back: a dropout mask depends on which microbatch it belongs to,
+never on which rank computes it. The adapter's private streams (``rng/torch`` ...) advance only
+in code every rank runs alike (optimizer, scheduler; evaluation forks them), so they stay one
+global stream, checkpointed as in a single-process run.
+
+**Buffers (BatchNorm).** Every microbatch's forward starts from the buffers as they were at the
+start of the update. The buffers after the update are the tree mean, over the M microbatches in
+microbatch order, of the buffers each forward left (float64, rounded once to the buffer's
+dtype; integer buffers to the nearest integer). So ``num_batches_tracked`` advances by one per
+update, and a running mean with momentum m moves by m toward the mean of the M microbatch
+means (the running variance toward the mean of their unbiased variances). Training-mode
+normalisation uses each microbatch's own batch statistics ("ghost" batches of B/M): M is part
+of the arithmetic (it is in the config), W is not. A buffer no forward changes stays bit-equal.
+
+**Exactness.** Same build of torch, same ``options.threads``, ``deterministic`` true: W=1, 2, 4
+... give the same bits (``lineage.reproducibility = "bit-exact"``). With ``deterministic``
+false the adapter records ``"tolerance"``, as it does in one process. Parameters without a
+gradient in some microbatch count as a zero gradient there (the adapter already requires
+optimizer state for every trainable parameter after the first update).
+
+**Checkpoints.** The full state (parameters, buffers, optimizer, RNG streams, history) is the
+adapter's own export, cut into the run's blocks (``parts_of``: the block size is the config's,
+not W's) — exactly what ``save_training`` writes for the same state. Rank r writes a contiguous,
+byte-balanced share of the blocks (``byte_shares``); rank 0 commits. A restore reads every
+block on every rank (the state is replicated; ranged reads, each block checksummed and
+value-checked), after every rank checked the manifest against the run's trainer, and installs
+the state through the adapter's own import (``TorchTrainer._load``). Nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+
+from cairn.checkpoint.blocks import base_name, block_elems_for, logical_specs, parts_of, plan_blocks, split_blocks
+from cairn.checkpoint.manager import training_content, training_tensors
+from cairn.checkpoint.manifest import CheckpointKind, Manifest, PartSpec
+from cairn.checkpoint.options import CheckpointOptions
+from cairn.checkpoint.reader import read_manifest
+from cairn.checkpoint.ref import CheckpointRef
+from cairn.checkpoint.validate import check_training_manifest
+from cairn.distributed.checkpoint import SaveOutcome, agree, coordinated_save, failure_of, read_blocks
+from cairn.distributed.comm import Comm
+from cairn.distributed.reduce import combine, tree_sum
+from cairn.distributed.zero import check_world_size
+from cairn.errors import ConfigError, InvariantError, ManifestError, TrainingDivergedError
+from cairn.lifecycle import initial_state
+from cairn.state import TrainState
+from cairn.stores.base import Store
+from cairn.trainers.base import Trainer, check_eval_history
+from cairn.trainers.pytorch import TorchTrainer, _np_dtype, _RngStates
+
+__all__ = [
+    "TorchDP",
+    "microbatched_update",
+    "reduce_microbatches",
+    "gradient_dtype",
+    "microbatch_seed",
+    "byte_shares",
+]
+
+SEED_DOMAIN = 0x7D0D
+"""Separates the microbatch generators' seeds from any other use of the run's seed."""
+
+
+def microbatch_seed(seed: int, step: int, index: int) -> np.ndarray:
+    """Four 32-bit words seeding the generators of microbatch ``index`` of update ``step + 1``."""
+    return np.random.SeedSequence([seed, SEED_DOMAIN, step, index]).generate_state(4, np.uint32)
+
+
+@contextmanager
+def _microbatch_rngs(seed: int, step: int, index: int) -> Iterator[None]:
+    """Torch's, numpy's and Python's global generators seeded for one microbatch; the run's
+    streams (installed by ``TorchTrainer._owned_rngs``) are put back afterwards, untouched."""
+    kept = _RngStates.capture()
+    words = [int(w) for w in microbatch_seed(seed, step, index)]
+    torch.manual_seed((words[0] << 32) | words[1])
+    np.random.seed(np.asarray(words, dtype=np.uint32))
+    random.seed((words[2] << 32) | words[3])
+    try:
+        yield
+    finally:
+        kept.install()
+
+
+def reduce_microbatches(comm: Comm, partial: np.ndarray, microbatches: int) -> np.ndarray:
+    """The mean over all M microbatches of the vectors whose subtree sum this rank holds
+    (``partial``), in ``partial``'s dtype: exchange of slices, the top of the tree in rank
+    (= microbatch) order, 1/M, all-gather. The same bits on every rank and for every W dividing M."""
+    world = comm.world
+    bounds = [partial.size * r // world for r in range(world + 1)]
+    sizes = [bounds[r + 1] - bounds[r] for r in range(world)]
+    mine = sizes[comm.rank]
+    received = comm.exchange(partial, sizes, [mine] * world)
+    pieces = [received[r * mine : (r + 1) * mine] for r in range(world)]
+    kind = partial.dtype.type
+    # + 0: a zero's sign depends on where the tree was cut (x + 0 turns -0 into +0); after it
+    # every W gives the same bits, zeros included.
+    reduced = combine(pieces) * kind(1.0 / microbatches) + kind(0.0)
+    return comm.exchange(np.tile(reduced, world), [mine] * world, sizes)
+
+
+def gradient_dtype(params: Sequence[torch.Tensor]) -> np.dtype[Any]:
+    """The dtype gradients are summed in: the parameters' (float32 for a float32 model, as a
+    data-parallel all-reduce sums them), at least float32."""
+    return np.result_type(np.float32, *(np.dtype(_np_dtype(p)) for p in params))
+
+
+def _flat(t: torch.Tensor | None, like: torch.Tensor, dtype: np.dtype[Any]) -> np.ndarray:
+    if t is None:
+        return np.zeros(like.numel(), dtype=dtype)
+    return t.detach().reshape(-1).numpy().astype(dtype)
+
+
+def microbatched_update(trainer: TorchTrainer, step: int, comm: Comm) -> tuple[float, float]:
+    """Update ``step + 1`` of ``trainer``'s live objects as this rank's share of the gang (see
+    the module); returns the batch's loss (the tree mean of the microbatch losses) and the
+    learning rate it used. Runs inside ``TorchTrainer._owned_rngs``."""
+    config = trainer.config
+    assert config.distributed is not None
+    microbatches = config.distributed.microbatches
+    check_world_size(microbatches, comm.world)
+    per_rank = microbatches // comm.world
+    first = comm.rank * per_rank
+    size = config.batch_size // microbatches
+    idx = trainer.sampler.batch(step)
+    model, optimizer = trainer.model, trainer.optimizer
+    trainable = [p for p in trainer.params.values() if p.requires_grad]
+    buffers = list(trainer.buffers.values())
+    acc = gradient_dtype(trainable)
+    f8 = np.dtype(np.float64)
+    split = trainer.splits["train"]
+    grads: list[np.ndarray] = []
+    stats: list[np.ndarray] = []
+    with trainer._user_code(f"update {step + 1}"):
+        model.train()
+        start = [b.detach().clone() for b in buffers]
+        for i in range(first, first + per_rank):
+            xb, yb = split.batch(idx[i * size : (i + 1) * size])
+            with torch.no_grad():
+                for b, s in zip(buffers, start, strict=True):
+                    b.copy_(s)
+            optimizer.zero_grad(set_to_none=True)
+            with _microbatch_rngs(config.seed, step, i):
+                loss = trainer.setup.loss_fn(model(xb), yb)
+                loss.backward()  # type: ignore[no-untyped-call]
+            grads.append(np.concatenate([np.empty(0, acc), *(_flat(p.grad, p, acc) for p in trainable)]))
+            stats.append(np.concatenate([*(_flat(b, b, f8) for b in buffers), [float(loss.detach())]]))
+    mean_grad = reduce_microbatches(comm, tree_sum(grads), microbatches)
+    mean_stats = reduce_microbatches(comm, tree_sum(stats), microbatches)
+    with trainer._user_code(f"update {step + 1}"):
+        with torch.no_grad():
+            offset = 0
+            for p in trainable:
+                n = p.numel()
+                p.grad = torch.from_numpy(mean_grad[offset : offset + n].astype(_np_dtype(p)).reshape(p.shape))
+                offset += n
+            offset = 0
+            for b in buffers:
+                n = b.numel()
+                mean = mean_stats[offset : offset + n]
+                if not b.is_floating_point():
+                    mean = np.rint(mean)
+                b.copy_(torch.from_numpy(mean.astype(_np_dtype(b)).reshape(b.shape)))
+                offset += n
+        lr = float(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+    return float(mean_stats[offset]), lr
+
+
+def byte_shares(sizes: Sequence[int], world: int) -> list[range]:
+    """Contiguous ranges of items (blocks of ``sizes`` bytes, in order), one per rank, balanced by
+    bytes: item k goes to the rank whose share of the total its first byte falls in."""
+    total = max(1, sum(sizes))
+    owners: list[int] = []
+    cursor = 0
+    for size in sizes:
+        owners.append(min(world - 1, cursor * world // total))
+        cursor += size
+    out: list[range] = []
+    lo = 0
+    for rank in range(world):
+        hi = lo + owners.count(rank)
+        out.append(range(lo, hi))
+        lo = hi
+    return out
+
+
+class TorchDP:
+    """One rank's share of a data-parallel run of a PyTorch adapter trainer (replicated
+    optimizer state; each rank writes its own share of every checkpoint)."""
+
+    def __init__(self, trainer: Trainer, comm: Comm, run_id: str, store: Store, options: CheckpointOptions) -> None:
+        config = trainer.config
+        if not isinstance(trainer, TorchTrainer) or config.distributed is None:
+            raise ConfigError(
+                "distributed",
+                expected="a PyTorch adapter trainer with a 'distributed' section",
+                found=trainer.path if config.distributed is not None else None,
+            )
+        check_world_size(config.distributed.microbatches, comm.world)
+        self.trainer: TorchTrainer = trainer
+        self.comm, self.run_id, self.store, self.options = comm, run_id, store, options
+        self.block_bytes = config.distributed.block_bytes
+        self.state: TrainState | None = None
+
+    # -- state -----------------------------------------------------------------------------
+
+    def _adopt(self, state: TrainState) -> None:
+        """Install ``state`` in the live objects (the adapter's validated import) and hold the
+        live export; ``self.state`` stays the same object (callers keep a reference to it)."""
+        trainer = self.trainer
+        with trainer._runtime():
+            trainer._load(state)
+            live = trainer._export(state.step, {k: list(v) for k, v in state.history.items()}, state.lineage)
+        self._hold(live)
+
+    def _hold(self, live: TrainState) -> None:
+        if self.state is None:
+            self.state = live
+            return
+        held = self.state
+        held.lineage, held.tensors, held.step, held.cursor = live.lineage, live.tensors, live.step, live.cursor
+        held.rng_state, held.history, held.meta = live.rng_state, live.history, live.meta
+
+    def start_fresh(self) -> None:
+        """Step 0 (every rank builds the same seeded state)."""
+        self._adopt(initial_state(self.trainer, options=self.options))
+
+    def load(self, ref: CheckpointRef) -> Manifest:
+        """The coordinated load: every rank checks the manifest against the run's trainer (all
+        metadata rules) and its blocked layout, reads every block (checksums and value rules),
+        and installs the state through the adapter's import; failures are agreed."""
+        failure: list[str] | None = None
+        manifest: Manifest | None = None
+        try:
+            manifest = read_manifest(self.store, ref, expect_kind=CheckpointKind.TRAINING, options=self.options)
+            check_training_manifest(manifest, trainer=self.trainer)
+            self._check_layout(manifest)
+        except Exception as exc:
+            failure = failure_of(exc)
+        agree(self.comm, failure, f"restore of {ref}")
+        assert manifest is not None and manifest.parts is not None and manifest.lineage is not None
+        arrays = {name: np.empty(shape, dtype=dtype) for name, (dtype, shape) in logical_specs(manifest).items()}
+        read_blocks(
+            self.comm,
+            self.store,
+            ref,
+            manifest,
+            split_blocks(arrays, manifest.parts),
+            value_check=self.trainer.check_values,
+            options=self.options,
+        )
+        history = {n[len("history/") :]: a.tolist() for n, a in arrays.items() if n.startswith("history/")}
+        state = TrainState(
+            config=self.trainer.config,
+            lineage=manifest.lineage.model_copy(update={"parent": manifest.fingerprint}),
+            tensors={n: a for n, a in arrays.items() if not n.startswith("history/")},
+            step=manifest.step,
+            cursor=manifest.cursor,
+            rng_state=dict(manifest.rng or {}),
+            history=history,
+            meta=dict(manifest.meta),
+        )
+        failure = None
+        try:
+            check_eval_history(manifest.step, history)
+            self._adopt(state)
+        except Exception as exc:
+            failure = failure_of(exc)
+        agree(self.comm, failure, f"restore of {ref}")
+        return manifest
+
+    def _check_layout(self, manifest: Manifest) -> None:
+        """Blocked (format v2), cut at this run's block size."""
+        if manifest.parts is None:
+            raise ManifestError(
+                "a distributed run restores only blocked checkpoints", field="format_version", expected=2, found=1
+            )
+        for name, (dtype, _) in logical_specs(manifest).items():
+            want = block_elems_for(dtype, self.block_bytes)
+            if manifest.parts[name].block_elems != want:
+                raise InvariantError(
+                    "block size differs from the run's distributed.block_bytes",
+                    field=f"parts[{name}].block_elems",
+                    expected=want,
+                    found=manifest.parts[name].block_elems,
+                )
+
+    # -- training --------------------------------------------------------------------------
+
+    def step(self) -> float:
+        """One update; returns its loss (the same on every rank)."""
+        state = self.state
+        assert state is not None
+        trainer = self.trainer
+        with trainer._runtime():
+            loss = trainer._advance(state.step, state.history, self.comm)
+            live = trainer._export(state.step + 1, state.history, state.lineage)
+        self._hold(live)
+        if not math.isfinite(loss):
+            raise TrainingDivergedError(
+                f"training diverged at step {live.step}: loss is {loss!r}; nothing was committed", field="loss"
+            )
+        return loss
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def parts(self) -> dict[str, PartSpec]:
+        """The checkpoint's blocked layout: exactly what a single writer of the same state writes."""
+        assert self.state is not None
+        return parts_of(training_tensors(self.state), self.block_bytes)
+
+    def my_blocks(self) -> dict[str, np.ndarray]:
+        """This rank's contiguous, byte-balanced share of the blocks (views of the live state)."""
+        assert self.state is not None
+        parts = self.parts()
+        views = split_blocks(training_tensors(self.state), parts)
+        names = [b.name for b in plan_blocks(parts)]
+        share = byte_shares([views[n].nbytes for n in names], self.comm.world)[self.comm.rank]
+        return {names[k]: views[names[k]] for k in share}
+
+    def save(self) -> SaveOutcome:
+        """A coordinated checkpoint of the current step (every rank calls it). Each rank first
+        applies the trainer's value rules to its own blocks: a state a restore would refuse is
+        not written."""
+        assert self.state is not None
+        mine = self.my_blocks()
+        failure: list[str] | None = None
+        try:
+            for name, values in mine.items():
+                self.trainer.check_values(base_name(name), values)
+        except Exception as exc:
+            failure = failure_of(exc)
+        agree(self.comm, failure, "save")
+        content = training_content(self.run_id, self.state)
+        return coordinated_save(self.comm, self.store, content, mine, self.parts(), self.options)
