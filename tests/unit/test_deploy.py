@@ -757,3 +757,33 @@ def test_every_deployment_allows_the_same_shutdown() -> None:
     k8s = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     systemd = systemd_timespan_s(systemd_sections(SYSTEMD_UNIT.read_text())["Service"]["TimeoutStopSec"][-1])
     assert compose == k8s == systemd >= GRACE_FLOOR_S
+
+
+# -- multi-host gangs (deploy/k8s-gang) ------------------------------------------------------------
+def gang_docs() -> Docs:
+    path = DEPLOY / "k8s-gang" / "statefulset.yaml"
+    return [(path.name, doc) for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def test_gang_statefulset_validates_and_each_pod_is_a_named_node() -> None:
+    from workers.worker import add_worker_args
+
+    docs = gang_docs()
+    assert schema_problems(docs) == []
+    (sts,) = _by_kind(docs, "StatefulSet")
+    (service,) = _by_kind(docs, "Service")
+    pod = sts["spec"]["template"]
+    assert _selects(sts["spec"]["selector"], pod["metadata"]["labels"])
+    assert _selects({"matchLabels": service["spec"]["selector"]}, pod["metadata"]["labels"])
+    assert sts["spec"]["serviceName"] == service["metadata"]["name"]
+    (worker,) = pod["spec"]["containers"]
+    assert worker["image"] == IMAGE
+    assert pod["spec"]["terminationGracePeriodSeconds"] >= GRACE_FLOOR_S
+    env = _container_env_names(worker, gang_docs() + k8s_docs())
+    for arg in worker["args"]:
+        for var in re.findall(r"\$\((\w+)\)", arg):
+            assert var in env, var
+    parser = __import__("argparse").ArgumentParser()
+    add_worker_args(parser)
+    args = parser.parse_args([re.sub(r"\$\((\w+)\)", "x", a) for a in worker["args"]])
+    assert args.node == "x" and args.advertise_addr == "x"
