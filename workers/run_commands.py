@@ -231,10 +231,14 @@ async def _progress(client: Client, workflow_id: str) -> RunProgress:
     return await handle.query(TrainingRun.progress, rpc_timeout=QUERY_TIMEOUT)
 
 
+SEGMENT_ACTIVITIES = ("train_segment", "train_gang_node")
+"""Activities that train: a segment in the worker's thread, or one node's share of a gang."""
+
+
 def _segment_view(desc: WorkflowExecutionDescription) -> dict[str, Any] | None:
     """The running segment as the server saw it last: attempt, heartbeat, last failure."""
     for pending in desc.raw_description.pending_activities:
-        if pending.activity_type.name != "train_segment":
+        if pending.activity_type.name not in SEGMENT_ACTIVITIES:
             continue
         view: dict[str, Any] = {"attempt": pending.attempt, "state": pending.state}
         for payload in pending.heartbeat_details.payloads:
@@ -385,8 +389,12 @@ async def _run_events(client: Client, workflow_id: str) -> tuple[dict[str, Any],
                     events.append(TimelineEvent("failure", at, None, f"attempt {attrs.attempt - 1}: {detail}"))
             elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
                 attrs_c = event.activity_task_completed_event_attributes
-                if scheduled.get(attrs_c.scheduled_event_id) == "train_segment" and attrs_c.result.payloads:
+                kind_c = scheduled.get(attrs_c.scheduled_event_id)
+                if kind_c in SEGMENT_ACTIVITIES and attrs_c.result.payloads:
                     result = _decoded(attrs_c.result.payloads[0].data)
+                    last = next((e for e in reversed(events) if e.kind == "segment-end"), None)
+                    if kind_c == "train_gang_node" and last is not None and last.step == result.get("step"):
+                        continue  # another node of the same gang segment
                     events.append(TimelineEvent("segment-end", at, result.get("step"), "segment completed"))
                     if int(result.get("attempt", 1)) > 1:  # the retry resumed from its last durable checkpoint
                         resumed_at = started_at.get(attrs_c.scheduled_event_id, at)
