@@ -38,7 +38,8 @@ of the arithmetic (it is in the config), W is not. A buffer no forward changes s
 ... give the same bits (``lineage.reproducibility = "bit-exact"``). With ``deterministic``
 false the adapter records ``"tolerance"``, as it does in one process. Parameters without a
 gradient in some microbatch count as a zero gradient there (the adapter already requires
-optimizer state for every trainable parameter after the first update).
+optimizer state for every trainable parameter after the first update). The ``distributed``
+section is part of the arithmetic: the same run without it (or with another M) is another run.
 
 **Checkpoints.** The full state (parameters, buffers, optimizer, RNG streams, history) is the
 adapter's own export, cut into the run's blocks (``parts_of``: the block size is the config's,
@@ -71,7 +72,7 @@ from cairn.distributed.checkpoint import SaveOutcome, agree, coordinated_save, f
 from cairn.distributed.comm import Comm
 from cairn.distributed.reduce import combine, tree_sum
 from cairn.distributed.zero import check_world_size
-from cairn.errors import ConfigError, InvariantError, ManifestError, TrainingDivergedError
+from cairn.errors import ConfigError, InvariantError, ManifestError, NonFiniteError, TrainingDivergedError
 from cairn.lifecycle import initial_state
 from cairn.state import TrainState
 from cairn.stores.base import Store
@@ -174,8 +175,9 @@ def microbatched_update(trainer: TorchTrainer, step: int, comm: Comm) -> tuple[f
                 loss.backward()  # type: ignore[no-untyped-call]
             grads.append(np.concatenate([np.empty(0, acc), *(_flat(p.grad, p, acc) for p in trainable)]))
             stats.append(np.concatenate([*(_flat(b, b, f8) for b in buffers), [float(loss.detach())]]))
-    mean_grad = reduce_microbatches(comm, tree_sum(grads), microbatches)
-    mean_stats = reduce_microbatches(comm, tree_sum(stats), microbatches)
+    with np.errstate(over="ignore", invalid="ignore"):  # a diverged update is refused by its loss
+        mean_grad = reduce_microbatches(comm, tree_sum(grads), microbatches)
+        mean_stats = reduce_microbatches(comm, tree_sum(stats), microbatches)
     with trainer._user_code(f"update {step + 1}"):
         with torch.no_grad():
             offset = 0
@@ -351,13 +353,15 @@ class TorchDP:
     def save(self) -> SaveOutcome:
         """A coordinated checkpoint of the current step (every rank calls it). Each rank first
         applies the trainer's value rules to its own blocks: a state a restore would refuse is
-        not written."""
+        not written (a non-finite one is a diverged run)."""
         assert self.state is not None
         mine = self.my_blocks()
         failure: list[str] | None = None
         try:
             for name, values in mine.items():
                 self.trainer.check_values(base_name(name), values)
+        except NonFiniteError as exc:
+            failure = [TrainingDivergedError.__name__, f"step {self.state.step}: {exc}; nothing was committed"]
         except Exception as exc:
             failure = failure_of(exc)
         agree(self.comm, failure, "save")

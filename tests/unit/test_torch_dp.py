@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from cairn import errors as E
-from cairn.checkpoint import CheckpointRef, load_training
+from cairn.checkpoint import CheckpointRef, list_checkpoints, load_training
 from cairn.checkpoint.blocks import plan_blocks
 from cairn.checkpoint.manifest import CheckpointKind, Manifest
 from cairn.checkpoint.options import CheckpointOptions
@@ -360,6 +360,18 @@ def test_restore_refuses_a_corrupt_block_and_keeps_nothing(tmp_path: Path) -> No
     with pytest.raises(E.CheckpointError):
         fresh.load(ref)
     assert fresh.state is None
+
+
+def test_a_non_finite_state_is_a_diverged_run_and_is_not_committed(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    engine = solo_engine(digits_dp_config(), store)
+    engine.start_fresh()
+    engine.step()
+    assert engine.state is not None
+    engine.state.tensors["param/head.1.weight"][0, 0] = np.nan  # (a view of the live parameter)
+    with pytest.raises(E.TrainingDivergedError, match="step 1"):
+        engine.save()
+    assert list_checkpoints(store, "dp") == []
 
 
 def test_engine_refuses_what_it_cannot_run(tmp_path: Path) -> None:
