@@ -144,7 +144,7 @@ def microbatch_loss_and_grads(
     ]
     scale = 1.0 / microbatches  # a power of two: exact
     loss = tree_sum([p[0] for p in parts]) * scale
-    grads = {name: tree_sum([p[1][name] for p in parts]) * scale for name in params}
+    grads = {name: tree_sum([p[1][name] for p in parts]) * scale + 0.0 for name in params}  # +0: no signed zeros
     return loss, grads
 
 

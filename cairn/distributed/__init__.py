@@ -4,6 +4,6 @@
 optimizer slices), ``comm`` (the collective engine: ``torch.distributed``, or one process),
 ``zero`` (the built-in MLP, ZeRO-1 sharded), ``checkpoint`` (coordinated save and load),
 ``rank`` (a rank process, as ``torchrun`` starts it) and ``launch`` (starting and supervising a
-gang of rank processes). Only ``comm`` and ``rank`` import torch, and only when a collective is
-needed.
+gang of rank processes), ``torch_dp`` (the PyTorch adapter, replicated optimizer). ``comm`` and
+``rank`` import torch only when a collective is needed; ``torch_dp`` needs the ``torch`` extra.
 """

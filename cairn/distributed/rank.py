@@ -57,7 +57,7 @@ def engine_for(trainer: Any, comm: Any, run_id: str, store: Any, options: Any) -
     from cairn.trainers.pytorch import TorchTrainer
 
     if isinstance(trainer, TorchTrainer):
-        from cairn.distributed.torch_dp import TorchDP  # type: ignore[import-not-found,unused-ignore]
+        from cairn.distributed.torch_dp import TorchDP
 
         return TorchDP(trainer, comm, run_id, store, options)
     from cairn.errors import ConfigError
@@ -194,4 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # the process group is already destroyed: skip torch's slow interpreter teardown

@@ -205,7 +205,7 @@ class ZeroMLP:
             received = self.comm.exchange(partial, sizes, [self.mine.size] * self.comm.world)
             pieces = [received[r * self.mine.size : (r + 1) * self.mine.size] for r in range(self.comm.world)]
             scale = 1.0 / self.microbatches
-            g = combine(pieces) * scale
+            g = combine(pieces) * scale + 0.0  # +0: -0.0 -> +0.0, however many additions there were
             loss = combine(self.comm.all_gather_float(tree_sum(losses))) * scale
             t = state.step + 1
             lr = learning_rate(config, t)
