@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ORDER = ["store", "peers", "async", "scale", "orchestration", "recovery"]
+ORDER = ["store", "peers", "async", "scale", "orchestration", "recovery", "distributed"]
 
 
 def main() -> int:
