@@ -26,10 +26,10 @@ pages evicted first), on local disk in a temp dir:
 Ratio = the other's seconds / Cairn's seconds (> 1: Cairn is faster).
 
 Communication, per update, at W = 2 and 4 for a few gradient lengths (float64): the canonical
-reduction as ``ZeroMLP.step`` does it — one all-to-all of the subtree sums' slices
-(``comm.exchange``), the top of the tree (``combine``) on the owned slice, the all-gather of
-the slices (``comm.exchange`` of the tiled slice), fresh buffers every update — and the same
-collectives and arithmetic on buffers kept across updates (the same bits), vs one
+reduction as ``ZeroMLP.step`` does it (``SliceReducer``) — one all-to-all of the subtree sums'
+slices, the top of the tree summed in place on the owned slice, the all-gather of the slices,
+on buffers kept across updates — and the same collectives and arithmetic written directly on
+``all_to_all_single`` (the same bits), vs one
 ``dist.all_reduce`` (SUM) of the same vector, nothing else. Ratio = canonical / all-reduce
 (> 1: the canonical order costs more). Rank 0 also reports the split of the canonical paths.
 
@@ -298,15 +298,15 @@ def reduction_cases(comm: Any, n: int) -> tuple[dict[str, Callable[[], object]],
     """The ways to reduce an ``n``-element gradient (the same sum on every rank, within
     rounding): the cases, their untimed ``before``, and rank 0's split of the canonical ones.
 
-    ``canonical`` is ``ZeroMLP.step``'s path (``comm.exchange`` allocates its output, ``combine``
-    and ``np.tile`` theirs, every update); ``canonical_reused`` is the same collectives and the
-    same arithmetic on buffers allocated once, to separate fresh memory from communication;
-    ``all_reduce`` sums in place."""
+    ``canonical`` is ``ZeroMLP.step``'s path (``SliceReducer``: its exchange buffers kept across
+    updates, the tree summed in place); ``canonical_reused`` is the same collectives and the same
+    arithmetic written directly on ``all_to_all_single`` (what the path costs without Cairn's
+    ``Comm`` layer); ``all_reduce`` sums in place."""
     import torch
     import torch.distributed as dist
 
     from cairn.distributed.partition import flat_layout
-    from cairn.distributed.reduce import combine
+    from cairn.distributed.reduce import SliceReducer, tree_sum_rows
 
     rank, world = comm.rank, comm.world
     slices = flat_layout({"g": (n,)}, BLOCK_BYTES // 8).slices(world)
@@ -319,15 +319,18 @@ def reduction_cases(comm: Any, n: int) -> tuple[dict[str, Callable[[], object]],
         for name, t0, t1 in zip(phases[case], marks, marks[1:], strict=False):
             phases[case][name].append(t1 - t0)
 
+    reducer = SliceReducer(comm, widths)  # what ZeroMLP.step uses: buffers kept across updates
+    gathered = np.empty(n)
+
     def canonical() -> np.ndarray:
         t0 = time.perf_counter()
-        received = comm.exchange(partial, widths, [k] * world)
+        rows = reducer.received(partial)
         t1 = time.perf_counter()
-        g = combine([received[r * k : (r + 1) * k] for r in range(world)])
+        g = tree_sum_rows(rows)
         t2 = time.perf_counter()
-        full = comm.exchange(np.tile(g, world), [k] * world, widths)
+        reducer.all_gather(g, out=gathered)
         record("canonical", t0, t1, t2, time.perf_counter())
-        return full
+        return gathered
 
     received_buf, tiled, full_buf = np.empty(k * world), np.empty(k * world), np.empty(n)
     scratch = [np.empty(k) for _ in range(world - 2)] + [tiled[:k]]

@@ -556,16 +556,16 @@ def section_distributed(r: dict[str, Any]) -> list[str]:
         "### The canonical reduction vs a plain all-reduce",
         "",
         f"Per update, {r['comm_reps']} interleaved reps, timed on rank 0 between barriers; every rank holds a "
-        "random gradient vector (its subtree sum). **canonical** is `ZeroMLP.step`'s path: one all-to-all of slices "
-        "(`comm.exchange`: each rank receives every rank's partial sums of the slice it owns — a reduce-scatter's "
-        "traffic), the top of the tree (`combine`) on the owned slice, then the all-gather of the slices "
-        "(`comm.exchange` of the slice tiled W times); `exchange`, `combine` and `np.tile` allocate their outputs "
-        "on every update. **canonical, reused buffers** is the same two `all_to_all_single` calls and the same tree "
-        "(the same bits, checked) on buffers allocated once. **all-reduce** is one in-place `dist.all_reduce` (gloo, "
+        "random gradient vector (its subtree sum). **canonical** is `ZeroMLP.step`'s path (`SliceReducer`): one "
+        "all-to-all of slices (each rank receives every rank's partial sums of the slice it owns — a "
+        "reduce-scatter's traffic), the top of the tree summed in place on the owned slice, then the all-gather of "
+        "the slices (an all-to-all of the slice tiled W times), on buffers kept across updates. **canonical, raw** "
+        "is the same two `all_to_all_single` calls and the same tree (the same bits, checked) written directly on "
+        "torch tensors, without Cairn's `Comm` layer. **all-reduce** is one in-place `dist.all_reduce` (gloo, "
         "SUM) of the same vector, nothing else — its result's bits depend on W and on gloo's algorithm; the "
         "canonical one's do not. Rank 0's split of the canonical path: exchange / combine / all-gather.",
         "",
-        "| W | gradient | canonical | canonical, reused buffers | all-reduce | canonical / all-reduce | reused / all-reduce | split (rank 0) |",
+        "| W | gradient | canonical | canonical, raw | all-reduce | canonical / all-reduce | raw / all-reduce | split (rank 0) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for w, sizes in cm.items():
@@ -650,18 +650,16 @@ def distributed_time_notes(r: dict[str, Any]) -> list[str]:
         split = largest["phases_rank0"]["canonical"]
         gather_share = split["all_gather"]["median"] / largest["canonical"]["median"]
         out.append(
-            f"- *Reduction.* ZeroMLP's canonical path costs {span([x['ratio'] for x in rows])} a plain all-reduce; "
-            f"the same collectives and the same bits on buffers kept across updates cost "
-            f"{span([x['ratio_reused'] for x in rows])}. Both move what a ring all-reduce moves — (W−1)/W of the "
-            "vector out and in per rank for the reduce-scatter half (the all-to-all of slices), and again for the "
-            "all-gather half. The gap between the two canonical columns is fresh memory: `comm.exchange` allocates "
-            "its output and `combine` and `np.tile` theirs on every update (about 3 + 1/W vectors' worth), and every "
-            "first touch of a fresh large buffer is a page fault, expensive in this VM; at the largest size the "
-            f"all-gather step (a fresh tile and a fresh output) is {gather_share:.0%} of the canonical time on rank 0 "
-            f"(W = {w_largest}). What remains with reused buffers is the top of the tree ((W−1)/W of the vector in "
-            "additions, one thread, memory-bound), the tile copy, and gloo's all-to-all against its ring all-reduce, "
-            "which overlaps the additions with the transfer. The reused-buffer column is what the canonical "
-            "reduction costs once `ZeroMLP.step` keeps its exchange buffers across updates."
+            f"- *Reduction.* ZeroMLP's canonical path costs {span([x['ratio'] for x in rows])} a plain all-reduce "
+            f"(written raw on torch tensors: {span([x['ratio_reused'] for x in rows])}). Both move what a ring "
+            "all-reduce moves — (W−1)/W of the vector out and in per rank for the reduce-scatter half (the all-to-all "
+            "of slices), and again for the all-gather half. In the first run of this benchmark `ZeroMLP.step` "
+            "allocated its exchange output, the combined slice and the tiled slice on every update and cost 2.0–6.7× "
+            "an all-reduce: every first touch of a fresh large buffer is a page fault, expensive in this VM. It now "
+            "keeps them across updates (`SliceReducer`, the tree summed in place, the same bits). At the largest size "
+            f"the all-gather step is {gather_share:.0%} of the canonical time on rank 0 (W = {w_largest}). What remains "
+            "is the top of the tree ((W−1)/W of the vector in additions, one thread, memory-bound), the tile copy, and "
+            "gloo's all-to-all against its ring all-reduce, which overlaps the additions with the transfer."
         )
     return out
 
@@ -694,7 +692,7 @@ def plot_distributed(r: dict[str, Any], path: Path) -> None:
     for i, (case, label) in enumerate(
         (
             ("canonical", "canonical (ZeroMLP.step)"),
-            ("canonical_reused", "canonical, reused buffers"),
+            ("canonical_reused", "canonical, raw"),
             ("all_reduce", "all-reduce"),
         )
     ):

@@ -22,9 +22,11 @@ class Comm(Protocol):
     rank: int
     world: int
 
-    def exchange(self, send: np.ndarray, send_sizes: Sequence[int], recv_sizes: Sequence[int]) -> np.ndarray:
+    def exchange(
+        self, send: np.ndarray, send_sizes: Sequence[int], recv_sizes: Sequence[int], out: np.ndarray | None = None
+    ) -> np.ndarray:
         """All-to-all of a flat vector: ``send_sizes[j]`` elements go to rank j, in order;
-        ``recv_sizes[j]`` come from rank j, concatenated in rank order."""
+        ``recv_sizes[j]`` come from rank j, concatenated in rank order (into ``out`` if given)."""
         ...
 
     def all_gather_float(self, value: float) -> list[float]: ...
@@ -48,8 +50,13 @@ class SoloComm:
     rank = 0
     world = 1
 
-    def exchange(self, send: np.ndarray, send_sizes: Sequence[int], recv_sizes: Sequence[int]) -> np.ndarray:
-        return send[: recv_sizes[0]].copy()
+    def exchange(
+        self, send: np.ndarray, send_sizes: Sequence[int], recv_sizes: Sequence[int], out: np.ndarray | None = None
+    ) -> np.ndarray:
+        if out is None:
+            return send[: recv_sizes[0]].copy()
+        out[:] = send[: recv_sizes[0]]
+        return out
 
     def all_gather_float(self, value: float) -> list[float]:
         return [value]
@@ -78,9 +85,12 @@ class TorchComm:
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
 
-    def exchange(self, send: np.ndarray, send_sizes: Sequence[int], recv_sizes: Sequence[int]) -> np.ndarray:
+    def exchange(
+        self, send: np.ndarray, send_sizes: Sequence[int], recv_sizes: Sequence[int], out: np.ndarray | None = None
+    ) -> np.ndarray:
         torch = self._torch
-        out = np.empty(sum(recv_sizes), dtype=send.dtype)
+        if out is None:
+            out = np.empty(sum(recv_sizes), dtype=send.dtype)
         self._dist.all_to_all_single(
             torch.from_numpy(out),
             torch.from_numpy(np.ascontiguousarray(send)),

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
-__all__ = ["tree_sum", "combine", "rank_order_sum_enabled", "RANK_ORDER_ENV"]
+__all__ = ["tree_sum", "tree_sum_rows", "combine", "SliceReducer", "rank_order_sum_enabled", "RANK_ORDER_ENV"]
 
 RANK_ORDER_ENV = "CAIRN_TEST_RANK_ORDER_SUM"
 T = TypeVar("T", np.ndarray, float)
@@ -60,3 +60,50 @@ def combine(partials: Sequence[T]) -> T:
     """Combine the W subtree sums of W ranks (in rank order = microbatch order): the top of
     the tree, identical to ``tree_sum`` over all microbatches."""
     return tree_sum(partials)
+
+
+def tree_sum_rows(rows: np.ndarray) -> np.ndarray:
+    """``tree_sum`` of the rows of a 2-D array, in place (no new memory): level by level, row
+    2i+1 is added into row 2i. Returns row 0, bit-equal to ``tree_sum(list(rows))``."""
+    n = rows.shape[0]
+    if n == 0 or n & (n - 1):
+        raise ValueError(f"tree_sum needs a power-of-two number of items, found {n}")
+    if rank_order_sum_enabled():
+        for i in range(1, n):
+            np.add(rows[0], rows[i], out=rows[0])
+        return np.asarray(rows[0])
+    stride = 1
+    while stride < n:
+        np.add(rows[0 :: 2 * stride], rows[stride :: 2 * stride], out=rows[0 :: 2 * stride])
+        stride *= 2
+    return np.asarray(rows[0])
+
+
+class SliceReducer:
+    """The exchange of a ZeRO-1 update on buffers kept across updates: the all-to-all of slices
+    (rank j receives every rank's partial sum of its slice j), their combination by the top of
+    the tree, and the all-gather of the updated slices. ``comm`` is a
+    ``cairn.distributed.comm.Comm``; ``sizes`` every rank's slice length, in rank order."""
+
+    def __init__(self, comm: Any, sizes: Sequence[int]) -> None:
+        self.comm, self.sizes = comm, list(sizes)
+        self.world = len(self.sizes)
+        self.size = self.sizes[comm.rank]
+        self._received = np.empty(self.world * self.size)
+        self._tiled = np.empty(self.world * self.size)
+
+    def received(self, partial: np.ndarray) -> np.ndarray:
+        """The all-to-all: every rank's partial sum of this rank's slice, one row per rank."""
+        out = self.comm.exchange(partial, self.sizes, [self.size] * self.world, out=self._received)
+        return out.reshape(self.world, self.size)
+
+    def reduce_scatter(self, partial: np.ndarray) -> np.ndarray:
+        """This rank's slice of the tree sum of every rank's ``partial`` (a view of a buffer
+        that the next call overwrites)."""
+        return tree_sum_rows(self.received(partial))
+
+    def all_gather(self, mine: np.ndarray, out: np.ndarray) -> None:
+        """Every rank's ``mine`` (its slice), concatenated in rank order into ``out``."""
+        tiled = self._tiled.reshape(self.world, self.size)
+        tiled[:] = mine
+        self.comm.exchange(self._tiled, [self.size] * self.world, self.sizes, out=out)

@@ -34,7 +34,7 @@ from cairn.checkpoint.validate import check_training_manifest
 from cairn.distributed.checkpoint import SaveOutcome, agree, coordinated_save, failure_of, read_blocks
 from cairn.distributed.comm import Comm
 from cairn.distributed.partition import flat_layout
-from cairn.distributed.reduce import combine, tree_sum
+from cairn.distributed.reduce import SliceReducer, combine, tree_sum
 from cairn.errors import ConfigError, InvariantError, ManifestError, TrainingDivergedError
 from cairn.lifecycle import initial_state
 from cairn.state import TrainState, param_shapes
@@ -72,6 +72,7 @@ class ZeroMLP:
         self.layout = flat_layout(param_shapes(config, config.data.n_features), self.block_elems)
         self.slices = self.layout.slices(comm.world)
         self.mine = self.slices[comm.rank]
+        self.reducer = SliceReducer(comm, [s.size for s in self.slices])
         self.theta = np.zeros(self.layout.size)
         self.m = np.zeros(self.mine.size)
         self.v = np.zeros(self.mine.size)
@@ -170,9 +171,7 @@ class ZeroMLP:
 
     def _gather_theta(self) -> None:
         """Every rank's updated slice to every rank (an all-gather of uneven slices)."""
-        sizes = [s.size for s in self.slices]
-        mine = self.theta[self.mine.start : self.mine.stop]
-        self.theta[:] = self.comm.exchange(np.tile(mine, self.comm.world), [mine.size] * self.comm.world, sizes)
+        self.reducer.all_gather(self.theta[self.mine.start : self.mine.stop], out=self.theta)
 
     # -- training --------------------------------------------------------------------------
 
@@ -201,11 +200,10 @@ class ZeroMLP:
                 grads.append(np.concatenate([grad_i[n].reshape(-1) for n in self.layout.names]))
                 losses.append(loss_i)
             partial = tree_sum(grads)
-            sizes = [s.size for s in self.slices]
-            received = self.comm.exchange(partial, sizes, [self.mine.size] * self.comm.world)
-            pieces = [received[r * self.mine.size : (r + 1) * self.mine.size] for r in range(self.comm.world)]
             scale = 1.0 / self.microbatches
-            g = combine(pieces) * scale + 0.0  # +0: -0.0 -> +0.0, however many additions there were
+            g = self.reducer.reduce_scatter(partial)  # the top of the tree, in microbatch order
+            g *= scale
+            g += 0.0  # -0.0 -> +0.0, however many additions there were
             loss = combine(self.comm.all_gather_float(tree_sum(losses))) * scale
             t = state.step + 1
             lr = learning_rate(config, t)

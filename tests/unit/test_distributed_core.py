@@ -284,3 +284,18 @@ def test_the_distributed_examples_validate_and_name_a_world_size_that_divides_th
     assert resumed.world_size == 2
     with pytest.raises(ConfigError, match="world_size must divide"):
         load_run_input(str(REPO / "examples" / "distributed-run.json"), overrides={"world_size": 3})
+
+
+@pytest.mark.parametrize("rank_order", [False, True])
+def test_the_in_place_tree_over_rows_is_bit_equal_to_tree_sum(
+    rank_order: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cairn.distributed.reduce import tree_sum_rows
+
+    if rank_order:
+        monkeypatch.setenv(RANK_ORDER_ENV, "1")
+    rng = np.random.default_rng(2)
+    for world in (1, 2, 4, 8):
+        rows = rng.standard_normal((world, 257)) * 10.0 ** rng.integers(-8, 8, size=(world, 1))
+        expected = tree_sum(list(rows))
+        assert tree_sum_rows(rows.copy()).tobytes() == expected.tobytes()
