@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
+from temporalio.exceptions import ApplicationError
 
 from activities import metrics as m
 from activities.log_context import run_context, set_step
 from activities.models import GangEndpointInput, GangNodeInput, TrainSegmentResult
-from activities.training import INTERRUPTED, Heartbeater, activity_errors, heartbeat_interval, open_run_store
+from activities.training import Heartbeater, activity_errors, heartbeat_interval, interruption, open_run_store
 from cairn.distributed.launch import Gang, GangSpec, free_endpoint
 from cairn.errors import CairnError, one_line
 from cairn.runs import require_run_owner
@@ -59,14 +59,7 @@ def train_gang_node(inp: GangNodeInput) -> TrainSegmentResult:
             result, interrupted = _train_gang_node(inp, info)
         if interrupted:
             m.SEGMENTS.labels("interrupted").inc()
-            log.info("run %s: gang segment interrupted on request at step %d", inp.run_id, result.step)
-            raise ApplicationError(
-                f"gang segment interrupted on request at step {result.step} after committing {result.checkpoint}",
-                {"attempt": result.attempt, "recomputed_steps": result.recomputed_steps, "step": result.step},
-                type=INTERRUPTED,
-                non_retryable=True,
-                category=ApplicationErrorCategory.BENIGN,
-            )
+            raise interruption(inp.run_id, result, "gang segment")
         m.SEGMENTS.labels("completed").inc()
         return result
 

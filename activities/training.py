@@ -62,6 +62,7 @@ __all__ = [
     "open_run_store",
     "Heartbeater",
     "previous_reach",
+    "interruption",
     "heartbeat_interval",
     "INTERRUPTED",
 ]
@@ -190,15 +191,21 @@ def _report(inp: TrainSegmentInput, result: TrainSegmentResult, why: str) -> Tra
             category=ApplicationErrorCategory.BENIGN,  # expected: no WARNING traceback in the log
         )
     if why == "cancelled":
-        log.info("run %s: segment interrupted on request at step %d", inp.run_id, result.step)
-        raise ApplicationError(
-            f"segment interrupted on request at step {result.step} after committing {result.checkpoint}",
-            {"attempt": result.attempt, "recomputed_steps": result.recomputed_steps, "step": result.step},
-            type=INTERRUPTED,
-            non_retryable=True,
-            category=ApplicationErrorCategory.BENIGN,
-        )
+        raise interruption(inp.run_id, result, "segment")
     return result
+
+
+def interruption(run_id: str, result: TrainSegmentResult, what: str) -> ApplicationError:
+    """How a segment (or a gang's node) that stopped on request, after committing, reports it:
+    non-retryable and benign; the workflow reads the attempt and recomputed steps from it."""
+    log.info("run %s: %s interrupted on request at step %d", run_id, what, result.step)
+    return ApplicationError(
+        f"{what} interrupted on request at step {result.step} after committing {result.checkpoint}",
+        {"attempt": result.attempt, "recomputed_steps": result.recomputed_steps, "step": result.step},
+        type=INTERRUPTED,
+        non_retryable=True,
+        category=ApplicationErrorCategory.BENIGN,
+    )
 
 
 def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSegmentResult, str]:

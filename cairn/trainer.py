@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from cairn.config import TrainConfig
+from cairn.config import OptimizerConfig, TrainConfig
 from cairn.data import Dataset
 from cairn.distributed.reduce import tree_sum
 from cairn.errors import ConfigError
@@ -148,6 +148,28 @@ def microbatch_loss_and_grads(
     return loss, grads
 
 
+def adam_update(
+    theta: np.ndarray,
+    g: np.ndarray,
+    m: np.ndarray,
+    v: np.ndarray,
+    opt: OptimizerConfig,
+    lr: float,
+    bc1: float,
+    bc2: float,
+) -> None:
+    """Adam with bias correction and decoupled weight decay, in place and elementwise: the same
+    bits on a whole tensor or on any slice of it (a ZeRO-1 rank updates its slice with this)."""
+    m *= opt.beta1
+    m += (1.0 - opt.beta1) * g
+    v *= opt.beta2
+    v += (1.0 - opt.beta2) * (g * g)
+    update = (m / bc1) / (np.sqrt(v / bc2) + opt.eps)
+    if opt.weight_decay:
+        update += opt.weight_decay * theta
+    theta -= lr * update
+
+
 def _update_in_place(
     state: TrainState, dataset: Dataset, rng: np.random.Generator, sampler: EpochSampler | None
 ) -> None:
@@ -170,17 +192,7 @@ def _update_in_place(
     bc1 = 1.0 - opt.beta1**t
     bc2 = 1.0 - opt.beta2**t
     for name, theta in params.items():
-        g = grads[name]
-        m = moments1[name]
-        v = moments2[name]
-        m *= opt.beta1
-        m += (1.0 - opt.beta1) * g
-        v *= opt.beta2
-        v += (1.0 - opt.beta2) * (g * g)
-        update = (m / bc1) / (np.sqrt(v / bc2) + opt.eps)
-        if opt.weight_decay:
-            update += opt.weight_decay * theta
-        theta -= lr * update
+        adam_update(theta, grads[name], moments1[name], moments2[name], opt, lr, bc1, bc2)
     state.step = t
     state.cursor += config.batch_size
     state.history["loss"].append(loss)

@@ -94,7 +94,7 @@ class SliceReducer:
 
     def received(self, partial: np.ndarray) -> np.ndarray:
         """The all-to-all: every rank's partial sum of this rank's slice, one row per rank."""
-        out = self.comm.exchange(partial, self.sizes, [self.size] * self.world, out=self._received)
+        out: np.ndarray = self.comm.exchange(partial, self.sizes, [self.size] * self.world, out=self._received)
         return out.reshape(self.world, self.size)
 
     def reduce_scatter(self, partial: np.ndarray) -> np.ndarray:

@@ -39,7 +39,7 @@ from cairn.errors import ConfigError, InvariantError, ManifestError, TrainingDiv
 from cairn.lifecycle import initial_state
 from cairn.state import TrainState, param_shapes
 from cairn.stores.base import Store
-from cairn.trainer import learning_rate, loss_and_grads
+from cairn.trainer import adam_update, learning_rate, loss_and_grads
 from cairn.trainers.base import Trainer, check_eval_history
 from cairn.trainers.mlp import MLPTrainer
 
@@ -121,14 +121,7 @@ class ZeroMLP:
             failure = failure_of(exc)
         agree(self.comm, failure, f"restore of {ref}")
         assert manifest is not None and manifest.parts is not None
-        lo = self.mine.start
-        targets: dict[str, np.ndarray] = {}
-        for block in self.mine.blocks:
-            flat = self.layout.flat_start(block) - lo
-            param = block.tensor.split("/", 1)[1]
-            targets[block.name] = self.theta[lo + flat : lo + flat + block.size]
-            targets[block_name(f"adam.m/{param}", block.index)] = self.m[flat : flat + block.size]
-            targets[block_name(f"adam.v/{param}", block.index)] = self.v[flat : flat + block.size]
+        targets = self._own_blocks()
         history_parts = {n: p for n, p in manifest.parts.items() if n.startswith("history/")}
         history = {n: np.empty(p.shape) for n, p in history_parts.items()}
         for block in plan_blocks(history_parts):
@@ -152,6 +145,19 @@ class ZeroMLP:
         )
         self.rng.bit_generator.state = self.state.rng_state
         return manifest
+
+    def _own_blocks(self) -> dict[str, np.ndarray]:
+        """Block entry name -> this rank's buffer for it: its slice's blocks of theta, m and v
+        (views: what a save writes and a restore fills)."""
+        lo = self.mine.start
+        out: dict[str, np.ndarray] = {}
+        for block in self.mine.blocks:
+            flat = self.layout.flat_start(block) - lo
+            param = block.tensor.split("/", 1)[1]
+            out[block.name] = self.theta[lo + flat : lo + flat + block.size]
+            out[block_name(f"adam.m/{param}", block.index)] = self.m[flat : flat + block.size]
+            out[block_name(f"adam.v/{param}", block.index)] = self.v[flat : flat + block.size]
+        return out
 
     def _check_layout(self, manifest: Manifest) -> None:
         if manifest.parts is None:
@@ -207,18 +213,8 @@ class ZeroMLP:
             loss = combine(self.comm.all_gather_float(tree_sum(losses))) * scale
             t = state.step + 1
             lr = learning_rate(config, t)
-            bc1 = 1.0 - opt.beta1**t
-            bc2 = 1.0 - opt.beta2**t
             theta = self.theta[self.mine.start : self.mine.stop]
-            m, v = self.m, self.v
-            m *= opt.beta1
-            m += (1.0 - opt.beta1) * g
-            v *= opt.beta2
-            v += (1.0 - opt.beta2) * (g * g)
-            update = (m / bc1) / (np.sqrt(v / bc2) + opt.eps)
-            if opt.weight_decay:
-                update += opt.weight_decay * theta
-            theta -= lr * update
+            adam_update(theta, g, self.m, self.v, opt, lr, 1.0 - opt.beta1**t, 1.0 - opt.beta2**t)
         self._gather_theta()
         state.step = t
         state.cursor += config.batch_size
@@ -248,14 +244,7 @@ class ZeroMLP:
     def my_blocks(self) -> dict[str, np.ndarray]:
         """The blocks this rank writes: its slice of theta, m and v; rank 0 also the history."""
         assert self.state is not None
-        lo = self.mine.start
-        out: dict[str, np.ndarray] = {}
-        for block in self.mine.blocks:
-            flat = self.layout.flat_start(block) - lo
-            param = block.tensor.split("/", 1)[1]
-            out[block.name] = self.theta[lo + flat : lo + flat + block.size]
-            out[block_name(f"adam.m/{param}", block.index)] = self.m[flat : flat + block.size]
-            out[block_name(f"adam.v/{param}", block.index)] = self.v[flat : flat + block.size]
+        out = self._own_blocks()
         if self.comm.rank == 0:
             history = {f"history/{k}": np.asarray(v, dtype=np.float64) for k, v in self.state.history.items()}
             parts = {n: p for n, p in self.parts().items() if n.startswith("history/")}
