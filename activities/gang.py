@@ -14,6 +14,7 @@ checkpoint (``workflows.training_run``).
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import socket
@@ -29,7 +30,7 @@ from activities.log_context import run_context, set_step
 from activities.models import GangEndpointInput, GangNodeInput, TrainSegmentResult
 from activities.training import Heartbeater, activity_errors, heartbeat_interval, interruption, open_run_store
 from cairn.distributed.launch import Gang, GangSpec, free_endpoint
-from cairn.errors import CairnError, one_line
+from cairn.errors import CairnError, ConfigError, one_line
 from cairn.runs import require_run_owner
 
 __all__ = ["train_gang_node", "gang_endpoint", "GANG_ACTIVITIES", "ADVERTISE_ENV"]
@@ -79,6 +80,13 @@ def _train_gang_node(inp: GangNodeInput, info: activity.Info) -> tuple[TrainSegm
         ranks=nproc,
     )
     with beats:
+        if importlib.util.find_spec("torch") is None:  # torchrun would exit 1: a retry would too
+            raise ConfigError(
+                "distributed runs need the torch extra on every node's worker (pip install 'cairn-train[torch]')",
+                field="world_size",
+                expected="torch installed on this worker",
+                found="no module named 'torch'",
+            )
         store = open_run_store(inp.store, inp.store_id)
         require_run_owner(store, inp.run_id, info.workflow_id)
         job: dict[str, Any] = {
@@ -96,6 +104,7 @@ def _train_gang_node(inp: GangNodeInput, info: activity.Info) -> tuple[TrainSegm
             rendezvous=inp.rendezvous,
             rdzv_id=inp.rdzv_id,
             is_host=inp.node_index == 0,
+            local_addr=advertised_host() if inp.nnodes > 1 else None,
         )
         with tempfile.TemporaryDirectory(prefix="cairn-gang-") as tmp:
             gang = Gang(spec, job, Path(tmp))

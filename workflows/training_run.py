@@ -69,6 +69,8 @@ SEGMENT_RETRY = RetryPolicy(
     maximum_attempts=0,  # unlimited: storage trouble heals; corrupt state is non-retryable
 )
 SHORT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10))
+GANG_ATTEMPTS_PER_RUN = 20
+"""Gang attempts at one segment before the run continues-as-new (each costs ~20 history events)."""
 BOOKKEEPING_TIMEOUT = timedelta(minutes=10)
 """Start-to-close bound of listing/GC/journal activities; a dead worker is noticed sooner, by
 their heartbeat timeout (they heartbeat from a background thread while they work)."""
@@ -464,6 +466,11 @@ class TrainingRun:
             if outcome is None:
                 return
             reached = max(reached or 0, outcome) if outcome >= 0 else reached
+            if attempt >= GANG_ATTEMPTS_PER_RUN or workflow.info().is_continue_as_new_suggested():
+                # A gang that keeps failing (a node with no worker) must not grow this run's
+                # history without bound: carry on in a fresh run, from the same checkpoint.
+                self._carry.resume_from = resume_from
+                self._continue_as_new(inp)
             await workflow.sleep(timedelta(milliseconds=min(1000, 200 * 2 ** (attempt - 1))))
 
     async def _settle_gang(

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from cairn.checkpoint.blocks import parts_json, parts_of, split_blocks
+from cairn.checkpoint.blocks import check_parts, parts_json, parts_of, split_blocks
 from cairn.checkpoint.content import CheckpointContent, check_content, index_of
 from cairn.checkpoint.layout import checkpoint_prefix, manifest_key
 from cairn.checkpoint.manifest import BLOCKED_FORMAT_VERSION, FORMAT_VERSION, Manifest, PartSpec, WriterInfo
@@ -30,7 +30,7 @@ from cairn.checkpoint.reader import parse_manifest
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.shards import RankShards, new_save_nonce, write_shards
 from cairn.checkpoint.tensors import as_le_contiguous, tensor_checksum
-from cairn.errors import CheckpointConflictError, SizeLimitError, TensorSpecError
+from cairn.errors import CairnError, CheckpointConflictError, SizeLimitError, TensorSpecError
 from cairn.stores.base import Store
 
 __all__ = ["CommitResult", "commit_manifest", "write_checkpoint"]
@@ -83,6 +83,12 @@ def commit_manifest(
         manifest = manifest.model_copy(update={"signature": options.signer.sign(manifest.signed_payload())})
     prefix = checkpoint_prefix(content.run_id, content.kind, content.step)
     orphans = [f"{prefix}/{s.key}" for s in shards]
+    if parts is not None:  # ranks that disagreed on their blocks: every reader would refuse it
+        try:
+            check_parts(manifest)
+        except CairnError:
+            store.delete(orphans)
+            raise
     raw = manifest.to_json_bytes()
     bound = options.limits.max_manifest_bytes
     if len(raw) > bound:  # a reader would refuse it: do not commit it

@@ -1,6 +1,6 @@
 """Starting and supervising a gang of rank processes the way the field does: ``torchrun``.
 
-``Gang`` writes the job file, starts ``python -m torch.distributed.run`` (c10d rendezvous,
+``Gang`` writes the job file, starts ``torch.distributed.run`` (guarded by ``cairn.distributed.agent``; c10d rendezvous,
 ``--max-restarts=0``: a failed rank fails the gang; the retry belongs to Temporal) with
 ``cairn.distributed.rank`` as the entry point, and supervises it: progress from the ranks'
 files, a stop request as a file, and on any failure or cancellation the whole gang is stopped
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cairn.distributed.rank import die_with_parent
+from cairn.distributed.agent import PARENT_ENV
 from cairn.errors import GangFailedError, error_named
 
 __all__ = ["GangSpec", "Gang", "free_endpoint", "reap", "gang_processes"]
@@ -44,6 +44,9 @@ class GangSpec:
     rdzv_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     is_host: bool = True
     """This node hosts the rendezvous store (node 0)."""
+    local_addr: str | None = None
+    """The address other nodes reach this node at (``--advertise-addr``): what c10d publishes
+    as the process group's master address when this node becomes rank 0."""
 
 
 def free_endpoint(host: str = "127.0.0.1") -> str:
@@ -97,7 +100,7 @@ class Gang:
         cmd = [
             sys.executable,
             "-m",
-            "torch.distributed.run",
+            "cairn.distributed.agent",  # torchrun, dying with this process
             f"--nnodes={spec.nnodes}",
             f"--nproc-per-node={spec.nproc_per_node}",
             "--max-restarts=0",
@@ -112,15 +115,21 @@ class Gang:
                 f"--rdzv-id={spec.rdzv_id}",
                 f"--rdzv-conf=is_host={'true' if spec.is_host else 'false'},join_timeout=60",
             ]
+            if spec.local_addr:
+                cmd.append(f"--local-addr={spec.local_addr}")
         return [*cmd, "-m", "cairn.distributed.rank", "--job", str(self.job_path), "--gang", self.token]
 
     def start(self) -> None:
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")  # ranks share the host's cores
         env["PYTHONUNBUFFERED"] = "1"
+        env[PARENT_ENV] = str(os.getpid())
         with open(self.log_path, "wb") as log:
+            # Its own session: a Ctrl-C at the terminal, or a signal to the caller's process group
+            # (systemd's stop), reaches the caller, which stops the gang by its protocol
+            # (checkpoint first), not the agent and its ranks directly.
             self.proc = subprocess.Popen(
-                self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent
+                self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
 
     def progress(self) -> dict[str, Any] | None:

@@ -30,10 +30,14 @@ __all__ = ["main", "run_rank", "engine_for", "die_with_parent", "write_json_atom
 
 
 def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (no-op elsewhere)."""
+    """Ask Linux to SIGKILL this process when its parent dies (no-op elsewhere); exit at once if
+    the parent died before the request was armed (this process was re-parented)."""
     if sys.platform.startswith("linux"):
+        parent = os.getppid()
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if parent == 1 or os.getppid() != parent:
+            os._exit(1)
 
 
 def write_json_atomic(path: Path, doc: Any) -> None:
@@ -72,6 +76,7 @@ def run_rank(comm: Any, job: dict[str, Any], workdir: Path, local_rank: int = 0)
     from cairn.checkpoint.ref import CheckpointRef
     from cairn.config import parse_config
     from cairn.distributed.checkpoint import agree, failure_of
+    from cairn.distributed.reduce import rank_order_sum_enabled
     from cairn.errors import InvariantError
     from cairn.stores import open_store
     from cairn.trainers.base import load_trainer
@@ -151,11 +156,15 @@ def run_rank(comm: Any, job: dict[str, Any], workdir: Path, local_rank: int = 0)
         "resumed_from_step": resumed,
         "interrupted": interrupted,
         "world_size": comm.world,
+        "reduction": "rank-order" if rank_order_sum_enabled() else "tree",
     }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     die_with_parent()
+    # Stopping is the supervisor's stop file, agreed by all ranks; a terminal's Ctrl-C (or a
+    # signal to a process group) must not kill a rank halfway through a step or a save.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     parser = argparse.ArgumentParser(prog="cairn.distributed.rank")
     parser.add_argument("--job", required=True)
     parser.add_argument("--gang", required=True, help="the gang's token (the supervisor reaps by it)")

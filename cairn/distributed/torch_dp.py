@@ -366,4 +366,6 @@ class TorchDP:
             failure = failure_of(exc)
         agree(self.comm, failure, "save")
         content = training_content(self.run_id, self.state)
-        return coordinated_save(self.comm, self.store, content, mine, self.parts(), self.options)
+        saved = coordinated_save(self.comm, self.store, content, mine, self.parts(), self.options)
+        self.state.lineage = self.state.lineage.model_copy(update={"parent": saved.fingerprint})  # provenance
+        return saved

@@ -271,7 +271,10 @@ class ZeroMLP:
                 ]
                 break
         agree(self.comm, failure, "save")
-        return coordinated_save(self.comm, self.store, self.content(), self.my_blocks(), self.parts(), self.options)
+        assert self.state is not None
+        saved = coordinated_save(self.comm, self.store, self.content(), self.my_blocks(), self.parts(), self.options)
+        self.state.lineage = self.state.lineage.model_copy(update={"parent": saved.fingerprint})  # provenance
+        return saved
 
     def full_state(self) -> dict[str, Any]:
         """For tests at W=1: the logical tensors this rank holds whole."""

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -35,6 +38,7 @@ from cairn.distributed.reduce import RANK_ORDER_ENV
 from cairn.errors import GangFailedError
 from cairn.stores import open_store
 from cairn.stores.base import Store
+from tests.conftest import REPO
 from tests.integration.conftest import S3Server, TemporalServer, start_worker_process, wait_progress
 from tests.unit.test_distributed_core import dist_config
 from workers.servers import ServerProcess
@@ -100,6 +104,7 @@ def test_summing_in_rank_order_breaks_the_exactness_across_world_sizes(
     monkeypatch.setenv(RANK_ORDER_ENV, "1")  # this process (W=1) and the ranks (inherited)
     expected = reference(tmp_path, config, 8)
     four = gang(tmp_path / "w4", 4, job(str(tmp_path / "store"), config, 8))
+    assert four["reduction"] == "rank-order"  # the ranks did sum in rank order (not the tree)
     assert four["fingerprint"] != expected["8"], "rank-order sums should change the bits at W=4"
 
 
@@ -119,6 +124,36 @@ def test_a_rank_killed_mid_save_leaves_no_committed_checkpoint_and_no_rank_proce
     retry = gang(tmp_path / "retry", 2, job(store_url, config, 12))
     assert retry["resumed_from_step"] == 4
     assert retry["fingerprint"] == reference(tmp_path, config, 12)["12"]
+
+
+def test_ctrl_c_of_cairn_train_checkpoints_every_rank_together(tmp_path: Path) -> None:
+    """Ctrl-C at the terminal reaches the command's process group: the command asks its gang to
+    stop, the ranks finish the step, commit one checkpoint together and exit; nothing is killed."""
+    store = tmp_path / "store"
+    config = tmp_path / "config.json"
+    config.write_text(dist_config(microbatches=4, block_bytes=64).model_dump_json())
+    argv = [sys.executable, "-m", "workers.cli", "train", "--config", str(config), "--store", str(store)]
+    argv += ["--run-id", "dist", "--steps", "200000", "--checkpoint-every", "100000", "--world-size", "2"]
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    cli = subprocess.Popen(argv, cwd=REPO, env=env, start_new_session=True, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not (progress := list(tmp_path.glob("cairn-gang-*/progress.json"))) or '"step": 0,' in (
+            progress[0].read_text()
+        ):
+            assert cli.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        os.killpg(cli.pid, signal.SIGINT)  # what the terminal does
+        _, err = cli.communicate(timeout=60)
+    finally:
+        cli.kill()
+    assert cli.returncode == 130, err
+    said = re.search(r"interrupted at step (\d+): checkpoint (\S+) committed", err)
+    assert said is not None, err
+    step = int(said.group(1))
+    local = open_store(str(store))
+    assert [r.step for r in list_checkpoints(local, "dist")] == [0, step] and 0 < step < 100000
+    assert read_manifest(local, latest_committed(local, "dist"), expect_kind=None).writer.ranks == 2  # type: ignore[arg-type]
 
 
 # -- on Temporal ----------------------------------------------------------------------------------
@@ -222,8 +257,9 @@ async def test_a_cancelled_gang_checkpoints_and_leaves_no_rank_process(
     finally:
         proc.stop()
     assert rank_processes(tmp_path) == []
+    said = re.search(r"gang segment interrupted on request at step (\d+)", (tmp_path / "worker-any.log").read_text())
+    assert said is not None
     latest = latest_committed(store, inp.run_id)
-    assert latest is not None and seen.step <= latest.step < 90  # the gang checkpointed on its way out
+    assert latest is not None and latest.step == int(said.group(1)) >= seen.step  # committed on its way out
     state, _ = load_training(store, latest)
     assert state.step == latest.step
-    assert "interrupted on request" in (tmp_path / "worker-any.log").read_text()

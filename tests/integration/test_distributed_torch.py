@@ -91,6 +91,7 @@ def test_rank_order_sum_breaks_the_exactness_claim(tmp_path: Path, monkeypatch: 
     w1 = solo(tmp_path / "w1", config, 1)
     (tmp_path / "store").mkdir()
     result = gang(4, tmp_path / "store", tmp_path / "w4", config, 1)
+    assert result["reduction"] == "rank-order"  # the ranks did sum in rank order (not the tree)
     w4 = fingerprints(tmp_path / "store")
     assert sorted(w1) == sorted(w4) == [0, 1]
     assert w4[0] == w1[0]

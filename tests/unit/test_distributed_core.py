@@ -243,11 +243,13 @@ def test_typed_errors_travel_between_processes_by_name() -> None:
 # -- the gang's process hygiene -------------------------------------------------------------------
 def test_gang_command_is_torchrun_without_restarts(tmp_path: Path) -> None:
     one = Gang(GangSpec(nproc_per_node=2), {"x": 1}, tmp_path / "one").command()
-    assert one[1:3] == ["-m", "torch.distributed.run"] and "--standalone" in one and "--max-restarts=0" in one
-    spec = GangSpec(nproc_per_node=2, nnodes=2, rendezvous="127.0.0.1:29500", rdzv_id="x", is_host=False)
+    assert one[1:3] == ["-m", "cairn.distributed.agent"] and "--standalone" in one and "--max-restarts=0" in one
+    spec = GangSpec(
+        nproc_per_node=2, nnodes=2, rendezvous="127.0.0.1:29500", rdzv_id="x", is_host=False, local_addr="10.0.0.7"
+    )
     two = Gang(spec, {"x": 1}, tmp_path / "two").command()
     assert "--rdzv-backend=c10d" in two and "--rdzv-endpoint=127.0.0.1:29500" in two
-    assert "--rdzv-conf=is_host=false,join_timeout=60" in two
+    assert "--rdzv-conf=is_host=false,join_timeout=60" in two and "--local-addr=10.0.0.7" in two
     assert two[-4:-2] == ["--job", str(tmp_path / "two" / "job.json")]
 
 
