@@ -121,6 +121,10 @@ class RunCarry(_Model):
     reproducibility: str | None = None
     val_loss: float | None = None
     val_accuracy: float | None = None
+    world_size: int | None = None
+    """The gang's current world size, when an elastic run shrank it (None: the input's)."""
+    nodes: list[str] | None = None
+    """The gang's current nodes, when an elastic run shrank it (None: the input's)."""
 
     @field_validator("attempts")
     @classmethod
@@ -182,6 +186,10 @@ class TrainingRunInput(_Model):
     this many rank processes under torchrun. Any divisor of ``distributed.microbatches`` gives
     the same bits, so a run may continue at another world size (start it again with the same
     ``run_id``)."""
+    min_world_size: Annotated[int, Field(ge=1, le=1024)] | None = None
+    """Elastic: after ``ELASTIC_AFTER_FAILURES`` failed gang attempts in a row, the run goes on at
+    half the world size (on the first half of ``nodes``), down to this; the bits do not change.
+    None: the world size is fixed."""
     nodes: list[Annotated[str, Field(pattern=NODE_NAME)]] = Field(default_factory=list, max_length=256)
     """Hosts of the gang, by the name their worker polls (``cairn worker --node NAME``): one
     gang activity per node, ``world_size / len(nodes)`` ranks each. Empty: one node, any
@@ -214,6 +222,8 @@ class TrainingRunInput(_Model):
             )
         if (w > 1 or nodes) and dist is None:
             raise ValueError(f"world_size {w} needs config.distributed (expected a 'distributed' section, found none)")
+        if self.min_world_size is not None and not 1 <= self.min_world_size <= w:
+            raise ValueError(f"min_world_size must be in 1..world_size (expected <= {w}, found {self.min_world_size})")
         if dist is not None and dist.microbatches % w:
             m = dist.microbatches
             raise ValueError(
@@ -385,6 +395,8 @@ class RunProgress(_Model):
     val_loss: float | None = None
     val_accuracy: float | None = None
     reproducibility: str | None = None
+    world_size: int = 1
+    """Ranks the run trains with now (an elastic run may have shrunk it)."""
 
 
 class RunSummary(_Model):
@@ -406,6 +418,8 @@ class RunSummary(_Model):
     val_loss: float | None = None
     val_accuracy: float | None = None
     reproducibility: str | None = None
+    world_size: int = 1
+    """Ranks the run ended with (an elastic run may have shrunk it)."""
 
 
 RunCarry.model_rebuild()

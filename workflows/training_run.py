@@ -69,6 +69,8 @@ SEGMENT_RETRY = RetryPolicy(
     maximum_attempts=0,  # unlimited: storage trouble heals; corrupt state is non-retryable
 )
 SHORT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10))
+ELASTIC_AFTER_FAILURES = 2
+"""Failed gang attempts in a row after which an elastic run (``min_world_size``) halves its world size."""
 GANG_ATTEMPTS_PER_RUN = 20
 """Gang attempts at one segment before the run continues-as-new (each costs ~20 history events)."""
 BOOKKEEPING_TIMEOUT = timedelta(minutes=10)
@@ -106,6 +108,7 @@ class TrainingRun:
             val_loss=self._carry.val_loss,
             val_accuracy=self._carry.val_accuracy,
             reproducibility=self._carry.reproducibility,
+            world_size=self._carry.world_size or (inp.world_size if inp else 1),
         )
 
     def _total(self, inp: TrainingRunInput) -> int:
@@ -349,6 +352,7 @@ class TrainingRun:
             val_loss=self._carry.val_loss,
             val_accuracy=self._carry.val_accuracy,
             reproducibility=self._carry.reproducibility,
+            world_size=self._carry.world_size or (inp.world_size if inp else 1),
         )
 
     def _continue_as_new(self, inp: TrainingRunInput) -> None:
@@ -401,10 +405,12 @@ class TrainingRun:
         self._checkpoint_now = False
         resume_from, self._carry.resume_from = self._carry.resume_from, None
         base = workflow.info().task_queue
-        queues = [node_queue(base, n) for n in inp.nodes] or [base]
-        attempt, reached = 0, None
+        attempt, reached, failures = 0, None, 0
         while True:
             attempt += 1
+            world = self._carry.world_size or inp.world_size
+            nodes = self._carry.nodes if self._carry.nodes is not None else inp.nodes
+            queues = [node_queue(base, n) for n in nodes] or [base]
             rendezvous = None
             if len(queues) > 1:
                 rendezvous = await workflow.execute_activity(
@@ -427,7 +433,7 @@ class TrainingRun:
                         checkpoint_every=inp.checkpoint.every,
                         throttle_seconds_per_step=inp.throttle_seconds_per_step,
                         heartbeat_every_seconds=min(0.1, inp.heartbeat_timeout_seconds / 4),
-                        world_size=inp.world_size,
+                        world_size=world,
                         nnodes=len(queues),
                         node_index=i,
                         rendezvous=rendezvous,
@@ -466,6 +472,23 @@ class TrainingRun:
             if outcome is None:
                 return
             reached = max(reached or 0, outcome) if outcome >= 0 else reached
+            failures += 1
+            if (
+                inp.min_world_size is not None
+                and failures >= ELASTIC_AFTER_FAILURES
+                and world // 2 >= inp.min_world_size
+            ):
+                # Elastic: any world size dividing the microbatches gives the same bits, so the
+                # run goes on with half the ranks (on the first half of its nodes) from its last commit.
+                self._carry.world_size = world // 2
+                self._carry.nodes = nodes[: max(1, len(nodes) // 2)] if len(nodes) > 1 else list(nodes)
+                failures = 0
+                workflow.logger.warning(
+                    "gang failed %d times in a row at world size %d: continuing at %d",
+                    ELASTIC_AFTER_FAILURES,
+                    world,
+                    world // 2,
+                )
             if attempt >= GANG_ATTEMPTS_PER_RUN or workflow.info().is_continue_as_new_suggested():
                 # A gang that keeps failing (a node with no worker) must not grow this run's
                 # history without bound: carry on in a fresh run, from the same checkpoint.

@@ -172,13 +172,16 @@ def dist_run_input(tmp_path: Path, **overrides: Any) -> TrainingRunInput:
     return TrainingRunInput.model_validate(body)
 
 
-def worker(server: TemporalServer, queue: str, tmp_path: Path, node: str = "") -> ServerProcess:
+def worker(
+    server: TemporalServer, queue: str, tmp_path: Path, node: str = "", extra: dict[str, str] | None = None
+) -> ServerProcess:
     """A worker whose gangs keep their job files under ``tmp_path/gangs`` (so this test's rank
     processes are told apart from any other's by their command line)."""
     (tmp_path / "gangs").mkdir(exist_ok=True)
     env = {"TMPDIR": str(tmp_path / "gangs")}
     if node:
         env.update(CAIRN_NODE=node, CAIRN_ADVERTISE_ADDR="127.0.0.1")
+    env.update(extra or {})
     return start_worker_process(server.address, queue, tmp_path / f"worker-{node or 'any'}.log", env=env)
 
 
@@ -263,3 +266,25 @@ async def test_a_cancelled_gang_checkpoints_and_leaves_no_rank_process(
     assert latest is not None and latest.step == int(said.group(1)) >= seen.step  # committed on its way out
     state, _ = load_training(store, latest)
     assert state.step == latest.step
+
+
+async def test_an_elastic_run_shrinks_a_failing_gang_and_stays_bit_identical(
+    client: Client, temporal_server: TemporalServer, task_queue: str, tmp_path: Path
+) -> None:
+    """Rank 3 dies in every save at world size 4 (a fault only a gang of 4 has): after two failed
+    attempts the run (``min_world_size: 2``) goes on at 2 ranks, from the last commit, and ends
+    with the bits of the uninterrupted single-process run."""
+    inp = dist_run_input(tmp_path, world_size=4, min_world_size=2, total_steps=6, steps_per_segment=6)
+    proc = worker(temporal_server, task_queue, tmp_path, extra={"CAIRN_FAULT": "rank-mid-save:3@3"})
+    try:
+        handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
+        summary = RunSummary.model_validate(await asyncio.wait_for(handle.result(), timeout=240))
+    finally:
+        proc.stop()
+    assert summary.world_size == 2 and summary.steps == 6
+    assert summary.fingerprint == reference_fingerprint(tmp_path, inp)
+    assert "continuing at 2" in (tmp_path / "worker-any.log").read_text()
+    store = open_store(inp.store)
+    manifest = read_manifest(store, latest_committed(store, inp.run_id), expect_kind=None)  # type: ignore[arg-type]
+    assert manifest.writer.ranks == 2
+    assert rank_processes(tmp_path) == []

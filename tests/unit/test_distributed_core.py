@@ -219,6 +219,7 @@ def test_bad_distributed_configs_fail_fast_naming_the_field(distributed: dict, b
         ({"world_size": 4, "nodes": ["a", "b", "c"]}, "multiple of len"),
         ({"world_size": 4, "nodes": ["a", "a"]}, "distinct"),
         ({"world_size": 2, "nodes": ["bad name"]}, "pattern"),
+        ({"world_size": 2, "min_world_size": 4}, "min_world_size must be in 1..world_size"),
     ],
 )
 def test_bad_gang_inputs_are_refused_before_anything_runs(overrides: dict, message: str) -> None:
