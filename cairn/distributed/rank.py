@@ -28,6 +28,9 @@ from typing import Any
 
 __all__ = ["main", "run_rank", "engine_for", "die_with_parent", "write_json_atomic"]
 
+PROGRESS_EVERY = 0.1
+"""Seconds between progress-file writes of a rank (its supervisor polls at this pace)."""
+
 
 def die_with_parent() -> None:
     """Ask Linux to SIGKILL this process when its parent dies (no-op elsewhere); exit at once if
@@ -116,8 +119,15 @@ def run_rank(comm: Any, job: dict[str, Any], workdir: Path, local_rank: int = 0)
     stop_file = workdir / "stop"
     throttle = float(job.get("throttle_seconds_per_step", 0.0))
 
+    written = 0.0
+
     def report(**extra: Any) -> None:
-        if local_rank == 0:
+        """The node's progress file, for its supervisor's heartbeats: at every commit, and at
+        most every ``PROGRESS_EVERY`` seconds between (not a file write per step)."""
+        nonlocal written
+        now = time.monotonic()
+        if local_rank == 0 and (extra or now - written >= PROGRESS_EVERY):
+            written = now
             write_json_atomic(
                 progress,
                 {

@@ -19,7 +19,6 @@ is exactly ``MLPTrainer.train`` with the same ``distributed`` config.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
@@ -275,13 +274,3 @@ class ZeroMLP:
         saved = coordinated_save(self.comm, self.store, self.content(), self.my_blocks(), self.parts(), self.options)
         self.state.lineage = self.state.lineage.model_copy(update={"parent": saved.fingerprint})  # provenance
         return saved
-
-    def full_state(self) -> dict[str, Any]:
-        """For tests at W=1: the logical tensors this rank holds whole."""
-        assert self.state is not None and self.comm.world == 1
-        out = dict(self._views())
-        for name in self.layout.names:
-            off, size = self.layout.offsets[name], math.prod(self.layout.shapes[name])
-            out[f"adam.m/{name}"] = self.m[off : off + size].reshape(self.layout.shapes[name])
-            out[f"adam.v/{name}"] = self.v[off : off + size].reshape(self.layout.shapes[name])
-        return out
