@@ -9,6 +9,7 @@ planned.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import asdict, dataclass
 from typing import Annotated, Literal
@@ -159,6 +160,24 @@ def default_total_steps(spec: DrillSpec, schedule: list[PlannedFault]) -> int:
     if spec.duration_seconds is not None:
         per_step = max(spec.step_seconds, 0.001)
         return max(2 * spec.checkpoint_every, int(spec.duration_seconds / per_step))
-    # Training goes on while some faults recover (a server restart, a brown-out), and a fault
-    # lands a little past its step: room for that, then a tail.
-    return sum(f.gap_steps for f in schedule) + 2 * spec.checkpoint_every * (len(schedule) + 1) + 20
+    # A fault lands a little past its step (its phase): room for that, then a tail. Training also
+    # goes on while a brown-out lasts and while a server restarts and is seen back: at most
+    # (those seconds / the step's pacing) steps each, which the gaps do not count, so without
+    # them a long brown-out could let the run end before the last fault's moment.
+    per_step = max(spec.step_seconds, 0.001)
+    during = sum(math.ceil(_fault_seconds(f) / per_step) for f in schedule)
+    return sum(f.gap_steps for f in schedule) + during + 2 * spec.checkpoint_every * (len(schedule) + 1) + 20
+
+
+SERVER_RESTART_ALLOWANCE_S = 2.0
+"""Time a server restart takes from the kill until training is seen moving again (measured on
+the embedded stack: down 0.2-0.3 s, progress seen 0.1-0.5 s later; doubled and rounded up)."""
+
+
+def _fault_seconds(fault: PlannedFault) -> float:
+    """How long training keeps running through a fault before the next one may be scheduled."""
+    if fault.kind == "storage-brownout":
+        return float(fault.param)
+    if fault.kind in SERVER_FAULTS:
+        return SERVER_RESTART_ALLOWANCE_S
+    return 0.0  # a worker fault stops training until the retry resumes it

@@ -40,6 +40,30 @@ def test_one_effect_crash_per_drill() -> None:
     assert len(schedule) == 4
 
 
+def test_length_covers_the_steps_that_pass_during_brownouts_and_restarts() -> None:
+    """Training goes on through a brown-out and a server restart: the run must be long enough
+    for the faults after them (CI once saw a 2.4 s brown-out eat the tail, and the last fault
+    never fired). The seed-3 storage drill of test_drill: every step a brown-out or a restart
+    can let pass (at the step's pacing) is added to the gaps, phases and tail."""
+    spec = DrillSpec(
+        seed=3,
+        kills=3,
+        targets=["storage-brownout", "s3-restart", "service-restart"],
+        step_seconds=0.01,
+        checkpoint_every=5,
+    )
+    schedule = plan_schedule(spec)
+    brownout = next(f for f in schedule if f.kind == "storage-brownout")
+    restarts = [f for f in schedule if f.kind.endswith("-restart")]
+    base = sum(f.gap_steps for f in schedule) + 2 * spec.checkpoint_every * (len(schedule) + 1) + 20
+    during = round(float(brownout.param) / spec.step_seconds) + len(restarts) * round(2.0 / spec.step_seconds)
+    assert default_total_steps(spec, schedule) >= base + during
+    # Worker faults stop training until the retry: they add nothing.
+    kills = DrillSpec(seed=3, kills=3, targets=["worker-kill"], step_seconds=0.01, checkpoint_every=5)
+    plan = plan_schedule(kills)
+    assert default_total_steps(kills, plan) == sum(f.gap_steps for f in plan) + 2 * 5 * 4 + 20
+
+
 def test_duration_sets_the_runs_length() -> None:
     spec = DrillSpec(duration_seconds=30, step_seconds=0.02)
     assert default_total_steps(spec, plan_schedule(spec)) == 1500
