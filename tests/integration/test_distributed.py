@@ -41,6 +41,7 @@ from cairn.stores.base import Store
 from tests.conftest import REPO
 from tests.integration.conftest import S3Server, TemporalServer, start_worker_process, wait_progress
 from tests.unit.test_distributed_core import dist_config
+from workers.run_commands import run_events
 from workers.servers import ServerProcess
 from workflows.training_run import TrainingRun
 
@@ -284,6 +285,11 @@ async def test_an_elastic_run_shrinks_a_failing_gang_and_stays_bit_identical(
     assert summary.world_size == 2 and summary.steps == 6
     assert summary.fingerprint == reference_fingerprint(tmp_path, inp)
     assert "continuing at 2" in (tmp_path / "worker-any.log").read_text()
+    # `cairn run report`'s timeline (from history): the failed gangs, then a restore at W=2.
+    _, events = await run_events(client, inp.run_id)
+    kinds = [e.kind for e in events]
+    assert kinds.count("failure") >= 2 and "interrupted" not in kinds, events
+    assert any(e.kind == "restore" and e.detail.endswith("at world size 2") for e in events), events
     store = open_store(inp.store)
     manifest = read_manifest(store, latest_committed(store, inp.run_id), expect_kind=None)  # type: ignore[arg-type]
     assert manifest.writer.ranks == 2

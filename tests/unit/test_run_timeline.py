@@ -1,0 +1,141 @@
+"""``cairn run report``'s timeline from Temporal history, for gang segments: the node that
+failed is the failure, the nodes the workflow cancelled because of it are not interruptions,
+and the retry's restore names the world size it resumed at (an elastic run shrinks)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from google.protobuf.timestamp_pb2 import Timestamp
+from temporalio.api.common.v1 import ActivityType, Payload, Payloads
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.failure.v1 import ApplicationFailureInfo, Failure
+from temporalio.api.history.v1 import (
+    ActivityTaskCanceledEventAttributes,
+    ActivityTaskCompletedEventAttributes,
+    ActivityTaskFailedEventAttributes,
+    ActivityTaskScheduledEventAttributes,
+    ActivityTaskStartedEventAttributes,
+    ActivityTaskTimedOutEventAttributes,
+    HistoryEvent,
+    WorkflowExecutionStartedEventAttributes,
+)
+
+from workers.run_commands import timeline_from_history
+
+
+class History:
+    """A history built event by event, one second apart."""
+
+    def __init__(self) -> None:
+        self.events: list[HistoryEvent] = []
+
+    def add(self, kind: int, **attrs: Any) -> int:
+        event_id = len(self.events) + 1
+        when = Timestamp(seconds=1_800_000_000 + event_id)
+        self.events.append(HistoryEvent(event_id=event_id, event_time=when, event_type=kind, **attrs))  # type: ignore[arg-type]
+        return event_id
+
+    def started(self, body: dict[str, Any]) -> None:
+        payloads = Payloads(payloads=[Payload(data=json.dumps(body).encode())])
+        self.add(
+            EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED,
+            workflow_execution_started_event_attributes=WorkflowExecutionStartedEventAttributes(input=payloads),
+        )
+
+    def gang(self, batch: int, world: int, nodes: int) -> list[int]:
+        ids = []
+        for node in range(nodes):
+            body = {"world_size": world, "node_index": node, "nnodes": nodes}
+            ids.append(
+                self.add(
+                    EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
+                    activity_task_scheduled_event_attributes=ActivityTaskScheduledEventAttributes(
+                        activity_type=ActivityType(name="train_gang_node"),
+                        workflow_task_completed_event_id=batch,
+                        input=Payloads(payloads=[Payload(data=json.dumps(body).encode())]),
+                    ),
+                )
+            )
+        for sid in ids:
+            self.add(
+                EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED,
+                activity_task_started_event_attributes=ActivityTaskStartedEventAttributes(
+                    scheduled_event_id=sid, attempt=1
+                ),
+            )
+        return ids
+
+    def failed(self, sid: int, message: str, error: str = "RankFailedError") -> None:
+        failure = Failure(message=message, application_failure_info=ApplicationFailureInfo(type=error))
+        self.add(
+            EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED,
+            activity_task_failed_event_attributes=ActivityTaskFailedEventAttributes(
+                scheduled_event_id=sid, failure=failure
+            ),
+        )
+
+    def timed_out(self, sid: int) -> None:
+        self.add(
+            EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT,
+            activity_task_timed_out_event_attributes=ActivityTaskTimedOutEventAttributes(
+                scheduled_event_id=sid, failure=Failure(message="activity Heartbeat timeout")
+            ),
+        )
+
+    def cancelled(self, sid: int) -> None:
+        self.add(
+            EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED,
+            activity_task_canceled_event_attributes=ActivityTaskCanceledEventAttributes(scheduled_event_id=sid),
+        )
+
+    def completed(self, sid: int, result: dict[str, Any]) -> None:
+        self.add(
+            EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED,
+            activity_task_completed_event_attributes=ActivityTaskCompletedEventAttributes(
+                scheduled_event_id=sid, result=Payloads(payloads=[Payload(data=json.dumps(result).encode())])
+            ),
+        )
+
+
+def summary(events: list[Any]) -> list[tuple[str, int | None, str]]:
+    return [(e.kind, e.step, e.detail) for e in events]
+
+
+def test_a_failed_gang_is_one_failure_per_failed_node_and_its_retry_a_restore_at_its_world_size() -> None:
+    h = History()
+    h.started({"run_id": "r", "store": "/s"})
+    first = h.gang(batch=100, world=4, nodes=2)
+    h.failed(first[1], "rank 3 exited with -9")  # node 1 fails, the workflow cancels node 0
+    h.cancelled(first[0])
+    second = h.gang(batch=200, world=4, nodes=2)
+    h.timed_out(second[0])  # node 0's worker vanished: its heartbeat stops
+    h.cancelled(second[1])
+    third = h.gang(batch=300, world=2, nodes=1)  # elastic: half the ranks on the first node
+    h.completed(third[0], {"step": 12, "attempt": 3, "resumed_from_step": 6})
+    inp, events = timeline_from_history(h.events)
+    assert inp == {"run_id": "r", "store": "/s"}
+    assert summary(events) == [
+        ("failure", None, "gang node 1: rank 3 exited with -9"),
+        ("failure", None, "gang node 0: activity timed out"),
+        ("segment-end", 12, "segment completed"),
+        ("restore", 6, "attempt 3 at world size 2"),
+    ]
+    # The restore sits where the retry started, before its end.
+    assert events[3].at < events[2].at
+
+
+def test_a_gang_interrupted_on_request_is_one_interruption() -> None:
+    h = History()
+    ids = h.gang(batch=100, world=4, nodes=2)
+    for sid in ids:
+        h.cancelled(sid)
+    ids = h.gang(batch=200, world=4, nodes=2)
+    for sid in ids:
+        h.failed(sid, "stopped at step 9 on request", error="SegmentInterrupted")
+    _, events = timeline_from_history(h.events)
+    assert summary(events) == [
+        ("interrupted", None, "segment cancelled on request"),
+        ("interrupted", None, "stopped at step 9 on request"),
+    ]
