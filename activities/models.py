@@ -222,13 +222,19 @@ class TrainingRunInput(_Model):
             )
         if (w > 1 or nodes) and dist is None:
             raise ValueError(f"world_size {w} needs config.distributed (expected a 'distributed' section, found none)")
-        if self.min_world_size is not None and not 1 <= self.min_world_size <= w:
-            raise ValueError(f"min_world_size must be in 1..world_size (expected <= {w}, found {self.min_world_size})")
         if dist is not None and dist.microbatches % w:
             m = dist.microbatches
+            sizes = [d for d in range(1, m + 1) if m % d == 0]
             raise ValueError(
-                f"world_size must divide config.distributed.microbatches (expected a divisor of {m}, found {w})"
+                f"world_size must divide config.distributed.microbatches ({m}) (expected one of {sizes}, found {w})"
             )
+        if self.min_world_size is not None:
+            halvings = [w >> k for k in range(w.bit_length()) if (w >> k) << k == w]  # w, w/2, ... while exact
+            if self.min_world_size not in halvings:
+                raise ValueError(
+                    "min_world_size must be reachable by halving world_size "
+                    f"(expected one of {halvings}, found {self.min_world_size})"
+                )
         return self
 
     @property

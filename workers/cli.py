@@ -2,7 +2,8 @@
 
 Exit codes: 0 success; 1 a checkpoint was refused, ``compare`` found differences, training
 diverged, or a run failed; 2 bad input (usage, config, reference, path); 3 storage failure;
-4 an external effect failed; 5 Temporal unreachable or refused the request; 130 interrupted.
+4 an external effect failed; 5 Temporal unreachable or refused the request; 130 / 143 interrupted by
+SIGINT / SIGTERM (``train`` commits a checkpoint first).
 The code of an error is declared on its class (``cairn.errors``).
 Errors print one line on stderr (``cairn: error: <Type>: <field>: <what> (expected ..., found
 ...)``); with ``--json`` the error is also one JSON object on stdout; ``--debug`` adds the
@@ -148,11 +149,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         session = TrainingSession.fresh(run_id, store, config)
     bar = tqdm(total=args.steps, desc=f"train {session.run_id}", unit="step", disable=None, leave=False)
     interrupted = False
+    stopped_by = signal.SIGINT
 
-    def on_sigint(_sig: int, _frame: object) -> None:
-        nonlocal interrupted
-        interrupted = True  # the step in progress finishes, then a checkpoint commits
+    def on_sigint(sig: int, _frame: object) -> None:
+        nonlocal interrupted, stopped_by
+        interrupted, stopped_by = True, signal.Signals(sig)  # the step in progress finishes, then a commit
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C aborts at once
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # and so does a second SIGTERM
 
     def on_step(state: Any) -> bool:
         bar.update(1)
@@ -165,6 +168,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     previous = signal.signal(signal.SIGINT, on_sigint)
+    previous_term = signal.signal(signal.SIGTERM, on_sigint)  # a service manager's stop: the same
     try:
         result = session.run(args.steps, checkpoint_every=args.checkpoint_every, on_step=on_step)
     except KeyboardInterrupt:
@@ -176,6 +180,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         ) from None
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGTERM, previous_term)
         bar.close()
     assert result is not None
     state = session.state
@@ -200,7 +205,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         "interrupted": interrupted,
     }
     emit(args, payload, str(result.ref))
-    return 130 if interrupted else 0
+    return 128 + stopped_by if interrupted else 0
 
 
 def _train_gang(args: argparse.Namespace, store: Store, config: TrainConfig | None) -> int:
@@ -220,8 +225,9 @@ def _train_gang(args: argparse.Namespace, store: Store, config: TrainConfig | No
     resume_from: str | None = None
     if args.resume:
         ref = _ref(args.resume)
-        if ref.store_url.rstrip("/") != store.url.rstrip("/"):
+        if _store_arg(ref.store_url, must_exist=False).url.rstrip("/") != store.url.rstrip("/"):
             raise ConfigError("--resume", expected=f"a checkpoint in --store {store.url}", found=str(ref))
+        ref = CheckpointRef(store.url, ref.run_id, ref.kind, ref.step)  # the ranks run elsewhere: absolute
         run_id = args.run_id or ref.run_id
         if run_id != ref.run_id:
             raise ConfigError("--run-id", expected=ref.run_id, found=run_id)
@@ -236,7 +242,7 @@ def _train_gang(args: argparse.Namespace, store: Store, config: TrainConfig | No
         start = latest.step if latest is not None else 0
     if config.distributed is None:
         raise ConfigError("--world-size", expected="a config with a 'distributed' section", found=args.world_size)
-    check_world_size(config.distributed.microbatches, args.world_size)
+    check_world_size(config.distributed.microbatches, args.world_size, "--world-size")
     target = start + args.steps
     job = {
         "run_id": run_id,
@@ -248,10 +254,11 @@ def _train_gang(args: argparse.Namespace, store: Store, config: TrainConfig | No
     }
     bar = tqdm(total=target, initial=start, desc=f"train {run_id} x{args.world_size}", unit="step", disable=None)
     stop = False
+    stopped_by = signal.SIGINT
 
-    def on_sigint(_sig: int, _frame: object) -> None:
-        nonlocal stop
-        stop = True  # the ranks finish the step in progress, checkpoint together, exit
+    def on_sigint(sig: int, _frame: object) -> None:
+        nonlocal stop, stopped_by
+        stop, stopped_by = True, signal.Signals(sig)  # the ranks finish the step, checkpoint together, exit
 
     def on_progress(doc: dict[str, Any]) -> None:
         if isinstance(doc.get("step"), int):
@@ -262,6 +269,7 @@ def _train_gang(args: argparse.Namespace, store: Store, config: TrainConfig | No
 
     started = time.perf_counter()
     previous = signal.signal(signal.SIGINT, on_sigint)
+    previous_term = signal.signal(signal.SIGTERM, on_sigint)  # a service manager's stop: the same
     try:
         with tempfile.TemporaryDirectory(prefix="cairn-gang-") as tmp:
             gang = Gang(GangSpec(nproc_per_node=args.world_size), job, Path(tmp))
@@ -269,6 +277,7 @@ def _train_gang(args: argparse.Namespace, store: Store, config: TrainConfig | No
             out = gang.supervise(on_progress=on_progress, cancelled=lambda: stop)
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGTERM, previous_term)
         bar.close()
     payload = {
         "checkpoint": out["checkpoint"],
@@ -290,7 +299,7 @@ def _train_gang(args: argparse.Namespace, store: Store, config: TrainConfig | No
             file=sys.stderr,
         )
     emit(args, payload, str(out["checkpoint"]))
-    return 130 if out["interrupted"] else 0
+    return 128 + stopped_by if out["interrupted"] else 0
 
 
 def _with_trainer(config: TrainConfig | None, factory: str) -> TrainConfig:
@@ -563,7 +572,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train in-process, checkpointing to a store")
     _common(p)
     p.add_argument("--config", help="trainer config JSON (see examples/config.json)")
-    p.add_argument("--steps", type=_count, required=True, help="number of updates to run")
+    p.add_argument(
+        "--steps",
+        type=_count,
+        required=True,
+        help="number of updates to run (from --resume's step, else from step 0; with --world-size and no "
+        "--resume: from the run's latest checkpoint)",
+    )
     p.add_argument("--store", required=True, help="directory or s3://bucket/prefix")
     p.add_argument("--checkpoint-every", type=_count, help="commit a checkpoint every K steps")
     p.add_argument("--resume", metavar="CKPT", help="checkpoint reference to resume from")

@@ -16,7 +16,13 @@ from pydantic import ValidationError
 from temporalio.api.enums.v1 import EventType, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
-from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.client import (
+    Client,
+    WorkflowExecutionDescription,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowQueryFailedError,
+)
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -117,6 +123,8 @@ def _summary_text(s: RunSummary) -> str:
         f"segments     {_attempts_text(s.attempts, s.segments, s.retried_segments)}; "
         f"recomputed {s.recomputed_steps} step(s); continued-as-new {s.continued_as_new}x",
     ]
+    if s.world_size > 1:
+        lines.append(f"world size   {s.world_size} rank(s) at the end")
     if s.loss is not None:
         lines.append(f"loss         {s.loss:.6f}")
     if s.val_loss is not None:
@@ -133,7 +141,7 @@ def _load_start_input(args: argparse.Namespace) -> None:
     if args.world_size is not None:
         overrides["world_size"] = args.world_size
     if args.nodes is not None:
-        overrides["nodes"] = [n for n in args.nodes.split(",") if n]
+        overrides["nodes"] = args.nodes.split(",")  # an empty name is refused by the input's check, not dropped
     if args.total_steps is not None:
         overrides.update(total_steps=args.total_steps, total_epochs=None)
     args.run_input = load_run_input(args.run_file, overrides=overrides)  # bad input: exit 2 even with Temporal down
@@ -226,9 +234,25 @@ async def _pollers(client: Client, task_queue: str) -> int:
     return len(resp.pollers)
 
 
+async def _query(handle: Any, query: Any) -> Any:
+    """A query to the run; a run that cannot answer (its input never decoded: it failed before
+    its first line) is a one-line ``TemporalRefusedError``, not the SDK's traceback."""
+    try:
+        return await handle.query(query, rpc_timeout=QUERY_TIMEOUT)
+    except WorkflowQueryFailedError as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "Expected workflow input" in reason:  # the SDK's words for a run whose input never decoded
+            reason = "its input never decoded, so it failed before its first step"
+        raise TemporalRefusedError(
+            f"workflow {handle.id!r} cannot answer queries ({reason}); `cairn run result {handle.id}` "
+            "says how it ended",
+            field="workflow_id",
+        ) from None
+
+
 async def _progress(client: Client, workflow_id: str) -> RunProgress:
     handle = client.get_workflow_handle_for(TrainingRun.run, workflow_id)
-    return await handle.query(TrainingRun.progress, rpc_timeout=QUERY_TIMEOUT)
+    return await _query(handle, TrainingRun.progress)
 
 
 SEGMENT_ACTIVITIES = ("train_segment", "train_gang_node")
@@ -264,7 +288,7 @@ async def _status(args: argparse.Namespace, client: Client) -> int:
     pollers = await _pollers(client, desc.task_queue)
     progress: RunProgress | None = None
     if pollers:
-        with contextlib.suppress(RPCError):
+        with contextlib.suppress(RPCError, TemporalRefusedError):  # no answer: describe and result below
             progress = await _progress(client, args.workflow_id)
     payload: dict[str, Any] = {"workflow_id": args.workflow_id, "status": status, "workers_polling": pollers}
     lines: list[str] = []
@@ -274,11 +298,16 @@ async def _status(args: argparse.Namespace, client: Client) -> int:
             f"{args.workflow_id}: {status} - {progress.phase}, step {progress.step}/{progress.total}"
             + (f", epoch {progress.epoch:.2f}" if progress.epoch is not None else "")
             + (f", loss {progress.loss:.4f}" if progress.loss is not None else "")
+            + (f", {progress.world_size} ranks" if progress.world_size > 1 else "")
         )
         if progress.val_loss is not None:
             accuracy = progress.val_accuracy or 0.0
             lines.append(f"  validation  loss {progress.val_loss:.4f}, accuracy {accuracy:.4f} (last epoch end)")
-        lines.append(f"  checkpoint  {progress.checkpoint or '- (none committed yet)'}")
+        running = _segment_view(desc) if desc.status == WorkflowExecutionStatus.RUNNING else None
+        # The running segment's heartbeat knows its own commits before the workflow does.
+        latest = (running or {}).get("checkpoint") or progress.checkpoint
+        payload["checkpoint"] = latest
+        lines.append(f"  checkpoint  {latest or '- (none committed yet)'}")
         lines.append(
             f"  segments    {_attempts_text(progress.attempts, progress.segments, progress.retried_segments)}; "
             f"recomputed {progress.recomputed_steps} step(s); continued-as-new {progress.continued_as_new}x"
@@ -341,8 +370,8 @@ async def _watch(args: argparse.Namespace, client: Client) -> int:
             break
         try:
             progress: RunProgress | None = await _progress(client, args.workflow_id)
-        except RPCError:
-            progress = None  # no worker right now: show the last heartbeat, keep watching
+        except (RPCError, TemporalRefusedError):
+            progress = None  # no worker right now (or no answer yet): show the last heartbeat, keep watching
         total = progress.total if progress else None
         if bar is None and total is not None:
             bar = tqdm(total=total, desc=args.workflow_id, unit="step")
@@ -542,7 +571,7 @@ async def _journal(args: argparse.Namespace, client: Client) -> int:
     from cairn.stores import open_store
 
     handle = client.get_workflow_handle_for(TrainingRun.run, args.workflow_id)
-    info = await handle.query(TrainingRun.info, rpc_timeout=QUERY_TIMEOUT)
+    info = await _query(handle, TrainingRun.info)
     journal = load_journal(open_store(info.store), info.run_id)
     payload = {"workflow_id": args.workflow_id, **journal.model_dump(mode="json")}
     lines = [f"journal of run {info.run_id} (version {journal.version}, store {info.store})"]
@@ -625,7 +654,13 @@ def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> Non
     p.add_argument("--wait", action="store_true", help="wait for the result and print it")
     p.add_argument("--workflow-id", help="default: the run_id")
     p.add_argument("--task-queue", default=DEFAULT_TASK_QUEUE)
-    p.add_argument("--world-size", type=int, help="override the file's world_size (ranks of a distributed run)")
+    p.add_argument(
+        "--world-size",
+        type=int,
+        metavar="W",
+        help="override the file's world_size: ranks of a distributed run (needs config.distributed; W divides "
+        "distributed.microbatches)",
+    )
     p.add_argument("--nodes", metavar="A,B", help="override the file's nodes (hosts of the gang, by worker --node)")
     p.add_argument("--total-steps", type=int, help="override the file's length (e.g. to continue a finished run)")
     for name, help_text, fn in (

@@ -147,7 +147,12 @@ def _start_metrics(port_text: str) -> MetricsEndpoint | None:
     try:
         return serve_metrics(port)
     except OSError as exc:
-        logging.getLogger("cairn.worker").error("metrics endpoint not started on port %s: %s", port, exc.strerror)
+        logging.getLogger("cairn.worker").warning(
+            "metrics endpoint not started on port %s: %s (the worker runs without it; --metrics-port 0 picks a "
+            "free port)",
+            port,
+            exc.strerror,
+        )
         return None
 
 

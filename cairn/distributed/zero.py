@@ -42,15 +42,20 @@ from cairn.trainer import adam_update, learning_rate, loss_and_grads
 from cairn.trainers.base import Trainer, check_eval_history
 from cairn.trainers.mlp import MLPTrainer
 
-__all__ = ["ZeroMLP", "check_world_size"]
+__all__ = ["ZeroMLP", "check_world_size", "world_sizes"]
 
 GROUPS = ("theta", "adam.m", "adam.v")
 
 
-def check_world_size(microbatches: int, world: int) -> None:
+def world_sizes(microbatches: int) -> list[int]:
+    """The world sizes a run with this many microbatches can train at (its divisors)."""
+    return [d for d in range(1, microbatches + 1) if microbatches % d == 0]
+
+
+def check_world_size(microbatches: int, world: int, field: str = "world_size") -> None:
     if world < 1 or microbatches % world:
-        divisors = [d for d in range(1, microbatches + 1) if microbatches % d == 0]
-        raise ConfigError("world_size", expected=f"a divisor of distributed.microbatches: {divisors}", found=world)
+        expected = f"a divisor of distributed.microbatches ({microbatches}): one of {world_sizes(microbatches)}"
+        raise ConfigError(field, expected=expected, found=world)
 
 
 class ZeroMLP:

@@ -14,6 +14,7 @@ the store, Temporal as the orchestrator.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -127,9 +128,12 @@ def test_a_rank_killed_mid_save_leaves_no_committed_checkpoint_and_no_rank_proce
     assert retry["fingerprint"] == reference(tmp_path, config, 12)["12"]
 
 
-def test_ctrl_c_of_cairn_train_checkpoints_every_rank_together(tmp_path: Path) -> None:
-    """Ctrl-C at the terminal reaches the command's process group: the command asks its gang to
-    stop, the ranks finish the step, commit one checkpoint together and exit; nothing is killed."""
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_of_cairn_train_checkpoints_every_rank_together(tmp_path: Path, sig: str) -> None:
+    """Ctrl-C at the terminal reaches the command's process group (SIGTERM, a service manager's
+    stop, reaches the command): the command asks its gang to stop, the ranks finish the step,
+    commit one checkpoint together and exit; nothing is killed. The run then resumes from the
+    checkpoint named as the user types it: relative to the working directory."""
     store = tmp_path / "store"
     config = tmp_path / "config.json"
     config.write_text(dist_config(microbatches=4, block_bytes=64).model_dump_json())
@@ -144,17 +148,30 @@ def test_ctrl_c_of_cairn_train_checkpoints_every_rank_together(tmp_path: Path) -
         ):
             assert cli.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
-        os.killpg(cli.pid, signal.SIGINT)  # what the terminal does
+        if sig == "SIGINT":
+            os.killpg(cli.pid, signal.SIGINT)  # what the terminal does
+        else:
+            os.kill(cli.pid, signal.SIGTERM)  # what `kill`, systemd or a scheduler does
         _, err = cli.communicate(timeout=60)
     finally:
         cli.kill()
-    assert cli.returncode == 130, err
+    assert cli.returncode == 128 + getattr(signal, sig), err
     said = re.search(r"interrupted at step (\d+): checkpoint (\S+) committed", err)
     assert said is not None, err
     step = int(said.group(1))
     local = open_store(str(store))
     assert [r.step for r in list_checkpoints(local, "dist")] == [0, step] and 0 < step < 100000
     assert read_manifest(local, latest_committed(local, "dist"), expect_kind=None).writer.ranks == 2  # type: ignore[arg-type]
+    assert not list(tmp_path.glob("cairn-gang-*")), "the gang's job folder is removed"
+    if sig == "SIGTERM":
+        return
+    relative = f"store/dist/training/{step:012d}"  # as a user in tmp_path types it
+    argv = [sys.executable, "-m", "workers.cli", "train", "--resume", relative, "--store", "store"]
+    argv += ["--steps", "2", "--world-size", "2", "--json"]
+    resumed = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    body = json.loads(resumed.stdout)
+    assert body["step"] == step + 2 and body["resumed_from_step"] == step
 
 
 # -- on Temporal ----------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from tests.conftest import REPO
 from tests.integration.conftest import (
     TemporalServer,
     assert_matches_reference,
+    cairn,
     reference,
     run_input,
     start_worker_process,
@@ -164,11 +165,22 @@ async def test_bad_input_fails_the_run_at_once(
     run_file = tmp_path / "run.json"
     run_file.write_text(json.dumps(body))
     workflow_id = f"bad-{uuid.uuid4().hex[:8]}"
+    env = {"TEMPORAL_ADDRESS": temporal_server.address}
     async with build_worker(client, task_queue):
         temporal_start(temporal_server.address, task_queue, workflow_id, run_file)
         handle = client.get_workflow_handle(workflow_id)
         with pytest.raises(WorkflowFailureError) as failed:
             await asyncio.wait_for(handle.result(), timeout=20)
+        # With a worker polling, status and journal ask the run, which cannot answer: its input
+        # never decoded. They say so in a line (was: the SDK's 60-line traceback).
+        status = await asyncio.to_thread(cairn, "run", "status", workflow_id, env=env, check=False)
+        journal = await asyncio.to_thread(cairn, "run", "journal", workflow_id, env=env, check=False)
+    assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
+    assert f"{workflow_id}: FAILED" in status.stdout and needle in status.stdout, status.stdout
+    assert journal.returncode == 5 and "cannot answer queries (its input never decoded" in journal.stderr, (
+        journal.stderr
+    )
+    assert len(journal.stderr.strip().splitlines()) == 1, journal.stderr
     cause = failed.value.cause
     assert getattr(cause, "type", None) == "ConfigError", cause
     message = str(cause)

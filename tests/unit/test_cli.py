@@ -245,15 +245,19 @@ def test_diverging_training_stops_before_committing(tmp_path: Path, capsys: pyte
         assert run(capsys, "ckpt", "verify", ref)[0] == 0  # whatever was committed is finite and valid
 
 
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_ctrl_c_commits_a_checkpoint_and_prints_the_resume_command(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], sig: str
 ) -> None:
+    """Ctrl-C, and SIGTERM (a service manager's stop, a preemption notice), commit a checkpoint
+    at the step in progress and print the resume command; exit 128 + the signal's number."""
     import os
     import signal
     import threading
 
     store = str(tmp_path / "s")
-    timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    signum = getattr(signal, sig)
+    timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signum))
     timer.start()
     try:
         code, out, err = run(
@@ -261,7 +265,8 @@ def test_ctrl_c_commits_a_checkpoint_and_prints_the_resume_command(
         )
     finally:
         timer.cancel()
-    assert code == 130
+    assert code == 128 + signum
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the handlers are put back
     result = json.loads(out)
     assert result["interrupted"] is True and 0 < result["step"] < 100000000
     assert "resume with: cairn train --resume" in err and result["checkpoint"] in err
@@ -362,3 +367,31 @@ def test_run_start_checks_the_file_before_connecting(tmp_path: Path, capsys: pyt
     bad.write_text(json.dumps(body))
     code, _, err = run(capsys, "run", "start", str(bad), "--address", f"127.0.0.1:{free_port()}")
     assert code == 2 and "checkpoint.evry" in err and "did you mean 'every'" in err, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--config", "distributed.json", "--world-size", "3"], "--world-size: expected a divisor of "),
+        (["--config", "distributed.json", "--world-size", "0"], "one of [1, 2, 4, 8], found 0"),
+        (["--config", "config.json", "--world-size", "2"], "--world-size: expected a config with a 'distributed'"),
+        (["--resume", "/elsewhere/dp/training/000000000040", "--world-size", "2"], "--resume: expected a checkpoint in"),
+    ],
+)
+def test_gang_training_refuses_bad_input_naming_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], needle: str
+) -> None:
+    argv = [str(REPO / "examples" / a) if a.endswith(".json") else a for a in argv]
+    code, _, err = run(capsys, "train", *argv, "--steps", "1", "--store", str(tmp_path / "s"))
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "s").exists() or not any((tmp_path / "s").rglob("manifest.json"))
+
+
+@pytest.mark.parametrize("nodes", ["", "a,,b", "a,a"])
+def test_run_start_refuses_empty_or_repeated_nodes_before_connecting(
+    capsys: pytest.CaptureFixture[str], nodes: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TEMPORAL_ADDRESS", "127.0.0.1:1")  # nothing listens: a refusal must come first
+    run_file = str(REPO / "examples" / "distributed-run.json")
+    code, _, err = run(capsys, "run", "start", run_file, "--world-size", "2", "--nodes", nodes)
+    assert code == 2 and "ConfigError" in err and "nodes" in err, err

@@ -214,12 +214,20 @@ def test_bad_distributed_configs_fail_fast_naming_the_field(distributed: dict, b
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"world_size": 3}, "world_size must divide config.distributed.microbatches"),
+        (
+            {"world_size": 3},
+            r"world_size must divide config.distributed.microbatches \(8\) \(expected one of \[1, 2, 4, 8\], found 3\)",
+        ),
         ({"world_size": 2, "config": small_config().model_dump(mode="json")}, "needs config.distributed"),
         ({"world_size": 4, "nodes": ["a", "b", "c"]}, "multiple of len"),
         ({"world_size": 4, "nodes": ["a", "a"]}, "distinct"),
         ({"world_size": 2, "nodes": ["bad name"]}, "pattern"),
-        ({"world_size": 2, "min_world_size": 4}, "min_world_size must be in 1..world_size"),
+        ({"world_size": 2, "nodes": [""]}, "pattern"),  # `--nodes ""` / `--nodes a,,b`: refused, not dropped
+        (
+            {"world_size": 2, "min_world_size": 4},
+            r"reachable by halving world_size \(expected one of \[2, 1\], found 4\)",
+        ),
+        ({"world_size": 4, "min_world_size": 3}, r"expected one of \[4, 2, 1\], found 3"),  # 4 -> 2 skips 3
     ],
 )
 def test_bad_gang_inputs_are_refused_before_anything_runs(overrides: dict, message: str) -> None:
