@@ -258,6 +258,8 @@ def _train_gang(args: argparse.Namespace, store: Store, config: TrainConfig | No
 
     def on_sigint(sig: int, _frame: object) -> None:
         nonlocal stop, stopped_by
+        if stop:  # a second Ctrl-C/SIGTERM aborts at once: supervise() kills the gang on its way out
+            raise KeyboardInterrupt
         stop, stopped_by = True, signal.Signals(sig)  # the ranks finish the step, checkpoint together, exit
 
     def on_progress(doc: dict[str, Any]) -> None:
@@ -275,6 +277,18 @@ def _train_gang(args: argparse.Namespace, store: Store, config: TrainConfig | No
             gang = Gang(GangSpec(nproc_per_node=args.world_size), job, Path(tmp))
             gang.start()
             out = gang.supervise(on_progress=on_progress, cancelled=lambda: stop)
+    except KeyboardInterrupt:
+        last = latest_committed(store, run_id)
+        raise CommandInterrupted(
+            "aborted by a second signal; the gang was stopped; "
+            + (f"last committed checkpoint: {last}" if last else "no checkpoint was committed")
+            + (
+                f"; resume with: cairn train --resume {last} --steps {target - last.step} --store {args.store} "
+                f"--world-size {args.world_size}"
+                if last
+                else ""
+            )
+        ) from None
     finally:
         signal.signal(signal.SIGINT, previous)
         signal.signal(signal.SIGTERM, previous_term)

@@ -141,7 +141,8 @@ def _load_start_input(args: argparse.Namespace) -> None:
     if args.world_size is not None:
         overrides["world_size"] = args.world_size
     if args.nodes is not None:
-        overrides["nodes"] = args.nodes.split(",")  # an empty name is refused by the input's check, not dropped
+        # "" clears the file's nodes (one node, any worker); an empty name in a list is refused, not dropped.
+        overrides["nodes"] = args.nodes.split(",") if args.nodes.strip() else []
     if args.total_steps is not None:
         overrides.update(total_steps=args.total_steps, total_epochs=None)
     args.run_input = load_run_input(args.run_file, overrides=overrides)  # bad input: exit 2 even with Temporal down
@@ -413,10 +414,10 @@ def timeline_from_history(history: list[Any]) -> tuple[dict[str, Any], list[Time
 
     A plain segment is retried by Temporal (its attempts show as ``attempt > 1`` starts); a
     gang segment is one ``train_gang_node`` per node, scheduled together in one workflow task,
-    and retried whole by the workflow: the node that failed is the failure, the nodes the
-    workflow then cancelled are part of it (not interruptions), a gang interrupted on request
-    is one interruption, and the retry's restore says at which world size it resumed (an
-    elastic run may have shrunk)."""
+    and retried whole by the workflow: the first node that failed is the attempt's one failure,
+    the other nodes (cancelled by the workflow, or failing with their broken peer) are part of
+    it, a gang interrupted on request is one interruption, and the retry's restore says at
+    which world size it resumed (an elastic run may have shrunk)."""
     first_input: dict[str, Any] = {}
     events: list[TimelineEvent] = []
     scheduled: dict[int, tuple[str, int, dict[str, Any]]] = {}  # id -> (type, batch, input)
@@ -467,12 +468,18 @@ def timeline_from_history(history: list[Any]) -> tuple[dict[str, Any], list[Time
             failure = attrs_f.failure
             message = "activity timed out" if timed_out else failure.message
             error = failure.application_failure_info.type if failure.HasField("application_failure_info") else ""
+            gang_node = name_f == "train_gang_node"
+            if gang_node and batch in failed_batches:
+                # A node of a gang that already failed: stopped by the workflow (it checkpoints and
+                # reports an interruption) or its collectives broke with the failed peer. One
+                # failure per gang attempt.
+                continue
             if not timed_out and error == "SegmentInterrupted":
-                if name_f != "train_gang_node" or batch not in interrupted_batches:
+                if not gang_node or batch not in interrupted_batches:
                     events.append(TimelineEvent("interrupted", at, None, message))  # once per gang
                 interrupted_batches.add(batch)
                 continue
-            if name_f == "train_gang_node":
+            if gang_node:
                 failed_batches.add(batch)
                 node = node_input.get("node_index")
                 message = f"gang node {node}: {message}" if isinstance(node, int) else message

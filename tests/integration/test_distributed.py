@@ -128,12 +128,13 @@ def test_a_rank_killed_mid_save_leaves_no_committed_checkpoint_and_no_rank_proce
     assert retry["fingerprint"] == reference(tmp_path, config, 12)["12"]
 
 
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGTERM-twice"])
 def test_ctrl_c_of_cairn_train_checkpoints_every_rank_together(tmp_path: Path, sig: str) -> None:
     """Ctrl-C at the terminal reaches the command's process group (SIGTERM, a service manager's
     stop, reaches the command): the command asks its gang to stop, the ranks finish the step,
     commit one checkpoint together and exit; nothing is killed. The run then resumes from the
-    checkpoint named as the user types it: relative to the working directory."""
+    checkpoint named as the user types it: relative to the working directory. A second signal
+    (sent while the gang is still stopping) aborts at once: the gang is stopped, no rank survives."""
     store = tmp_path / "store"
     config = tmp_path / "config.json"
     config.write_text(dist_config(microbatches=4, block_bytes=64).model_dump_json())
@@ -152,9 +153,21 @@ def test_ctrl_c_of_cairn_train_checkpoints_every_rank_together(tmp_path: Path, s
             os.killpg(cli.pid, signal.SIGINT)  # what the terminal does
         else:
             os.kill(cli.pid, signal.SIGTERM)  # what `kill`, systemd or a scheduler does
+        if sig == "SIGTERM-twice":
+            # Once the first is handled (the command asked its gang to stop), while the ranks stop:
+            while not list(tmp_path.glob("cairn-gang-*/stop")):
+                assert cli.poll() is None and time.monotonic() < deadline + 30
+                time.sleep(0.001)
+            os.kill(cli.pid, signal.SIGTERM)
         _, err = cli.communicate(timeout=60)
     finally:
         cli.kill()
+    assert gang_processes(str(tmp_path)) == [], "no agent or rank outlives the command"
+    assert not list(tmp_path.glob("cairn-gang-*")), "the gang's job folder is removed"
+    if sig == "SIGTERM-twice":
+        assert cli.returncode == 130 and "aborted by a second signal; the gang was stopped" in err, err
+        assert "last committed checkpoint: " in err and "resume with: cairn train --resume" in err, err
+        return
     assert cli.returncode == 128 + getattr(signal, sig), err
     said = re.search(r"interrupted at step (\d+): checkpoint (\S+) committed", err)
     assert said is not None, err
@@ -162,7 +175,6 @@ def test_ctrl_c_of_cairn_train_checkpoints_every_rank_together(tmp_path: Path, s
     local = open_store(str(store))
     assert [r.step for r in list_checkpoints(local, "dist")] == [0, step] and 0 < step < 100000
     assert read_manifest(local, latest_committed(local, "dist"), expect_kind=None).writer.ranks == 2  # type: ignore[arg-type]
-    assert not list(tmp_path.glob("cairn-gang-*")), "the gang's job folder is removed"
     if sig == "SIGTERM":
         return
     relative = f"store/dist/training/{step:012d}"  # as a user in tmp_path types it

@@ -103,15 +103,15 @@ def summary(events: list[Any]) -> list[tuple[str, int | None, str]]:
     return [(e.kind, e.step, e.detail) for e in events]
 
 
-def test_a_failed_gang_is_one_failure_per_failed_node_and_its_retry_a_restore_at_its_world_size() -> None:
+def test_a_failed_gang_attempt_is_one_failure_and_its_retry_a_restore_at_its_world_size() -> None:
     h = History()
     h.started({"run_id": "r", "store": "/s"})
     first = h.gang(batch=100, world=4, nodes=2)
-    h.failed(first[1], "rank 3 exited with -9")  # node 1 fails, the workflow cancels node 0
-    h.cancelled(first[0])
+    h.failed(first[1], "rank 3 exited with -9")  # node 1 fails, the workflow cancels node 0,
+    h.failed(first[0], "stopped at step 7 on request", error="SegmentInterrupted")  # which checkpoints
     second = h.gang(batch=200, world=4, nodes=2)
     h.timed_out(second[0])  # node 0's worker vanished: its heartbeat stops
-    h.cancelled(second[1])
+    h.failed(second[1], "rank 2: connection closed by peer", error="GangFailedError")  # its peer broke
     third = h.gang(batch=300, world=2, nodes=1)  # elastic: half the ranks on the first node
     h.completed(third[0], {"step": 12, "attempt": 3, "resumed_from_step": 6})
     inp, events = timeline_from_history(h.events)
@@ -124,6 +124,16 @@ def test_a_failed_gang_is_one_failure_per_failed_node_and_its_retry_a_restore_at
     ]
     # The restore sits where the retry started, before its end.
     assert events[3].at < events[2].at
+
+
+def test_every_way_the_other_nodes_of_a_failed_gang_end_is_part_of_its_one_failure() -> None:
+    h = History()
+    ids = h.gang(batch=100, world=6, nodes=3)
+    h.failed(ids[2], "rank 5 exited with -9")
+    h.failed(ids[0], "stopped at step 3 on request", error="SegmentInterrupted")  # stopped, checkpointed
+    h.cancelled(ids[1])  # cancelled before its code ran
+    _, events = timeline_from_history(h.events)
+    assert summary(events) == [("failure", None, "gang node 2: rank 5 exited with -9")]
 
 
 def test_a_gang_interrupted_on_request_is_one_interruption() -> None:
