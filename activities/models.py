@@ -25,6 +25,7 @@ __all__ = [
     "EffectsSpec",
     "RunCarry",
     "TrainingRunInput",
+    "SegmentInput",
     "TrainSegmentInput",
     "TrainSegmentResult",
     "GangNodeInput",
@@ -264,7 +265,9 @@ class OpenRunResult(_Model):
     reproducibility: str | None = None
 
 
-class TrainSegmentInput(_Model):
+class SegmentInput(_Model):
+    """What every training activity is told: the run, its store, where to train to."""
+
     run_id: str
     config: TrainConfig
     store: str
@@ -273,29 +276,25 @@ class TrainSegmentInput(_Model):
     resume_from: str | None = None
     """Resume from this checkpoint instead of the latest committed one (a rollback)."""
     checkpoint_every: int
-    async_save: bool = False
     throttle_seconds_per_step: float = 0.0
     heartbeat_every_seconds: float = 0.2
     """Local bound on heartbeat calls; the SDK further throttles what goes over the network
     (about once a second), so the server's view of a segment's step is at most ~1 s stale."""
 
 
+class TrainSegmentInput(SegmentInput):
+    """A segment trained in the worker's own process."""
+
+    async_save: bool = False
+
+
 class GangEndpointInput(_Model):
     run_id: str
 
 
-class GangNodeInput(_Model):
+class GangNodeInput(SegmentInput):
     """One node's share of a gang segment: ``nproc`` rank processes under torchrun."""
 
-    run_id: str
-    config: TrainConfig
-    store: str
-    store_id: str | None = None
-    target_step: int
-    resume_from: str | None = None
-    checkpoint_every: int
-    throttle_seconds_per_step: float = 0.0
-    heartbeat_every_seconds: float = 0.2
     world_size: int
     nnodes: int = 1
     node_index: int = 0

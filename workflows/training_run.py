@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -359,6 +360,20 @@ class TrainingRun:
         carry = self._carry.model_copy(update={"continued_as_new": self._carry.continued_as_new + 1})
         workflow.continue_as_new(inp.model_copy(update={"carry": carry}))
 
+    def _segment_fields(self, inp: TrainingRunInput, target: int, resume_from: str | None) -> dict[str, Any]:
+        """The ``SegmentInput`` fields of the next segment, in-process or as a gang."""
+        return {
+            "run_id": inp.run_id,
+            "config": inp.config,
+            "store": inp.store,
+            "store_id": self._carry.store_id,
+            "target_step": target,
+            "resume_from": resume_from,
+            "checkpoint_every": inp.checkpoint.every,
+            "throttle_seconds_per_step": inp.throttle_seconds_per_step,
+            "heartbeat_every_seconds": min(0.1, inp.heartbeat_timeout_seconds / 4),
+        }
+
     async def _run_segment(self, inp: TrainingRunInput, target: int | None = None) -> None:
         if target is None:
             target = min(self._segment_end(inp), self._total(inp))
@@ -370,16 +385,7 @@ class TrainingRun:
         handle = workflow.start_activity(
             train_segment,
             TrainSegmentInput(
-                run_id=inp.run_id,
-                config=inp.config,
-                store=inp.store,
-                store_id=self._carry.store_id,
-                target_step=target,
-                resume_from=resume_from,
-                checkpoint_every=inp.checkpoint.every,
-                async_save=inp.checkpoint.mode == "async",
-                throttle_seconds_per_step=inp.throttle_seconds_per_step,
-                heartbeat_every_seconds=min(0.1, inp.heartbeat_timeout_seconds / 4),
+                **self._segment_fields(inp, target, resume_from), async_save=inp.checkpoint.mode == "async"
             ),
             start_to_close_timeout=timedelta(seconds=inp.segment_timeout_seconds),
             heartbeat_timeout=timedelta(seconds=inp.heartbeat_timeout_seconds),
@@ -424,15 +430,7 @@ class TrainingRun:
                 workflow.start_activity(
                     train_gang_node,
                     GangNodeInput(
-                        run_id=inp.run_id,
-                        config=inp.config,
-                        store=inp.store,
-                        store_id=self._carry.store_id,
-                        target_step=target,
-                        resume_from=resume_from,
-                        checkpoint_every=inp.checkpoint.every,
-                        throttle_seconds_per_step=inp.throttle_seconds_per_step,
-                        heartbeat_every_seconds=min(0.1, inp.heartbeat_timeout_seconds / 4),
+                        **self._segment_fields(inp, target, resume_from),
                         world_size=world,
                         nnodes=len(queues),
                         node_index=i,
