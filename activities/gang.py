@@ -28,7 +28,14 @@ from temporalio.exceptions import ApplicationError
 from activities import metrics as m
 from activities.log_context import run_context, set_step
 from activities.models import GangEndpointInput, GangNodeInput, TrainSegmentResult
-from activities.training import Heartbeater, activity_errors, heartbeat_interval, interruption, open_run_store
+from activities.training import (
+    Heartbeater,
+    activity_errors,
+    heartbeat_interval,
+    interruption,
+    open_run_store,
+    require_numerics,
+)
 from cairn.distributed.launch import Gang, GangSpec, free_endpoint
 from cairn.errors import CairnError, ConfigError, one_line
 from cairn.runs import require_run_owner
@@ -87,6 +94,7 @@ def _train_gang_node(inp: GangNodeInput, info: activity.Info) -> tuple[TrainSegm
                 expected="torch installed on this worker",
                 found="no module named 'torch'",
             )
+        require_numerics(inp.numerics_id)
         store = open_run_store(inp.store, inp.store_id)
         require_run_owner(store, inp.run_id, info.workflow_id)
         job: dict[str, Any] = {

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from cairn.checkpoint.layout import RUN_ID_PATTERN
 from cairn.config import TrainConfig
+from cairn.numerics import DEFAULT_PROFILE, ProfileName
 from cairn.runs import store_url_problem
 
 __all__ = [
@@ -126,6 +127,8 @@ class RunCarry(_Model):
     """The gang's current world size, when an elastic run shrank it (None: the input's)."""
     nodes: list[str] | None = None
     """The gang's current nodes, when an elastic run shrank it (None: the input's)."""
+    numerics_id: str | None = None
+    """The numerics profile id segments are routed by (``OpenRunResult.numerics_id``)."""
 
     @field_validator("attempts")
     @classmethod
@@ -195,6 +198,10 @@ class TrainingRunInput(_Model):
     """Hosts of the gang, by the name their worker polls (``cairn worker --node NAME``): one
     gang activity per node, ``world_size / len(nodes)`` ranks each. Empty: one node, any
     worker of the run's task queue."""
+    numerics: ProfileName = DEFAULT_PROFILE
+    """The numerics profile every segment is computed under (``x86-64-v3``: any AVX2 or AVX-512
+    machine computes the same bits): segments go only to workers of that profile
+    (``cairn worker --numerics``). ``native``: no pinning, bit-exact only on identical machines."""
     carry: RunCarry | None = None
     """Internal: set by continue-as-new. Leave empty when starting a run."""
 
@@ -253,6 +260,8 @@ class OpenRunInput(_Model):
     config: TrainConfig | None = None
     """The run's config: its trainer is loaded once here, so a worker without the trainer's
     package fails the run at once (non-retryable) instead of looping on segments."""
+    numerics: str | None = None
+    """The run's numerics profile (``TrainingRunInput.numerics``)."""
 
 
 class OpenRunResult(_Model):
@@ -263,6 +272,9 @@ class OpenRunResult(_Model):
     steps_per_epoch: int | None = None
     trainer: str | None = None
     reproducibility: str | None = None
+    numerics_id: str | None = None
+    """The numerics profile id the run's segments are routed by (``cairn.numerics``): its latest
+    checkpoint's, else the run's profile on this worker's libraries. None: an older worker."""
 
 
 class SegmentInput(_Model):
@@ -275,6 +287,8 @@ class SegmentInput(_Model):
     target_step: int
     resume_from: str | None = None
     """Resume from this checkpoint instead of the latest committed one (a rollback)."""
+    numerics_id: str | None = None
+    """The numerics profile id this segment must be computed under (None: not checked)."""
     checkpoint_every: int
     throttle_seconds_per_step: float = 0.0
     heartbeat_every_seconds: float = 0.2

@@ -43,7 +43,8 @@ from activities.models import (
 from cairn.checkpoint import CheckpointKind, CheckpointRef, latest_committed, list_checkpoints, read_manifest
 from cairn.checkpoint.commit import CommitResult
 from cairn.checkpoint.retention import RetentionPolicy, collect_garbage
-from cairn.errors import CairnError, CheckpointConflictError, one_line
+from cairn.errors import CairnError, CheckpointConflictError, NumericsProfileError, one_line
+from cairn.numerics import process_numerics, profile_id
 from cairn.runs import claim_run, require_run_owner, require_store_identity, store_identity
 from cairn.session import TrainingSession
 from cairn.state import TrainState
@@ -64,6 +65,7 @@ __all__ = [
     "previous_reach",
     "interruption",
     "heartbeat_interval",
+    "require_numerics",
     "INTERRUPTED",
 ]
 
@@ -146,6 +148,19 @@ def open_run_store(url: str, store_id: str | None) -> Store:
     return store
 
 
+def require_numerics(numerics_id: str | None) -> None:
+    """Refuse a segment of another numerics profile than this worker's (routing sends none here;
+    this is the check behind it): non-retryable, naming both."""
+    if numerics_id is None:
+        return
+    mine = process_numerics()
+    if mine.id != numerics_id:
+        raise NumericsProfileError(
+            f"this segment must be computed under numerics profile {numerics_id}, this worker runs {mine.id}",
+            field="numerics",
+        )
+
+
 def heartbeat_interval(default: float = 1.0) -> float:
     """A quarter of this activity's heartbeat timeout, at most ``default``: a busy phase can
     never outlast the timeout between two heartbeats."""
@@ -226,6 +241,7 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
             info.attempt,
             info.workflow_id,
         )
+        require_numerics(inp.numerics_id)
         store = open_run_store(inp.store, inp.store_id)
         restore_started = time.perf_counter()
         if inp.resume_from is not None:  # a rollback: this older checkpoint, not the latest
@@ -372,12 +388,22 @@ async def open_run(inp: OpenRunInput) -> OpenRunResult:
                 }
             )
             ref = latest_committed(store, inp.run_id)
+            numerics_id = None if inp.numerics is None else profile_id(inp.numerics)
             if ref is None:
-                return OpenRunResult(store_id=store_id, checkpoint=None, step=0, fingerprint=None, **about)
+                return OpenRunResult(
+                    store_id=store_id, checkpoint=None, step=0, fingerprint=None, numerics_id=numerics_id, **about
+                )
             manifest = read_manifest(store, ref, expect_kind=None)
-            fingerprint = manifest.fingerprint
+            recorded = manifest.lineage.numerics if manifest.lineage is not None else None
+            if recorded is not None and recorded.profile == inp.numerics:
+                numerics_id = recorded.id  # stay with the workers that computed the run so far
             return OpenRunResult(
-                store_id=store_id, checkpoint=str(ref), step=ref.step, fingerprint=fingerprint, **about
+                store_id=store_id,
+                checkpoint=str(ref),
+                step=ref.step,
+                fingerprint=manifest.fingerprint,
+                numerics_id=numerics_id,
+                **about,
             )
 
     task = asyncio.ensure_future(asyncio.to_thread(work))  # to_thread carries the activity's context

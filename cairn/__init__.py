@@ -1,31 +1,44 @@
 """Cairn core: full training state, a bit-exact trainer, checkpoints, stores, effects.
 
 Never imports temporalio: workflows and activities build on this library, not the reverse.
+The public names below load on first use, so ``import cairn.numerics`` can pin the numerics
+profile before numpy is imported.
 """
 
-from cairn.checkpoint import CheckpointKind, CheckpointRef, load_training, save_training
-from cairn.config import TrainConfig, load_config
-from cairn.data import Dataset, load_dataset
-from cairn.session import TrainingSession
-from cairn.state import Lineage, TrainState
-from cairn.stores import open_store
-from cairn.trainer import advance, init_state, train
+from __future__ import annotations
 
-__all__ = [
-    "CheckpointKind",
-    "CheckpointRef",
-    "Dataset",
-    "Lineage",
-    "TrainConfig",
-    "TrainState",
-    "TrainingSession",
-    "advance",
-    "init_state",
-    "load_config",
-    "load_dataset",
-    "load_training",
-    "open_store",
-    "save_training",
-    "train",
-]
-__version__ = "0.1.0"
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "CheckpointKind": "cairn.checkpoint",
+    "CheckpointRef": "cairn.checkpoint",
+    "load_training": "cairn.checkpoint",
+    "save_training": "cairn.checkpoint",
+    "TrainConfig": "cairn.config",
+    "load_config": "cairn.config",
+    "Dataset": "cairn.data",
+    "load_dataset": "cairn.data",
+    "TrainingSession": "cairn.session",
+    "Lineage": "cairn.state",
+    "TrainState": "cairn.state",
+    "open_store": "cairn.stores",
+    "advance": "cairn.trainer",
+    "init_state": "cairn.trainer",
+    "train": "cairn.trainer",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cairn' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -8,7 +8,8 @@ expected vs found value, so a refused import says exactly why::
      │    ├── ReferenceSyntaxError      a checkpoint reference is not STORE/RUN/KIND/STEP   no    2
      │    ├── StoreIdentityError        this store is not the one the run was started on     no    2
      │    ├── StoreNotFoundError        no such bucket / the store cannot be created or read no    2
-     │    └── RunOwnershipError         another workflow already trains this run id         no    2
+     │    ├── RunOwnershipError         another workflow already trains this run id         no    2
+     │    └── NumericsProfileError      this process cannot compute under the numerics profile no  2
      ├── StorageError                 the store could not be read or written               yes   3
      │    └── ObjectNotFoundError     a key the caller named does not exist                yes   3
      ├── InvalidObjectError           an object in the store is malformed (not a regular   no    1
@@ -28,6 +29,7 @@ expected vs found value, so a refused import says exactly why::
      │    ├── InvariantError            cross-field invariant broken (cursor, history, v >= 0, RNG)
      │    ├── IncompatibleConfigError   checkpoint belongs to a different model/dataset/version
      │    ├── SignatureError            signing key configured and the signature is missing/invalid
+     │    ├── ProfileMismatchError      a bit-exact resume under another numerics profile than the state's
      │    └── CheckpointConflictError   same idempotency key, different content (non-determinism)
      ├── EffectError                  an external side effect was refused                 no    4
      │    ├── EffectUnavailableError    the service could not be reached (outcome unknown)  yes   4
@@ -70,6 +72,8 @@ __all__ = [
     "InvalidObjectError",
     "ReferenceSyntaxError",
     "RunOwnershipError",
+    "NumericsProfileError",
+    "ProfileMismatchError",
     "StoreIdentityError",
     "StoreNotFoundError",
     "TemporalRefusedError",
@@ -152,6 +156,11 @@ class StoreNotFoundError(ConfigError):
 
 class RunOwnershipError(ConfigError):
     """Another workflow already trains this run id in this store: two writers would interleave."""
+
+
+class NumericsProfileError(ConfigError):
+    """This process does not compute under the numerics profile asked for (another CPU level, a
+    control set after numpy was imported, an unknown profile name)."""
 
 
 class StorageError(CairnError):
@@ -256,6 +265,11 @@ class IncompatibleConfigError(CheckpointError):
 
 class SignatureError(CheckpointError):
     """A signing key is configured and the manifest's signature is missing or wrong."""
+
+
+class ProfileMismatchError(CheckpointError):
+    """A bit-exact run's checkpoint was computed under another numerics profile than this
+    process's: resuming it would give bits no uninterrupted run produces."""
 
 
 class CheckpointConflictError(CheckpointError):

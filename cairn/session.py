@@ -24,12 +24,13 @@ from cairn.checkpoint.ref import CheckpointRef
 from cairn.config import TrainConfig
 from cairn.errors import ConfigError, TrainingDivergedError
 from cairn.lifecycle import initial_state
-from cairn.state import TrainState
+from cairn.numerics import process_numerics, resumed_numerics
+from cairn.state import Lineage, TrainState
 from cairn.stores import open_store
 from cairn.stores.base import Store
 from cairn.trainers.base import Trainer, load_trainer
 
-__all__ = ["TrainingSession", "default_run_id", "MAX_STEPS", "require_finite"]
+__all__ = ["TrainingSession", "default_run_id", "MAX_STEPS", "require_finite", "with_process_numerics"]
 
 MAX_STEPS = 100_000_000
 """The most updates one command or run may ask for (the loss/lr history rides in every
@@ -75,6 +76,15 @@ def require_finite(state: TrainState, last_commit: CommitResult | None = None, *
         )
 
 
+def with_process_numerics(state: TrainState, trainer: Trainer, where: str, tolerate: bool = False) -> Lineage:
+    """``state``'s lineage, stamped with the numerics profile this process computes under; a
+    bit-exact state computed under another profile is refused (``ProfileMismatchError``) unless
+    ``tolerate`` (or the trainer's tolerance contract) allows mixing."""
+    exact = trainer.reproducibility == "bit-exact" and not tolerate
+    record = resumed_numerics(state.lineage.numerics, process_numerics(), exact=exact, where=where)
+    return state.lineage.model_copy(update={"numerics": record})
+
+
 class TrainingSession:
     def __init__(
         self,
@@ -84,6 +94,7 @@ class TrainingSession:
         trainer: Trainer,
         *,
         options: CheckpointOptions | None = None,
+        tolerate_numerics: bool = False,
     ) -> None:
         self.run_id = _check_run_id(run_id)
         self.store = store
@@ -92,6 +103,9 @@ class TrainingSession:
         self.options = options
         """Signer, limits and shard settings for every save and restore of this session;
         None: ``CheckpointOptions.from_env()`` at each save and restore."""
+        self.tolerate_numerics = tolerate_numerics
+        """Resume a bit-exact run's checkpoint under another numerics profile (``--tolerance``):
+        the lineage records both profiles (``numerics.mixed``)."""
         self.last_commit: CommitResult | None = None
         self.restored_from: CheckpointRef | None = None
 
@@ -128,7 +142,9 @@ class TrainingSession:
         trainer = load_trainer(config) if config is not None else None
         state, _, trainer = load_training_with_trainer(source, ref, trainer=trainer, options=options)
         if weights_only_restore:
-            state = trainer.weights_only(state)
+            state = trainer.weights_only(state)  # a fresh start: computed under this process's profile
+        else:
+            state.lineage = with_process_numerics(state, trainer, str(ref), kw.get("tolerate_numerics", False))
         return cls(run_id or ref.run_id, target, state, trainer, **kw)
 
     @classmethod
@@ -154,6 +170,7 @@ class TrainingSession:
         """Replace this session's state with ``ref``'s, only if it passes validation."""
         source = self.store if ref.store_url == self.store.url else open_store(ref.store_url)
         state, _ = load_training(source, ref, trainer=self.trainer, options=self.checkpoint_options)
+        state.lineage = with_process_numerics(state, self.trainer, str(ref), self.tolerate_numerics)
         self.state = state
         self.restored_from = ref
 
@@ -192,6 +209,8 @@ class TrainingSession:
         """
         if checkpoint_every is not None and checkpoint_every <= 0:
             raise ConfigError("checkpoint_every", expected="> 0", found=checkpoint_every)
+        where = str(self.durable_ref) if self.durable_ref else "this state"
+        self.state.lineage = with_process_numerics(self.state, self.trainer, where, self.tolerate_numerics)
         saver = AsyncCheckpointer(self.store, self.run_id, options=self.checkpoint_options) if async_save else None
         pending: SaveHandle | None = None
 

@@ -14,6 +14,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from cairn.config import TrainConfig
+from cairn.numerics import NumericsRecord
 
 __all__ = ["Lineage", "ReferenceSnapshot", "TrainState", "HISTORY_KEYS", "param_shapes", "rng_state_problem"]
 
@@ -34,7 +35,7 @@ class ReferenceSnapshot(BaseModel):
     """Top-level config fields this stage was allowed to change (the stage contract)."""
 
 
-V1_ADDITIONS = ("trainer", "model_hash", "reproducibility", "reference")
+V1_ADDITIONS = ("trainer", "model_hash", "reproducibility", "reference", "numerics")
 
 
 class Lineage(BaseModel):
@@ -60,6 +61,9 @@ class Lineage(BaseModel):
     """The contract the run trains under: ``bit-exact`` or ``tolerance`` (None: bit-exact, built-in)."""
     reference: ReferenceSnapshot | None = None
     """The checkpoint this stage was initialised from (``init_from``): weights only, not a resume."""
+    numerics: NumericsRecord | None = None
+    """The numerics profile the state was computed under (``cairn.numerics``); provenance, like
+    ``parent``, so it is not part of the fingerprint. None: written before profiles were recorded."""
 
     @model_serializer(mode="wrap")
     def _omit_unset_v1_additions(self, handler: Any) -> Any:
@@ -72,9 +76,9 @@ class Lineage(BaseModel):
         return body
 
     def fingerprint_json(self) -> dict[str, Any]:
-        """The lineage as content: without ``parent`` (provenance); v1 checkpoints keep their
-        fingerprints (see ``_omit_unset_v1_additions``)."""
-        return self.model_dump(mode="json", exclude={"parent"})
+        """The lineage as content: without ``parent`` and ``numerics`` (provenance); v1
+        checkpoints keep their fingerprints (see ``_omit_unset_v1_additions``)."""
+        return self.model_dump(mode="json", exclude={"parent", "numerics"})
 
 
 def param_shapes(config: TrainConfig, n_features: int) -> dict[str, tuple[int, ...]]:

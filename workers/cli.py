@@ -41,10 +41,12 @@ from cairn.checkpoint.validate import check_training_manifest, manifest_config
 from cairn.config import BUILTIN_TRAINER, TrainConfig, load_config, parse_config
 from cairn.errors import CairnError, CommandInterrupted, ConfigError, StoreNotFoundError
 from cairn.lifecycle import exposure_count, record_test_exposure
+from cairn.numerics import NumericsRecord, enter_profile
 from cairn.session import MAX_STEPS, TrainingSession, default_run_id
 from cairn.stores import open_store
 from cairn.stores.base import Store
 from cairn.trainers.base import Trainer, check_finite, load_trainer, normalized_config, trainer_for_checkpoint
+from workers.numerics_args import add_numerics_arg
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -138,7 +140,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         default_id = f"{ref.run_id}-weights-only" if args.weights_only else ref.run_id
         run_id = args.run_id if args.run_id is not None else default_id
         session = TrainingSession.from_checkpoint(
-            ref, run_id=run_id, store=store, config=config, weights_only_restore=args.weights_only
+            ref,
+            run_id=run_id,
+            store=store,
+            config=config,
+            weights_only_restore=args.weights_only,
+            tolerate_numerics=args.tolerance,
         )
     else:
         if config is None:
@@ -362,6 +369,7 @@ def cmd_ckpt_show(args: argparse.Namespace) -> int:
         print(f"trainer      {lineage.trainer or BUILTIN_TRAINER}   contract {lineage.reproducibility or 'bit-exact'}")
         if lineage.model_hash:
             print(f"architecture {lineage.model_hash}")
+        print(f"numerics     {_numerics_line(lineage.numerics)}")
         print(f"stage        {lineage.stage_contract}   final-test exposures {exposures}")
         if lineage.reference is not None:
             r = lineage.reference
@@ -375,6 +383,14 @@ def cmd_ckpt_show(args: argparse.Namespace) -> int:
     for t in manifest.tensors:
         print(f"  {t.name:<24} {t.dtype} {t.shape!s:<14} {t.length:>12} B  {t.checksum[:19]}")
     return 0
+
+
+def _numerics_line(record: NumericsRecord | None) -> str:
+    if record is None:
+        return "(not recorded: written before numerics profiles)"
+    libs = ", ".join(f"{k} {v}" for k, v in record.libraries.items() if k in ("numpy", "openblas", "torch", "blas_kernel"))
+    mixed = f"; MIXED with {', '.join(record.mixed)} (not bit-exact to either)" if record.mixed else ""
+    return f"{record.id}   on a {record.native} machine   ({libs}){mixed}"
 
 
 def cmd_ckpt_verify(args: argparse.Namespace) -> int:
@@ -429,7 +445,9 @@ def cmd_ckpt_compare(args: argparse.Namespace) -> int:
     state_b, man_b = load_training(open_store(ref_b.store_url), ref_b, run_config=given)
     diffs = compare_states(state_a, state_b, rtol=args.rtol, atol=args.atol)
     tolerant = bool(args.rtol or args.atol)
+    profiles = [n.id if (n := s.lineage.numerics) else None for s in (state_a, state_b)]
     payload = {
+        "numerics": profiles,
         "a": str(ref_a),
         "b": str(ref_b),
         "identical": not diffs,
@@ -446,6 +464,11 @@ def cmd_ckpt_compare(args: argparse.Namespace) -> int:
         )
         return 0
     lines = [f"DIFFERENT: {len(diffs)} field(s) differ"]
+    if profiles[0] != profiles[1]:
+        lines.append(
+            f"  computed under numerics profiles {profiles[0] or '(unrecorded)'} and {profiles[1] or '(unrecorded)'}: "
+            "states of different profiles are equal only within a tolerance"
+        )
     for d in diffs:
         extra = "" if d.max_abs_diff is None else f" (max abs diff {d.max_abs_diff:.6g})"
         lines.append(f"  {d.field}: {d.detail}{extra}")
@@ -610,6 +633,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="train as W rank processes under torchrun on this host (needs config.distributed; any W dividing "
         "distributed.microbatches gives the same bits)",
     )
+    add_numerics_arg(p, "trains")
+    p.add_argument(
+        "--tolerance",
+        action="store_true",
+        help="resume a bit-exact checkpoint computed under another numerics profile (recorded in its lineage: "
+        "the result is then equal to an uninterrupted run only within a tolerance)",
+    )
     p.set_defaults(handler=cmd_train)
 
     p = sub.add_parser("eval", help="evaluate a checkpoint on its validation or final test split")
@@ -617,6 +647,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint")
     p.add_argument("--split", choices=["val", "test"], default="val")
     p.add_argument("--config", help="the run's config (trusts the trainer it names)")
+    add_numerics_arg(p, "evaluates")
     p.set_defaults(handler=cmd_eval)
 
     ckpt = sub.add_parser("ckpt", help="inspect, verify, compare, list and collect checkpoints")
@@ -695,7 +726,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(parser.format_usage())
         return report_error(argparse.Namespace(json="--json" in words, debug=False), exc)
     try:
-        code = _dispatch(args)
+        code = _dispatch(args, reexec=argv is None)
         sys.stdout.flush()
     except BrokenPipeError:
         # `cairn ... --json | head`: the reader left. Not an error worth a traceback.
@@ -728,10 +759,12 @@ def report_error(args: argparse.Namespace, exc: CairnError) -> int:
     return exc.exit_code
 
 
-def _dispatch(args: argparse.Namespace) -> int:
+def _dispatch(args: argparse.Namespace, *, reexec: bool = False) -> int:
     if getattr(args, "endpoint_url", None):
         os.environ["AWS_ENDPOINT_URL_S3"] = args.endpoint_url  # read by boto3 for every S3 client
     try:
+        if getattr(args, "numerics", None):  # a command that computes: under its profile, or not at all
+            enter_profile(args.numerics, reexec=reexec)
         code: int = args.handler(args)
         return code
     except CommandFailed as failed:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import re
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
@@ -27,12 +28,23 @@ from activities.gang import ADVERTISE_ENV, GANG_ACTIVITIES
 from activities.models import DEFAULT_TASK_QUEUE, NODE_NAME, node_queue
 from activities.training import TRAINING_ACTIVITIES
 from cairn.errors import ConfigError, TemporalUnavailableError
+from cairn.numerics import enter_profile, native_level, process_numerics, profile_id, profile_queue
 from workers.client import add_connection_args, connect
 from workers.logs import LOG_FORMATS, configure_logging, log_format_from_env
 from workers.metrics import DEFAULT_METRICS_PORT, MetricsEndpoint, serve_metrics
+from workers.numerics_args import add_numerics_arg
 from workflows.training_run import TrainingRun
 
-__all__ = ["build_worker", "all_activities", "WORKFLOWS", "HEARTBEAT_THROTTLE", "main", "exit_now"]
+__all__ = [
+    "build_worker",
+    "serving",
+    "worker_queues",
+    "all_activities",
+    "WORKFLOWS",
+    "HEARTBEAT_THROTTLE",
+    "main",
+    "exit_now",
+]
 
 WORKFLOWS: list[type] = [TrainingRun]
 HEARTBEAT_THROTTLE = timedelta(milliseconds=200)
@@ -91,33 +103,52 @@ async def run(args: argparse.Namespace) -> int:
         raise TemporalUnavailableError(f"cannot connect to Temporal: {exc}") from None
     if args.preload:  # before polling: a task this worker takes must not wait for `import torch`
         await asyncio.to_thread(_preload, args.preload)
-    worker = build_worker(client, args.task_queue, max_activities=args.max_activities)
-    queues = [args.task_queue]
-    node_worker = None
-    if args.node:  # this host's own queue: a gang's activity for this node is routed here
-        queues.append(node_queue(args.task_queue, args.node))
-        node_worker = build_worker(client, queues[-1], max_activities=args.max_activities, workflows=False)
+    queues = worker_queues(args.task_queue, profile_id(args.numerics), args.node)
     target = client.service_client.config.target_host
     metrics = f"; metrics on {endpoint.url}" if endpoint else ""
+    _say(args, f"numerics profile {args.numerics} on a {native_level()} machine")
     _say(args, f"polling {', '.join(repr(q) for q in queues)} on {target}{metrics}")
     warm = asyncio.create_task(asyncio.to_thread(_warm_up))
-    async with worker:
-        if node_worker is not None:
-            async with node_worker:
-                await stop.wait()
-        else:
-            await stop.wait()
+    async with contextlib.AsyncExitStack() as stack:
+        for i, queue in enumerate(queues):
+            await stack.enter_async_context(
+                build_worker(client, queue, max_activities=args.max_activities, workflows=i == 0)
+            )
+        await stop.wait()
         warm.cancel()
         _say(args, "shutting down gracefully (running segments checkpoint and hand back)")
     _say(args, "stopped")
     return 0
 
 
+def worker_queues(task_queue: str, numerics_id: str, node: str | None = None) -> list[str]:
+    """What a worker polls: the run queue (workflows and bookkeeping), the queue of its numerics
+    profile (the training segments of runs under that profile) and, on a named node, the node's
+    own queue (its share of a gang)."""
+    queues = [task_queue, profile_queue(task_queue, numerics_id)]
+    if node:
+        queues.append(node_queue(task_queue, node))
+    return queues
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    client: Client, task_queue: str, *, max_activities: int = 4, node: str | None = None
+) -> AsyncIterator[list[str]]:
+    """Run an in-process worker of every queue ``cairn worker`` would poll (tests, demos); yields
+    the queues. The numerics profile is this process's own."""
+    queues = worker_queues(task_queue, process_numerics().id, node)
+    async with contextlib.AsyncExitStack() as stack:
+        for i, queue in enumerate(queues):
+            await stack.enter_async_context(
+                build_worker(client, queue, max_activities=max_activities, workflows=i == 0)
+            )
+        yield queues
+
+
 def _warm_up() -> None:
     """Build one S3 client now, so the first segment this worker runs (often the retry of a
     crashed one) does not pay for loading botocore's S3 model (~0.5 s): recovery time."""
-    import contextlib
-
     from cairn.stores.s3 import S3Store
 
     with contextlib.suppress(Exception):  # only an optimisation: the first real store reports errors
@@ -196,6 +227,7 @@ def add_worker_args(p: argparse.ArgumentParser) -> None:
         help=f"address other nodes reach this host at, for a gang's rendezvous (env {ADVERTISE_ENV}; "
         "default: the hostname)",
     )
+    add_numerics_arg(p, "trains segments")
     p.add_argument(
         "--log-format",
         choices=LOG_FORMATS,
@@ -210,6 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure_logging(args.log_format)
     try:
+        enter_profile(args.numerics, reexec=argv is None)  # before anything is computed
         return asyncio.run(run(args))
     except (TemporalUnavailableError, ConfigError) as exc:
         print(f"cairn worker: error: {exc.type_name}: {exc}", file=sys.stderr)

@@ -54,6 +54,7 @@ with workflow.unsafe.imports_passed_through():
         node_queue,
     )
     from activities.training import INTERRUPTED, collect_checkpoints, latest_checkpoint, open_run, train_segment
+    from cairn.numerics import profile_queue
 
 __all__ = ["TrainingRun"]
 
@@ -306,7 +307,11 @@ class TrainingRun:
         latest: OpenRunResult = await workflow.execute_activity(
             open_run,
             OpenRunInput(
-                run_id=inp.run_id, store=inp.store, workflow_id=workflow.info().workflow_id, config=inp.config
+                run_id=inp.run_id,
+                store=inp.store,
+                workflow_id=workflow.info().workflow_id,
+                config=inp.config,
+                numerics=inp.numerics,
             ),
             activity_id="open-run",
             **self._bookkeeping(inp),
@@ -318,6 +323,7 @@ class TrainingRun:
             store_id=latest.store_id,
             steps_per_epoch=latest.steps_per_epoch,
             reproducibility=latest.reproducibility,
+            numerics_id=latest.numerics_id,
         )
         if inp.total_epochs is not None:
             if latest.steps_per_epoch is None:
@@ -372,7 +378,15 @@ class TrainingRun:
             "checkpoint_every": inp.checkpoint.every,
             "throttle_seconds_per_step": inp.throttle_seconds_per_step,
             "heartbeat_every_seconds": min(0.1, inp.heartbeat_timeout_seconds / 4),
+            "numerics_id": self._carry.numerics_id,
         }
+
+    def _training_queue(self) -> str:
+        """Where training goes: the queue of the workers of the run's numerics profile (a run
+        opened by an older worker, with no profile id, stays on the run's own queue)."""
+        base = workflow.info().task_queue
+        numerics_id = self._carry.numerics_id
+        return base if numerics_id is None else profile_queue(base, numerics_id)
 
     async def _run_segment(self, inp: TrainingRunInput, target: int | None = None) -> None:
         if target is None:
@@ -387,6 +401,7 @@ class TrainingRun:
             TrainSegmentInput(
                 **self._segment_fields(inp, target, resume_from), async_save=inp.checkpoint.mode == "async"
             ),
+            task_queue=self._training_queue(),
             start_to_close_timeout=timedelta(seconds=inp.segment_timeout_seconds),
             heartbeat_timeout=timedelta(seconds=inp.heartbeat_timeout_seconds),
             retry_policy=SEGMENT_RETRY,
@@ -416,7 +431,7 @@ class TrainingRun:
             attempt += 1
             world = self._carry.world_size or inp.world_size
             nodes = self._carry.nodes if self._carry.nodes is not None else inp.nodes
-            queues = [node_queue(base, n) for n in nodes] or [base]
+            queues = [node_queue(base, n) for n in nodes] or [self._training_queue()]
             rendezvous = None
             if len(queues) > 1:
                 rendezvous = await workflow.execute_activity(

@@ -10,9 +10,10 @@ from cairn.state import Lineage, TrainState
 
 __all__ = ["FieldDiff", "compare_states", "LINEAGE_COMPARED"]
 
-LINEAGE_COMPARED = tuple(name for name in Lineage.model_fields if name != "parent")
-"""Lineage fields that are part of a state; ``parent`` is provenance (which checkpoint a run
-resumed from) and differs between a resumed run and an uninterrupted one by design."""
+LINEAGE_COMPARED = tuple(name for name in Lineage.model_fields if name not in ("parent", "numerics"))
+"""Lineage fields that are part of a state; ``parent`` and ``numerics`` are provenance (which
+checkpoint a run resumed from, which numerics profile computed it): ``ckpt compare`` reports a
+difference of profiles beside the state's differences, as the likely cause."""
 
 
 @dataclass(frozen=True)

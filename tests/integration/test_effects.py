@@ -26,7 +26,7 @@ from tests.integration.conftest import (
     wait_progress,
 )
 from workers.servers import ServerProcess
-from workers.worker import build_worker
+from workers.worker import serving
 from workflows.training_run import TrainingRun
 
 pytestmark = pytest.mark.integration
@@ -189,7 +189,7 @@ async def test_rollback_does_not_return_reserved_units(
 ) -> None:
     inp = effects_input(tmp_path, reservation_service, retention={"keep_last": 3, "keep_every": 10})
     svc = ReservationClient(reservation_service.url)
-    async with build_worker(client, task_queue):
+    async with serving(client, task_queue):
         handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
         await wait_progress(handle, lambda p: p["step"] >= 30)
         await handle.signal(TrainingRun.rollback, 10)
@@ -214,7 +214,7 @@ async def test_cancel_compensates_by_releasing(
 ) -> None:
     inp = effects_input(tmp_path, reservation_service)
     svc = ReservationClient(reservation_service.url)
-    async with build_worker(client, task_queue):
+    async with serving(client, task_queue):
         handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
         await wait_progress(handle, lambda p: p["step"] >= 5)
         assert svc.usage("FILTER-A")["consumed"] == 2

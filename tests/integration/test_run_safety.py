@@ -28,7 +28,7 @@ from tests.integration.conftest import (
 )
 from workers.run_commands import live_step
 from workers.servers import ServerProcess
-from workers.worker import build_worker
+from workers.worker import serving
 from workflows.training_run import TrainingRun
 
 pytestmark = pytest.mark.integration
@@ -55,7 +55,7 @@ async def test_another_store_behind_the_same_path_fails_the_run(
     store is not. The run fails at once (no retry loop, no silent split of checkpoints)."""
     inp = run_input(tmp_path, total_steps=60, steps_per_segment=20, throttle_seconds_per_step=0.03)
     store = LocalStore(inp.store)
-    async with build_worker(client, task_queue):
+    async with serving(client, task_queue):
         handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
         await wait_committed(store, inp.run_id, 5)
         assert store.exists(STORE_ID_KEY)
@@ -73,7 +73,7 @@ async def test_second_workflow_on_a_run_id_is_refused_then_may_take_over(
 ) -> None:
     # 3 s of training: the second workflow's claim lands while the first is surely running
     inp = run_input(tmp_path, total_steps=30, steps_per_segment=30, throttle_seconds_per_step=0.1)
-    async with build_worker(client, task_queue):
+    async with serving(client, task_queue):
         first = await client.start_workflow(TrainingRun.run, inp, id=f"{inp.run_id}-a", task_queue=task_queue)
         await wait_progress(first, lambda p: p["phase"] == "training")
         second = await client.start_workflow(TrainingRun.run, inp, id=f"{inp.run_id}-b", task_queue=task_queue)
@@ -180,7 +180,7 @@ async def test_storage_outage_failure_reads_in_one_line(
 
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{free_port()}")  # nobody listens
     inp = run_input(tmp_path, store="s3://cairn-outage/runs")
-    async with build_worker(client, task_queue):
+    async with serving(client, task_queue):
         handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
         deadline = time.monotonic() + 60
         while True:
@@ -205,7 +205,7 @@ async def test_a_store_that_does_not_exist_fails_the_run_at_once(
     (StoreNotFoundError, non-retryable) instead of retrying forever; the CLI says so with exit 2."""
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", seaweedfs.endpoint)
     inp = run_input(tmp_path, store="s3://no-such-bucket-cairn/runs")
-    async with build_worker(client, task_queue):
+    async with serving(client, task_queue):
         handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
         with pytest.raises(WorkflowFailureError) as failed:
             await asyncio.wait_for(handle.result(), timeout=30)

@@ -23,7 +23,7 @@ from cairn.stores import LocalStore, MemoryStore
 from tests.integration.conftest import TemporalServer, start_worker_process, wait_progress
 from tests.unit.test_torch_adapter import digits_config
 from workers.servers import ServerProcess
-from workers.worker import build_worker
+from workers.worker import serving
 from workflows.training_run import TrainingRun
 
 pytestmark = pytest.mark.integration
@@ -93,7 +93,7 @@ async def test_a_trainer_the_worker_cannot_import_fails_the_run_at_once(
     config["trainer"]["factory"] = "team_models.vision:ResNet"
     inp = torch_run_input(tmp_path, config=config)
     started = time.monotonic()
-    async with build_worker(client, task_queue):
+    async with serving(client, task_queue):
         with pytest.raises(WorkflowFailureError) as info:
             await asyncio.wait_for(
                 client.execute_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue), timeout=60

@@ -35,7 +35,7 @@ from tests.integration.conftest import (
     wait_progress,
 )
 from workers.servers import ServerProcess
-from workers.worker import WORKFLOWS, build_worker
+from workers.worker import WORKFLOWS, serving
 from workflows.training_run import TrainingRun
 
 pytestmark = pytest.mark.integration
@@ -43,7 +43,7 @@ pytestmark = pytest.mark.integration
 
 async def test_run_completes_bit_identical(client: Client, task_queue: str, tmp_path: Path) -> None:
     inp = run_input(tmp_path)
-    async with build_worker(client, task_queue):
+    async with serving(client, task_queue):
         summary = await client.execute_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
     assert summary.steps == 40 and not summary.stopped_early
     assert summary.attempts == [1, 1, 1] and summary.recomputed_steps == 0
@@ -135,7 +135,7 @@ async def test_run_started_with_temporal_cli(
     run_file = tmp_path / "run.json"
     run_file.write_text(json.dumps(example))
     workflow_id = f"cli-{uuid.uuid4().hex[:8]}"
-    async with build_worker(client, task_queue):
+    async with serving(client, task_queue):
         temporal_start(temporal_server.address, task_queue, workflow_id, run_file)
         result = await client.get_workflow_handle(workflow_id).result()
     summary = RunSummary.model_validate(result)
@@ -166,7 +166,7 @@ async def test_bad_input_fails_the_run_at_once(
     run_file.write_text(json.dumps(body))
     workflow_id = f"bad-{uuid.uuid4().hex[:8]}"
     env = {"TEMPORAL_ADDRESS": temporal_server.address}
-    async with build_worker(client, task_queue):
+    async with serving(client, task_queue):
         temporal_start(temporal_server.address, task_queue, workflow_id, run_file)
         handle = client.get_workflow_handle(workflow_id)
         with pytest.raises(WorkflowFailureError) as failed:
@@ -214,7 +214,7 @@ def control_input(tmp_path: Path, **kw: Any) -> TrainingRunInput:
 async def test_pause_checkpoints_and_resume_completes(client: Client, task_queue: str, tmp_path: Path) -> None:
     inp = control_input(tmp_path)
     store = LocalStore(inp.store)
-    async with build_worker(client, task_queue):
+    async with serving(client, task_queue):
         handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
         await segment_underway(LocalStore(inp.store), inp.run_id)
         await handle.signal(TrainingRun.pause)
@@ -233,7 +233,7 @@ async def test_pause_checkpoints_and_resume_completes(client: Client, task_queue
 async def test_checkpoint_now_then_carry_on(client: Client, task_queue: str, tmp_path: Path) -> None:
     inp = control_input(tmp_path)
     store = LocalStore(inp.store)
-    async with build_worker(client, task_queue):
+    async with serving(client, task_queue):
         handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
         await segment_underway(LocalStore(inp.store), inp.run_id)
         await handle.signal(TrainingRun.checkpoint_now)
@@ -246,7 +246,7 @@ async def test_checkpoint_now_then_carry_on(client: Client, task_queue: str, tmp
 
 async def test_stop_is_graceful(client: Client, task_queue: str, tmp_path: Path) -> None:
     inp = control_input(tmp_path)
-    async with build_worker(client, task_queue):
+    async with serving(client, task_queue):
         handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
         await segment_underway(LocalStore(inp.store), inp.run_id)
         await handle.signal(TrainingRun.stop)
@@ -259,7 +259,7 @@ async def test_stop_is_graceful(client: Client, task_queue: str, tmp_path: Path)
 async def test_cancel_checkpoints_before_stopping(client: Client, task_queue: str, tmp_path: Path) -> None:
     inp = control_input(tmp_path)
     store = LocalStore(inp.store)
-    async with build_worker(client, task_queue):
+    async with serving(client, task_queue):
         handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
         await segment_underway(LocalStore(inp.store), inp.run_id)
         await handle.cancel()
@@ -273,7 +273,7 @@ async def test_cancel_checkpoints_before_stopping(client: Client, task_queue: st
 
 async def test_long_run_continues_as_new_with_bounded_history(client: Client, task_queue: str, tmp_path: Path) -> None:
     inp = run_input(tmp_path, total_steps=36, steps_per_segment=3, segments_per_run=3, checkpoint={"every": 3})
-    async with build_worker(client, task_queue):
+    async with serving(client, task_queue):
         handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
         summary = RunSummary.model_validate(await handle.result())
         lengths = await history_lengths(client, inp.run_id, handle.first_execution_run_id)  # type: ignore[arg-type]
@@ -302,7 +302,7 @@ async def history_lengths(client: Client, workflow_id: str, first_run_id: str) -
 async def test_replay_recorded_histories(client: Client, task_queue: str, tmp_path: Path) -> None:
     """Histories recorded on the real server replay deterministically with the SDK's Replayer."""
     inp = control_input(tmp_path, steps_per_segment=20, total_steps=40, segments_per_run=1)
-    async with build_worker(client, task_queue):
+    async with serving(client, task_queue):
         handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
         await asyncio.sleep(0.6)
         await handle.signal(TrainingRun.checkpoint_now)

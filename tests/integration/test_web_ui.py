@@ -36,7 +36,7 @@ from tests.conftest import REPO
 from tests.integration.conftest import assert_matches_reference
 from workers.client import connect
 from workers.servers import ServerProcess, free_port, temporal_command, wait_for_http, wait_for_tcp
-from workers.worker import build_worker
+from workers.worker import serving
 
 pytestmark = pytest.mark.integration
 
@@ -215,7 +215,7 @@ async def test_run_started_from_web_ui_completes_bit_identical(
     workflow_id = f"web-ui-{uuid.uuid4().hex[:8]}"
 
     async with (
-        build_worker(ui_client, task_queue),
+        serving(ui_client, task_queue),
         browser_page(chromium, tmp_path / "chromium-profile", artifacts, workflow_id) as page,
     ):
         await start_from_web_ui(page, temporal_with_ui.ui_url, workflow_id, task_queue, json.dumps(example, indent=2))
