@@ -45,6 +45,7 @@ __all__ = [
     "profile_queue",
     "requested_profile",
     "enter_profile",
+    "process_profile_name",
     "NAMES",
     "ENV",
     "ProfileName",
@@ -93,12 +94,8 @@ class NumericsProfile:
 
 
 PROFILES: dict[str, NumericsProfile] = {
-    "x86-64-v2": NumericsProfile(
-        "x86-64-v2", "x86-64-v2", _NPY_TARGETS, "Nehalem", "default", "SSE4_2", "SSE41"
-    ),
-    "x86-64-v3": NumericsProfile(
-        "x86-64-v3", "x86-64-v3", _NPY_TARGETS[1:], "Haswell", "avx2", "AVX2", "AVX2"
-    ),
+    "x86-64-v2": NumericsProfile("x86-64-v2", "x86-64-v2", _NPY_TARGETS, "Nehalem", "default", "SSE4_2", "SSE41"),
+    "x86-64-v3": NumericsProfile("x86-64-v3", "x86-64-v3", _NPY_TARGETS[1:], "Haswell", "avx2", "AVX2", "AVX2"),
     "x86-64-v4": NumericsProfile(
         "x86-64-v4", "x86-64-v4", _NPY_TARGETS[2:], "SkylakeX", "avx512", "AVX512", "AVX512_CORE"
     ),
@@ -145,6 +142,11 @@ def requested_profile(argv: list[str], env: Mapping[str, str] = os.environ) -> s
         if arg.startswith("--numerics="):
             return arg.split("=", 1)[1]
     return env.get(ENV) or DEFAULT_PROFILE
+
+
+def process_profile_name() -> str:
+    """The profile this process was pinned to (``$CAIRN_NUMERICS``), else the default."""
+    return os.environ.get(ENV) or DEFAULT_PROFILE
 
 
 def check_name(name: str, field: str = "numerics") -> str:
@@ -210,9 +212,9 @@ def native_level() -> str:
 
 def effective_level() -> str:
     """The level numpy dispatches to in this process (after ``NPY_DISABLE_CPU_FEATURES``)."""
-    from numpy._core import _multiarray_umath as umath
+    import importlib
 
-    features = umath.__cpu_features__
+    features = importlib.import_module("numpy._core._multiarray_umath").__cpu_features__
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return native_level()
     if features.get("X86_V4"):
@@ -306,7 +308,7 @@ def process_numerics(name: str | None = None) -> NumericsRecord:
     """This process's numerics under profile ``name`` (default: ``$CAIRN_NUMERICS`` or the
     default profile), checked: a process that does not compute the profile's bits raises
     ``NumericsProfileError`` saying what differs."""
-    name = check_name(name or os.environ.get(ENV) or DEFAULT_PROFILE)
+    name = check_name(name or process_profile_name())
     problems = _problems(name)
     if problems:
         raise NumericsProfileError(
@@ -337,8 +339,11 @@ def resumed_numerics(
         mixed = [] if recorded is None else list(recorded.mixed)
         return current.model_copy(update={"mixed": mixed})
     if exact:
-        differ = sorted(k for k in set(recorded.libraries) | set(current.libraries)
-                        if recorded.libraries.get(k) != current.libraries.get(k) and not k.startswith("blas_"))
+        differ = sorted(
+            k
+            for k in set(recorded.libraries) | set(current.libraries)
+            if recorded.libraries.get(k) != current.libraries.get(k) and not k.startswith("blas_")
+        )
         what = f"libraries differ: {', '.join(differ)}" if differ else f"{recorded.profile} vs {current.profile}"
         raise ProfileMismatchError(
             f"{where} was computed under numerics profile {recorded.id} and this process runs {current.id} "

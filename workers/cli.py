@@ -45,7 +45,14 @@ from cairn.numerics import NumericsRecord, enter_profile
 from cairn.session import MAX_STEPS, TrainingSession, default_run_id
 from cairn.stores import open_store
 from cairn.stores.base import Store
-from cairn.trainers.base import Trainer, check_finite, load_trainer, normalized_config, trainer_for_checkpoint
+from cairn.trainers.base import (
+    Trainer,
+    check_finite,
+    load_trainer,
+    normalized_config,
+    require_trusted,
+    trainer_for_checkpoint,
+)
 from workers.numerics_args import add_numerics_arg
 
 Handler = Callable[[argparse.Namespace], int]
@@ -239,7 +246,10 @@ def _train_gang(args: argparse.Namespace, store: Store, config: TrainConfig | No
         if run_id != ref.run_id:
             raise ConfigError("--run-id", expected=ref.run_id, found=run_id)
         manifest = read_manifest(store, ref, expect_kind=None)
-        config = config or manifest_config(manifest)
+        found = manifest_config(manifest)
+        require_trusted(found, config)  # the ranks import the trainer: only one the trust rule allows
+        trust_checkpoint = config is None
+        config = config or found
         start, resume_from = ref.step, str(ref)
     else:
         if config is None:
@@ -247,6 +257,7 @@ def _train_gang(args: argparse.Namespace, store: Store, config: TrainConfig | No
         run_id = args.run_id if args.run_id is not None else default_run_id(normalized_config(config))
         latest = latest_committed(store, run_id)
         start = latest.step if latest is not None else 0
+        trust_checkpoint = False
     if config.distributed is None:
         raise ConfigError("--world-size", expected="a config with a 'distributed' section", found=args.world_size)
     check_world_size(config.distributed.microbatches, args.world_size, "--world-size")
@@ -258,6 +269,8 @@ def _train_gang(args: argparse.Namespace, store: Store, config: TrainConfig | No
         "target_step": target,
         "checkpoint_every": args.checkpoint_every or max(1, args.steps),
         "resume_from": resume_from,
+        "config_from_checkpoint": trust_checkpoint,
+        "tolerate_numerics": args.tolerance,
     }
     bar = tqdm(total=target, initial=start, desc=f"train {run_id} x{args.world_size}", unit="step", disable=None)
     stop = False
@@ -388,7 +401,9 @@ def cmd_ckpt_show(args: argparse.Namespace) -> int:
 def _numerics_line(record: NumericsRecord | None) -> str:
     if record is None:
         return "(not recorded: written before numerics profiles)"
-    libs = ", ".join(f"{k} {v}" for k, v in record.libraries.items() if k in ("numpy", "openblas", "torch", "blas_kernel"))
+    libs = ", ".join(
+        f"{k} {v}" for k, v in record.libraries.items() if k in ("numpy", "openblas", "torch", "blas_kernel")
+    )
     mixed = f"; MIXED with {', '.join(record.mixed)} (not bit-exact to either)" if record.mixed else ""
     return f"{record.id}   on a {record.native} machine   ({libs}){mixed}"
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from cairn.errors import ConfigError
+from cairn.numerics import process_profile_name
 from workers.drill_observe import RunView, WorkerLogs, run_view
 from workers.drill_schedule import (
     SERVER_FAULTS,
@@ -274,7 +275,7 @@ class Drill:
         )
         if spec.run:
             base = load_run_input(spec.run).model_dump(mode="json")
-            base.update(run_id=run_id, store=store, effects=effects, carry=None)
+            base.update(run_id=run_id, store=store, effects=effects, carry=None, numerics=process_profile_name())
             if base.get("retention") is not None:
                 base["retention"]["grace_seconds"] = min(base["retention"]["grace_seconds"], 5.0)
             return TrainingRunInput.model_validate(base)
@@ -292,6 +293,7 @@ class Drill:
                 "heartbeat_timeout_seconds": spec.heartbeat_timeout_seconds,
                 "throttle_seconds_per_step": spec.step_seconds,
                 "effects": effects,
+                "numerics": process_profile_name(),  # the drill's workers and its reference compute under it
             }
         )
 

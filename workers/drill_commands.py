@@ -16,6 +16,7 @@ from typing import Any
 
 from cairn.errors import ConfigError
 from workers.drill_schedule import FAULT_TARGETS, drill_spec
+from workers.numerics_args import add_numerics_arg
 
 __all__ = ["cmd_drill", "cmd_plan_interval", "register", "register_plan_interval"]
 
@@ -108,6 +109,7 @@ def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> Non
     p.add_argument("--out", metavar="DIR", help="report folder (default ./cairn-report-drill)")
     p.add_argument("--no-ui", action="store_true", help="embedded Temporal without its Web UI")
     p.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    add_numerics_arg(p, "drills (its workers and its reference)")
     p.set_defaults(handler=cmd_drill, exit_hard=True)
 
 

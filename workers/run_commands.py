@@ -30,6 +30,7 @@ from activities.models import DEFAULT_TASK_QUEUE, WORKFLOW_TYPE, RunProgress, Ru
 from cairn.bounded_json import load_json_file
 from cairn.config import config_error_from
 from cairn.errors import ConfigError, TemporalRefusedError, TemporalUnavailableError
+from cairn.numerics import DEFAULT_PROFILE, NAMES
 from cairn.run_record import RunRecord, TimelineEvent
 from cairn.runs import resolve_store_url
 from cairn.trainers.base import check_trainer_options
@@ -145,6 +146,8 @@ def _load_start_input(args: argparse.Namespace) -> None:
         overrides["nodes"] = args.nodes.split(",") if args.nodes.strip() else []
     if args.total_steps is not None:
         overrides.update(total_steps=args.total_steps, total_epochs=None)
+    if args.run_numerics is not None:
+        overrides["numerics"] = args.run_numerics
     args.run_input = load_run_input(args.run_file, overrides=overrides)  # bad input: exit 2 even with Temporal down
 
 
@@ -172,7 +175,8 @@ async def _start(args: argparse.Namespace, client: Client) -> int:
                 "task_queue": args.task_queue,
                 "store": inp.store,
             },
-            f"started {WORKFLOW_TYPE} {workflow_id} on task queue {args.task_queue!r} (store {inp.store})\n"
+            f"started {WORKFLOW_TYPE} {workflow_id} on task queue {args.task_queue!r} (store {inp.store}, numerics "
+            f"{inp.numerics})\n"
             f"  watch:  cairn run watch {workflow_id}\n  result: cairn run result {workflow_id}",
         )
         return 0
@@ -670,6 +674,14 @@ def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> Non
     )
     p.add_argument("--nodes", metavar="A,B", help="override the file's nodes (hosts of the gang, by worker --node)")
     p.add_argument("--total-steps", type=int, help="override the file's length (e.g. to continue a finished run)")
+    p.add_argument(
+        "--numerics",
+        dest="run_numerics",
+        choices=NAMES,
+        metavar="PROFILE",
+        help=f"override the file's numerics profile ({', '.join(NAMES)}; default {DEFAULT_PROFILE}): segments go "
+        "only to workers of that profile",
+    )
     for name, help_text, fn in (
         ("status", "print a run's status and progress", _status),
         ("watch", "a live progress bar until the run closes", _watch),

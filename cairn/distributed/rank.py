@@ -72,6 +72,20 @@ def engine_for(trainer: Any, comm: Any, run_id: str, store: Any, options: Any) -
     raise ConfigError("trainer.factory", expected="the built-in MLP or a PyTorch adapter trainer", found=trainer.path)
 
 
+def stamp_numerics(comm: Any, engine: Any, where: str, tolerate: bool) -> None:
+    """Record this rank's numerics profile in the engine's state, or refuse (on every rank alike)
+    a bit-exact state computed under another profile."""
+    from cairn.distributed.checkpoint import agree, failure_of
+    from cairn.session import with_process_numerics
+
+    failure = None
+    try:
+        engine.state.lineage = with_process_numerics(engine.state, engine.trainer, where, tolerate)
+    except Exception as exc:
+        failure = failure_of(exc)
+    agree(comm, failure, "numerics")
+
+
 def run_rank(comm: Any, job: dict[str, Any], workdir: Path, local_rank: int = 0) -> dict[str, Any]:
     """Train one rank's share of a segment; returns the segment's outcome (the same on every rank)."""
     from cairn.checkpoint.manager import latest_committed
@@ -82,7 +96,7 @@ def run_rank(comm: Any, job: dict[str, Any], workdir: Path, local_rank: int = 0)
     from cairn.distributed.reduce import rank_order_sum_enabled
     from cairn.errors import InvariantError
     from cairn.stores import open_store
-    from cairn.trainers.base import load_trainer
+    from cairn.trainers.base import load_trainer, require_trusted
 
     options = CheckpointOptions.from_env()
     config = parse_config(job["config"], "job config")
@@ -91,6 +105,8 @@ def run_rank(comm: Any, job: dict[str, Any], workdir: Path, local_rank: int = 0)
     engine: Any = None
     failure = None
     try:
+        if job.get("config_from_checkpoint"):  # an untrusted checkpoint's config: the one trust rule
+            require_trusted(config, None)
         engine = engine_for(load_trainer(config), comm, job["run_id"], store, options)
     except Exception as exc:
         failure = failure_of(exc)
@@ -104,10 +120,12 @@ def run_rank(comm: Any, job: dict[str, Any], workdir: Path, local_rank: int = 0)
     last: dict[str, Any]
     if ref is None:
         engine.start_fresh()
+        stamp_numerics(comm, engine, "the fresh state", bool(job.get("tolerate_numerics")))
         saved = engine.save()  # step 0 is a checkpoint too: the origin is durable
         last = {"checkpoint": saved.ref, "fingerprint": saved.fingerprint}
     else:
         manifest = engine.load(CheckpointRef.parse(ref))
+        stamp_numerics(comm, engine, ref, bool(job.get("tolerate_numerics")))
         last = {"checkpoint": ref, "fingerprint": manifest.fingerprint}
     state = engine.state
     assert state is not None
