@@ -20,7 +20,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from cairn.numerics import pin_environment, process_profile_name  # noqa: E402
+
+if "numpy" not in sys.modules:  # a bench run alone computes under the default profile too
+    pin_environment(process_profile_name())
+
+import numpy as np  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:

@@ -710,6 +710,35 @@ def plot_distributed(r: dict[str, Any], path: Path) -> None:
 
 
 # -- the document ---------------------------------------------------------------------------------
+def section_numerics(r: dict[str, Any]) -> list[str]:
+    """The cost of pinning a numerics profile (``bench_numerics.py``)."""
+    lines = [
+        "## 8. Numerics profiles: the cost of pinning",
+        "",
+        f"`cairn train` in a fresh process per rep, the profiles interleaved rep by rep, on this "
+        f"{r['native_level']} machine; the command's own training time (initialise, updates, commits), median "
+        "and ratio to `native` (no pins) in the same run. A profile above the machine's level cannot run here.",
+        "",
+        "| model | steps | profile | median s | min-max s | vs native |",
+        "|---|---|---|---|---|---|",
+    ]
+    for model, m in r["models"].items():
+        for profile, st in m["profiles"].items():
+            lines.append(
+                f"| {model} | {m['steps']} | `{profile}` | {st['median']:.3f} | {st['min']:.3f}-{st['max']:.3f} | "
+                f"{st['ratio_to_native']:.2f}x |"
+            )
+    lines += [
+        "",
+        "`x86-64-v3` is the default: on an AVX2 machine it is the machine's own dispatch (numpy's AVX2 loops, "
+        "OpenBLAS's Haswell kernel), so it costs what one BLAS thread instead of all cores costs; on an AVX-512 "
+        "machine it gives up the AVX-512 loops in exchange for bits that every AVX2 machine reproduces. "
+        "`x86-64-v2` gives up AVX2 and FMA as well.",
+        "",
+    ]
+    return lines
+
+
 def machine_section(results: dict[str, dict[str, Any]]) -> list[str]:
     m = next(iter(results.values()))["machine"]
     loads = ", ".join(f"{n}: {r['machine']['loadavg_at_start'][0]:.1f}" for n, r in results.items())
@@ -739,7 +768,7 @@ def main() -> int:
         import tempfile
 
         folder = Path(tempfile.gettempdir()) / "cairn-bench-quick"
-    names = ["store", "peers", "async", "orchestration", "recovery", "scale", "distributed"]
+    names = ["store", "peers", "async", "orchestration", "recovery", "scale", "distributed", "numerics"]
     results = {n: r for n in names if (r := load(n, folder)) is not None}
     if not results:
         print("no results in bench/results/: run the benchmarks first (make bench)")
@@ -766,6 +795,8 @@ def main() -> int:
     if "distributed" in results:
         body += section_distributed(results["distributed"])
         plot_distributed(results["distributed"], folder / "distributed.png")
+    if "numerics" in results:
+        body += section_numerics(results["numerics"])
     analysis = (REPO / "bench" / "ANALYSIS.md").read_text() if (REPO / "bench" / "ANALYSIS.md").exists() else ""
     missing = [n for n in names if n not in results]
     stamp = max(r["measured_at"] for r in results.values())

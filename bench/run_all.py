@@ -16,7 +16,10 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ORDER = ["store", "peers", "async", "scale", "orchestration", "recovery", "distributed"]
+sys.path.insert(0, str(HERE.parent))
+from cairn.numerics import pinned_environment, process_profile_name  # noqa: E402
+
+ORDER = ["store", "peers", "async", "scale", "orchestration", "recovery", "distributed", "numerics"]
 
 
 def main() -> int:
@@ -30,7 +33,7 @@ def main() -> int:
         argv = [sys.executable, str(HERE / f"bench_{name}.py"), *(["--quick"] if args.quick else [])]
         print(f"== {name}: {' '.join(argv[1:])}", flush=True)
         start = time.monotonic()
-        rc = subprocess.call(argv)
+        rc = subprocess.call(argv, env=pinned_environment(process_profile_name()))  # every bench, pinned
         print(
             f"== {name}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} in {time.monotonic() - start:.0f} s", flush=True
         )

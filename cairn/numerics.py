@@ -105,8 +105,9 @@ DEFAULT_PROFILE = "x86-64-v3"
 FMA kernels: the most widely runnable profile that keeps the vector units (see BENCHMARKS.md)."""
 ProfileName = Literal["x86-64-v2", "x86-64-v3", "x86-64-v4", "native"]
 NAMES: tuple[str, ...] = get_args(ProfileName)
-"""``native``: no pinning; the bits are those of this machine's own dispatch (recorded with its
-level, so a resume on another kind of machine is still refused for a bit-exact run)."""
+"""``native``: Cairn pins nothing; the bits are those of the process's own dispatch (its id names
+the level numpy dispatches to and the BLAS kernel, so a bit-exact resume on another kind of
+machine is still refused, and segments stay on workers of the same kind)."""
 
 # /proc/cpuinfo flags of each level (the x86-64 psABI), cumulative.
 _LEVEL_FLAGS = {
@@ -156,11 +157,10 @@ def check_name(name: str, field: str = "numerics") -> str:
 
 
 def pinned_environment(name: str, base: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """``base`` with ``name``'s pinning controls set (``native``: with every control removed)."""
+    """``base`` with ``name``'s pinning controls set (``native``: Cairn sets none and leaves
+    whatever ``base`` sets)."""
     check_name(name)
     env = dict(base)
-    for key in PROFILES[DEFAULT_PROFILE].environment():
-        env.pop(key, None)
     env[ENV] = name
     if name != NATIVE:
         env.update(PROFILES[name].environment())
@@ -170,11 +170,7 @@ def pinned_environment(name: str, base: Mapping[str, str] = os.environ) -> dict[
 def pin_environment(name: str, env: MutableMapping[str, str] = os.environ) -> None:
     """Set ``name``'s controls in this process's environment: call it before numpy or torch is
     imported (they read the controls once, at import); ``process_numerics`` checks it worked."""
-    pinned = pinned_environment(name, env)
-    for key in list(env):
-        if key not in pinned:
-            del env[key]
-    env.update(pinned)
+    env.update(pinned_environment(name, env))
 
 
 def _cpu_flags() -> set[str] | None:

@@ -64,7 +64,9 @@ def require_finite(state: TrainState, last_commit: CommitResult | None = None, *
     bad = None if math.isfinite(loss) else "loss"
     if bad is None and arrays:
         for name, arr in state.tensors.items():
-            if arr.dtype.kind == "f" and not np.isfinite(arr.sum()) and not np.isfinite(arr).all():
+            with np.errstate(all="ignore"):
+                diverged = arr.dtype.kind == "f" and not np.isfinite(arr.sum()) and not np.isfinite(arr).all()
+            if diverged:
                 bad = name
                 break
     if bad is not None:

@@ -111,7 +111,8 @@ def rewrite_manifest(
                 meta=body.get("meta", {}),
             )
             body["fingerprint"] = content.fingerprint(
-                [(t["name"], t["dtype"], t["shape"], t["checksum"]) for t in body["tensors"]]
+                [(t["name"], t["dtype"], t["shape"], t["checksum"]) for t in body["tensors"]],
+                body.get("parts"),
             )
         except Exception:  # noqa: BLE001 - a deliberately malformed body keeps its old fingerprint
             pass

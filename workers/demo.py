@@ -27,11 +27,13 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from workers.devstack import default_state_dir
+
 if TYPE_CHECKING:
     from workers.servers import ServerProcess
 
 REPO = Path(__file__).resolve().parents[1]
-STATE = REPO / ".cairn"
+STATE = default_state_dir()
 
 
 def cairn(*args: str) -> dict[str, object]:
@@ -52,7 +54,7 @@ def compare(a: str, b: str) -> dict[str, object]:
 
 
 def demo_worker(name: str, address: str, queue: str, preload: str = "", node: str = "") -> ServerProcess:
-    """A worker process on the demo's queue, logging to .cairn/logs/demo-NAME.log; ``node``:
+    """A worker process on the demo's queue, logging to STATE/logs/demo-NAME.log; ``node``:
     also this host's node queue (a gang's activity for that node lands there)."""
     from workers.servers import ServerProcess
 
@@ -328,6 +330,10 @@ async def distributed_on_temporal(web_ui: str) -> bool:
 
 
 def main() -> int:
+    from cairn.numerics import enter_profile, process_profile_name
+
+    profile = enter_profile(process_profile_name(), reexec=True)  # its references and its workers alike
+    print(f"numerics profile {profile.id} on a {profile.native} machine; state in {STATE}")
     seed_store = STATE / "demo-store"
     if seed_store.exists():
         shutil.rmtree(seed_store)

@@ -1,9 +1,9 @@
 """``cairn dev up | down | status``: the local stack, in the background.
 
 Starts a Temporal dev server (persistent SQLite file, Web UI), a SeaweedFS S3 server, the
-reservation service (when available) and one worker. Logs, pid files and ``stack.json`` live
-under the state folder (default ``.cairn/``). A second ``up`` is a no-op; ``down`` stops only
-what ``up`` started (it checks each pid's command line before signalling it).
+reservation service (when available) and one worker. Data, logs, pid files and ``stack.json``
+live under the state folder, outside any checkout (``default_state_dir``). A second ``up`` is
+a no-op; ``down`` stops only what ``up`` started (it checks each pid's command line first).
 """
 
 from __future__ import annotations
@@ -27,7 +27,19 @@ from workers.servers import (
     wait_for_tcp,
 )
 
-__all__ = ["register", "StackConfig", "stack_up", "stack_down", "stack_status", "stack_env"]
+__all__ = ["register", "StackConfig", "stack_up", "stack_down", "stack_status", "stack_env", "default_state_dir"]
+
+STATE_DIR_ENV = "CAIRN_STATE_DIR"
+
+
+def default_state_dir() -> Path:
+    """Where the dev stack and the demo keep their state: ``$CAIRN_STATE_DIR``, else
+    ``$XDG_STATE_HOME/cairn``, else ``~/.local/state/cairn`` — never inside the checkout."""
+    if os.environ.get(STATE_DIR_ENV):
+        return Path(os.environ[STATE_DIR_ENV]).expanduser().resolve()
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return (Path(base).expanduser() / "cairn").resolve()
+
 
 S3_BUCKET = "cairn"
 
@@ -212,7 +224,7 @@ def stack_status(cfg: StackConfig) -> dict[str, Any]:
 
 def _cfg(args: argparse.Namespace) -> StackConfig:
     return StackConfig(
-        state_dir=Path(args.state_dir).resolve(),
+        state_dir=Path(args.state_dir).resolve() if args.state_dir else default_state_dir(),
         temporal_port=args.temporal_port,
         ui_port=args.ui_port,
         s3_port=args.s3_port,
@@ -231,6 +243,7 @@ def _up(args: argparse.Namespace) -> int:
     print(f"S3         {info['s3_endpoint']}  (store {info['s3_store']})")
     if info["reservation_service"]:
         print(f"Service    {info['reservation_service']}")
+    print(f"State      {info['state_dir']}  (data, logs, pid files; `cairn dev down` stops the stack)")
     print("To use the stack from this shell:")
     for k, v in info["env"].items():
         print(f"  export {k}={v}")
@@ -264,7 +277,12 @@ def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> Non
     ):
         p = dev_sub.add_parser(name, help=help_text)
         common(p)
-        p.add_argument("--state-dir", default=".cairn", help="logs, pid files, data (default .cairn)")
+        p.add_argument(
+            "--state-dir",
+            default=None,
+            help=f"data, logs, pid files (default ${STATE_DIR_ENV}, else $XDG_STATE_HOME/cairn, else "
+            "~/.local/state/cairn)",
+        )
         p.add_argument("--temporal-port", type=int, default=7233)
         p.add_argument("--ui-port", type=int, default=8233)
         p.add_argument("--s3-port", type=int, default=8333)

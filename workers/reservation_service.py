@@ -49,8 +49,10 @@ import hashlib
 import json
 import math
 import re
+import socket
 import sqlite3
 import sys
+import time
 import traceback
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
@@ -81,6 +83,11 @@ MAX_UNITS = 1_000_000
 MAX_KEY_CHARS = 256
 REQUEST_QUEUE_SIZE = 1024
 REQUEST_TIMEOUT_S = 30.0
+DRAIN_BYTES = 8 << 20
+DRAIN_SECONDS = 2.0
+"""After refusing a request it will not read (an oversized header or body), the service reads and
+drops up to this much of what the client is still sending before it closes: closing with unread
+bytes would reset the connection, and the client would see a broken pipe instead of the status."""
 MAX_MESSAGE_CHARS = 500
 
 SCHEMA = """
@@ -389,8 +396,24 @@ def _handler(service: ReservationService) -> type[BaseHTTPRequestHandler]:
                     self.send_header("Connection", "close")
                 self.end_headers()
                 self.wfile.write(data)
+                if close:
+                    self._drain()
             except OSError:  # the client went away; nothing more can be said on this connection
                 self.close_connection = True
+
+        def _drain(self) -> None:
+            """Answer sent, connection closing: drop what the client still sends (bounded by
+            ``DRAIN_BYTES`` and ``DRAIN_SECONDS``), so it reads the status instead of a reset."""
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_WR)
+            self.connection.settimeout(0.2)
+            deadline, dropped = time.monotonic() + DRAIN_SECONDS, 0
+            with contextlib.suppress(OSError):
+                while dropped < DRAIN_BYTES and time.monotonic() < deadline:
+                    chunk = self.connection.recv(1 << 16)
+                    if not chunk:
+                        break
+                    dropped += len(chunk)
 
         def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
             """The stdlib's own refusals (a malformed request line or header, an unsupported method), in

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from cairn.checkpoint.manifest import Manifest, PartSpec
-from cairn.checkpoint.tensors import MAX_DIM
+from cairn.checkpoint.tensors import require_shape
 from cairn.errors import TensorSpecError
 
 __all__ = [
@@ -129,10 +129,7 @@ def check_parts(manifest: Manifest) -> None:
             raise TensorSpecError(
                 field="parts", expected=f"names of 1 to 240 characters without {SEPARATOR!r}", found=name[:80]
             )
-        if len(spec.shape) > 8 or any(not 0 <= d <= MAX_DIM for d in spec.shape):
-            raise TensorSpecError(
-                field=f"{where}.shape", expected=f"<= 8 dims, each in [0, {MAX_DIM}]", found=spec.shape
-            )
+        require_shape(spec.shape, f"{where}.shape", max_ndim=8)
         n = math.prod(spec.shape)
         count = _count(n, spec.block_elems)
         if count > len(manifest.tensors):  # before building names: a forged count cannot allocate

@@ -32,7 +32,7 @@ from cairn.checkpoint.layout import manifest_key
 from cairn.checkpoint.manifest import FORMAT_NAME, SUPPORTED_VERSIONS, CheckpointKind, Manifest, TensorEntry
 from cairn.checkpoint.options import DEFAULT_LIMITS, CheckpointOptions, Limits
 from cairn.checkpoint.ref import CheckpointRef
-from cairn.checkpoint.tensors import ALLOWED_DTYPES, CHECK_CHUNK, MAX_DIM, byte_view, require_checksum
+from cairn.checkpoint.tensors import ALLOWED_DTYPES, CHECK_CHUNK, byte_view, require_checksum, require_shape
 from cairn.errors import (
     CheckpointNotFoundError,
     FormatVersionError,
@@ -90,10 +90,7 @@ def _check_structure(manifest: Manifest, limits: Limits) -> None:
         seen.add(t.name)
         if t.dtype not in ALLOWED_DTYPES:
             raise TensorSpecError(field=f"{where}.dtype", expected=sorted(ALLOWED_DTYPES), found=t.dtype)
-        if len(t.shape) > limits.max_ndim or any(not 0 <= d <= MAX_DIM for d in t.shape):
-            raise TensorSpecError(
-                field=f"{where}.shape", expected=f"<= {limits.max_ndim} dims, each in [0, {MAX_DIM}]", found=t.shape
-            )
+        require_shape(t.shape, f"{where}.shape", max_ndim=limits.max_ndim)
         want = math.prod(t.shape) * np.dtype(t.dtype).itemsize  # Python ints: cannot overflow
         if want > limits.max_total_bytes:
             raise SizeLimitError(field=f"{where}.shape", expected=f"<= {limits.max_total_bytes} bytes", found=want)

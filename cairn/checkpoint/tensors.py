@@ -6,6 +6,8 @@ computed while its bytes stream out on save and while they stream in on load.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from blake3 import blake3
 
@@ -17,6 +19,8 @@ __all__ = [
     "HASH_CHUNK",
     "CHECK_CHUNK",
     "MAX_DIM",
+    "MAX_ELEMENTS",
+    "require_shape",
     "as_le_contiguous",
     "byte_view",
     "tensor_checksum",
@@ -29,6 +33,23 @@ HASH_CHUNK = 8 << 20
 CHECK_CHUNK = 1 << 20  # verify in cache-sized chunks
 MAX_DIM = 1 << 40
 """No single dimension of a tensor may exceed this, even when another dimension is 0."""
+MAX_ELEMENTS = 1 << 48
+"""No tensor may have more elements than this — counting its non-zero dimensions, so a shape like
+``[2**40, 2**40, 0]`` (0 elements, but past what numpy can index) is refused too."""
+
+
+def require_shape(shape: list[int], field: str, *, max_ndim: int, max_elements: int = MAX_ELEMENTS) -> None:
+    """Refuse, before any array is built, a shape past the bounds: the number of dimensions, each
+    dimension, and the product of its non-zero dimensions (numpy's own limit on any shape)."""
+    if len(shape) > max_ndim or any(not isinstance(d, int) or not 0 <= d <= MAX_DIM for d in shape):
+        raise TensorSpecError(field=field, expected=f"<= {max_ndim} dims, each in [0, {MAX_DIM}]", found=shape)
+    if math.prod(d for d in shape if d) > max_elements:  # Python ints: no overflow
+        raise TensorSpecError(
+            "the product of the non-zero dimensions is past the bound",
+            field=field,
+            expected=f"<= {max_elements} elements",
+            found=shape,
+        )
 
 
 def as_le_contiguous(arr: np.ndarray) -> np.ndarray:

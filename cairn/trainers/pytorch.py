@@ -43,6 +43,7 @@ per epoch, so a resume mid-epoch draws exactly the batches the uninterrupted run
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import math
 import random
@@ -437,6 +438,8 @@ class TorchTrainer(Trainer):
                 self.scheduler.load_state_dict(copy.deepcopy(state.meta["scheduler"]))
         npr = state.rng_state["numpy"]
         py = state.rng_state["python"]
+        for name in ("rng/torch", "rng/numpy"):  # whole here, whatever blocks a verify saw
+            check_rng_tensor(name, t[name], whole=True)
         self._rng = _RngStates(
             torch=torch.from_numpy(np.array(t["rng/torch"], copy=True)),
             numpy=(
@@ -681,6 +684,7 @@ class TorchTrainer(Trainer):
 
     def check_values(self, name: str, values: np.ndarray) -> None:
         if name.startswith("rng/"):
+            check_rng_tensor(name, values)
             return
         check_finite(name, values)
         squares = name.startswith("optim/") and name.rsplit("/", 1)[-1] in NON_NEGATIVE_STATE
@@ -760,6 +764,32 @@ def _spec(t: torch.Tensor) -> TensorSpec:
     return TensorSpec(_np_dtype(t), tuple(t.shape))
 
 
+def check_rng_tensor(name: str, values: np.ndarray, *, whole: bool = False) -> None:
+    """Refuse an RNG state tensor no generator accepts (``rng/torch`` is tried on a scratch
+    ``torch.Generator``; an all-zero MT19937 key is no reachable state). A verify may see a piece
+    of a blocked tensor (``whole`` False): only a complete one is tried."""
+    problem = None
+    if name == "rng/torch" and (whole or values.size == _torch_rng_bytes()):
+        try:
+            torch.Generator().set_state(torch.from_numpy(np.array(values, dtype=np.uint8, copy=True)).flatten())
+        except (RuntimeError, TypeError, ValueError) as exc:
+            problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    elif name == "rng/numpy" and (whole or values.size == _MT_WORDS) and not np.any(values):
+        problem = "an all-zero MT19937 key"
+    if problem is not None:
+        raise InvariantError(
+            "RNG state is not a state its generator accepts",
+            field=f"tensors[{name}]",
+            expected="a generator state",
+            found=problem,
+        )
+
+
+@functools.cache
+def _torch_rng_bytes() -> int:
+    return int(torch.get_rng_state().numel())
+
+
 def _check_rng_json(rng: Any) -> None:
     def bad(field: str, expected: Any, found: Any) -> InvariantError:
         return InvariantError("RNG state is malformed", field=field, expected=expected, found=found)
@@ -786,3 +816,9 @@ def _check_rng_json(rng: Any) -> None:
         raise bad("rng.python.state[624]", "an index in [0, 624]", state[624])
     if py.get("gauss") is not None and not isinstance(py.get("gauss"), float):
         raise bad("rng.python.gauss", "null or a float", py.get("gauss"))
+    if not any(state[:624]):
+        raise bad("rng.python.state", "a reachable Mersenne Twister state", "624 zero words")
+    try:
+        random.Random().setstate((3, tuple(state), py.get("gauss")))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise bad("rng.python", "a state random.setstate accepts", str(exc)) from None

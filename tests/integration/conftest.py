@@ -175,9 +175,14 @@ def assert_matches_reference(summary: RunSummary, config: TrainConfig) -> None:
 
 
 def start_worker_process(
-    address: str, task_queue: str, log: Path, env: dict[str, str] | None = None, module: str = "workers.worker"
+    address: str,
+    task_queue: str,
+    log: Path,
+    env: dict[str, str] | None = None,
+    module: str = "workers.worker",
+    extra: tuple[str, ...] = (),
 ) -> ServerProcess:
-    argv = [sys.executable, "-m", module, "--address", address, "--task-queue", task_queue]
+    argv = [sys.executable, "-m", module, "--address", address, "--task-queue", task_queue, *extra]
     proc = ServerProcess("worker", argv, log, env=env, cwd=REPO).start()
     return proc
 

@@ -308,3 +308,40 @@ def test_200_concurrent_clients_are_all_answered(reservation_service: Reservatio
     reserves = [statuses[i] for i in range(0, clients, 2)]
     assert reserves.count(201) == 8 and reserves.count(409) == clients // 2 - 8, reserves
     assert ReservationClient(reservation_service.url).usage("FILTER-A")["consumed"] == 8
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "status", "code"),
+    [
+        ({"Idempotency-Key": "k"}, b"x" * (2 << 20), 413, "TooLarge"),
+        ({"Idempotency-Key": "k" * (100 << 10)}, b"{}", 431, "RequestHeaderFieldsTooLarge"),
+    ],
+    ids=["2MiB-body", "100KiB-header"],
+)
+def test_oversized_requests_are_answered_with_a_status_and_the_service_keeps_serving(
+    reservation_service: ReservationServer, headers: dict[str, str], body: bytes, status: int, code: str
+) -> None:
+    """The client sends the whole oversized request, in pieces, as HTTP clients do: it reads the
+    status instead of a broken pipe or a reset (the service drops what it will not read)."""
+    import time
+
+    url = urlsplit(reservation_service.url)
+    conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=10)
+
+    def pieces() -> Any:
+        for i in range(0, len(body), 1 << 16):
+            yield body[i : i + (1 << 16)]
+            time.sleep(0.001)
+
+    conn.request("POST", "/reservations", body=pieces(), headers={**headers, "Content-Length": str(len(body))})
+    response = conn.getresponse()
+    assert response.status == status
+    assert json.loads(response.read())["error"] == code
+    conn.close()
+    health = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=10)
+    try:
+        health.request("GET", "/health")
+        answer = health.getresponse()
+        assert answer.status == 200 and json.loads(answer.read()) == {"ok": True}
+    finally:
+        health.close()

@@ -1,0 +1,132 @@
+"""A fleet that mixes CPU generations: two workers whose numpy dispatches differently (one
+restricted to what a pre-AVX2 machine runs), one SIGKILLed mid-run. Under a pinned profile the run
+ends bit-identical to its uninterrupted reference; unpinned (``native``), the run's segments never
+reach the other kind of worker (they wait for one of their own), so no mixed state is ever made."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+
+from activities.models import RunSummary
+from cairn.checkpoint import latest_committed, load_training
+from cairn.numerics import PROFILES
+from cairn.stores import LocalStore
+from tests.conftest import REPO
+from tests.integration.conftest import TemporalServer, run_input, start_worker_process
+from workers.servers import ServerProcess
+from workflows.training_run import TrainingRun
+
+pytestmark = [pytest.mark.integration, pytest.mark.drill]
+
+CONTROLS = tuple(PROFILES["x86-64-v3"].environment())
+RESTRICTED = {"NPY_DISABLE_CPU_FEATURES": "X86_V3 X86_V4 AVX512_ICL AVX512_SPR"}
+STEPS = 40
+
+
+def machine_env(**extra: str) -> dict[str, str]:
+    """A worker's environment as its host gives it: none of the test process's pins."""
+    return {**{k: v for k, v in os.environ.items() if k not in CONTROLS}, **extra}
+
+
+def reference_fingerprint(tmp_path: Path, config: dict[str, object], numerics: str, env: dict[str, str]) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    out = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "train", "--config", str(path), "--steps", str(STEPS),
+         "--store", str(tmp_path / f"reference-{numerics}"), "--numerics", numerics, "--json"],
+        capture_output=True, text=True, cwd=REPO, env=env, timeout=180, check=True,
+    )  # fmt: skip
+    return str(json.loads(out.stdout)["fingerprint"])
+
+
+async def wait_commit(store: LocalStore, run_id: str, at_least: int, proc: ServerProcess) -> int:
+    deadline = time.monotonic() + 60
+    while True:
+        ref = latest_committed(store, run_id)
+        if ref is not None and ref.step >= at_least:
+            return ref.step
+        assert time.monotonic() < deadline, proc.log_tail()
+        await asyncio.sleep(0.05)
+
+
+def kill(proc: ServerProcess) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)  # a lost machine
+    proc.proc.wait(timeout=10)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("numerics", ["x86-64-v2", "x86-64-v3"])
+async def test_a_mixed_fleet_ends_bit_identical_under_the_runs_profile(
+    client: Client, temporal_server: TemporalServer, task_queue: str, tmp_path: Path, numerics: str
+) -> None:
+    inp = run_input(tmp_path, total_steps=STEPS, steps_per_segment=STEPS, throttle_seconds_per_step=0.04,
+                    numerics=numerics)  # fmt: skip
+    store = LocalStore(inp.store)
+    flags = ("--numerics", numerics)
+    first = start_worker_process(temporal_server.address, task_queue, tmp_path / "a.log", machine_env(), extra=flags)
+    second = None
+    try:
+        handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
+        await wait_commit(store, inp.run_id, 10, first)
+        second = start_worker_process(
+            temporal_server.address, task_queue, tmp_path / "b.log", machine_env(**RESTRICTED), extra=flags
+        )
+        kill(first)
+        summary = RunSummary.model_validate(await asyncio.wait_for(handle.result(), timeout=120))
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+    assert summary.retried_segments == 1 and summary.steps == STEPS
+    assert "resumed from step" in (tmp_path / "b.log").read_text()  # the restricted worker finished it
+    expected = reference_fingerprint(tmp_path, inp.config.model_dump(mode="json"), numerics, machine_env(**RESTRICTED))
+    assert summary.fingerprint == expected
+    assert summary.checkpoint is not None
+    state, _ = load_training(store, latest_committed(store, inp.run_id))  # type: ignore[arg-type]
+    assert state.lineage.numerics is not None and state.lineage.numerics.profile == numerics
+    assert state.lineage.numerics.mixed == []
+
+
+async def test_unpinned_segments_wait_for_a_worker_of_their_own_kind(
+    client: Client, temporal_server: TemporalServer, task_queue: str, tmp_path: Path
+) -> None:
+    """Pinning switched off: the two kinds of worker compute different bits (shown in the unit
+    tests), so the restricted one must never take the run over — the run waits until a worker of
+    the kind that computed it returns, then ends bit-identical to that kind's reference."""
+    inp = run_input(tmp_path, total_steps=STEPS, steps_per_segment=STEPS, throttle_seconds_per_step=0.04,
+                    numerics="native")  # fmt: skip
+    store = LocalStore(inp.store)
+    flags = ("--numerics", "native")
+    first = start_worker_process(temporal_server.address, task_queue, tmp_path / "a.log", machine_env(), extra=flags)
+    second = third = None
+    try:
+        handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
+        await wait_commit(store, inp.run_id, 10, first)
+        second = start_worker_process(
+            temporal_server.address, task_queue, tmp_path / "b.log", machine_env(**RESTRICTED), extra=flags
+        )
+        kill(first)
+        stalled_at = latest_committed(store, inp.run_id)
+        await asyncio.sleep(6)  # a heartbeat timeout (3 s) and retries: the restricted worker is idle
+        assert latest_committed(store, inp.run_id) == stalled_at
+        assert "segment to step" not in (tmp_path / "b.log").read_text()
+        third = start_worker_process(
+            temporal_server.address, task_queue, tmp_path / "c.log", machine_env(), extra=flags
+        )
+        summary = RunSummary.model_validate(await asyncio.wait_for(handle.result(), timeout=120))
+    finally:
+        for proc in (first, second, third):
+            if proc is not None:
+                proc.stop()
+    assert "resumed from step" in (tmp_path / "c.log").read_text()
+    assert summary.fingerprint == reference_fingerprint(tmp_path, inp.config.model_dump(mode="json"), "native",
+                                                        machine_env())  # fmt: skip
