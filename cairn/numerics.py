@@ -223,10 +223,14 @@ def effective_level() -> str:
 @cache
 def _blas() -> dict[str, str]:
     """OpenBLAS as numpy loaded it: version, the kernel it runs, its threads."""
-    import numpy  # noqa: F401 - loads the BLAS threadpoolctl inspects
+    import numpy
     from threadpoolctl import threadpool_info
 
-    for lib in threadpool_info():
+    home = os.path.dirname(os.path.dirname(numpy.__file__))
+    found = [lib for lib in threadpool_info() if lib.get("internal_api") == "openblas"]
+    # numpy's own copy (numpy.libs/), not another package's (scipy ships one too): load order varies
+    found.sort(key=lambda lib: not str(lib.get("filepath", "")).startswith(os.path.join(home, "numpy")))
+    for lib in found:
         if lib.get("internal_api") == "openblas":
             return {
                 "version": str(lib.get("version")),
