@@ -29,6 +29,7 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
+__version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:

@@ -15,6 +15,7 @@ This module imports neither numpy nor torch at import time (it must run before t
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.metadata
 import os
 import platform
@@ -39,11 +40,9 @@ __all__ = [
     "native_level",
     "effective_level",
     "process_numerics",
-    "require_process_profile",
     "resumed_numerics",
     "profile_id",
     "profile_queue",
-    "requested_profile",
     "enter_profile",
     "process_profile_name",
     "NAMES",
@@ -134,17 +133,6 @@ class NumericsRecord(BaseModel):
     tolerance contract or ``--tolerance``): the state is no longer bit-exact to any one of them."""
 
 
-def requested_profile(argv: list[str], env: Mapping[str, str] = os.environ) -> str:
-    """The profile a command line asks for: ``--numerics NAME`` / ``--numerics=NAME``, else
-    ``$CAIRN_NUMERICS``, else the default (read before any heavy import; argparse checks it later)."""
-    for i, arg in enumerate(argv):
-        if arg == "--numerics" and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith("--numerics="):
-            return arg.split("=", 1)[1]
-    return env.get(ENV) or DEFAULT_PROFILE
-
-
 def process_profile_name() -> str:
     """The profile this process was pinned to (``$CAIRN_NUMERICS``), else the default."""
     return os.environ.get(ENV) or DEFAULT_PROFILE
@@ -208,8 +196,6 @@ def native_level() -> str:
 
 def effective_level() -> str:
     """The level numpy dispatches to in this process (after ``NPY_DISABLE_CPU_FEATURES``)."""
-    import importlib
-
     features = importlib.import_module("numpy._core._multiarray_umath").__cpu_features__
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return native_level()
@@ -230,14 +216,14 @@ def _blas() -> dict[str, str]:
     found = [lib for lib in threadpool_info() if lib.get("internal_api") == "openblas"]
     # numpy's own copy (numpy.libs/), not another package's (scipy ships one too): load order varies
     found.sort(key=lambda lib: not str(lib.get("filepath", "")).startswith(os.path.join(home, "numpy")))
-    for lib in found:
-        if lib.get("internal_api") == "openblas":
-            return {
-                "version": str(lib.get("version")),
-                "kernel": str(lib.get("architecture")),
-                "threads": str(lib.get("num_threads")),
-            }
-    return {"version": "none", "kernel": "none", "threads": "0"}
+    if not found:
+        return {"version": "none", "kernel": "none", "threads": "0"}
+    lib = found[0]
+    return {
+        "version": str(lib.get("version")),
+        "kernel": str(lib.get("architecture")),
+        "threads": str(lib.get("num_threads")),
+    }
 
 
 def _version(dist: str) -> str:
@@ -320,11 +306,6 @@ def process_numerics(name: str | None = None) -> NumericsRecord:
     blas = _blas()
     libs = dict(libraries(), blas_kernel=blas["kernel"], blas_threads=blas["threads"])
     return NumericsRecord(profile=name, id=profile_id(name), native=native_level(), libraries=libs)
-
-
-def require_process_profile(name: str) -> NumericsRecord:
-    """``process_numerics(name)``, for a command about to compute."""
-    return process_numerics(name)
 
 
 def resumed_numerics(

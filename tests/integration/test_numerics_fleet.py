@@ -13,9 +13,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 
 from activities.models import RunSummary
 from cairn.checkpoint import latest_committed, load_training
@@ -64,6 +65,21 @@ def kill(proc: ServerProcess) -> None:
     proc.proc.wait(timeout=10)  # type: ignore[union-attr]
 
 
+async def hand_over(
+    client: Client, server: TemporalServer, task_queue: str, tmp_path: Path, inp: Any, procs: list[ServerProcess]
+) -> WorkflowHandle[Any, Any]:
+    """Start the run on an unrestricted worker (a.log); once it has committed, start a restricted
+    worker (b.log) and SIGKILL the first. The workers go into ``procs`` for the caller to stop."""
+    flags = ("--numerics", inp.numerics)
+    procs.append(start_worker_process(server.address, task_queue, tmp_path / "a.log", machine_env(), extra=flags))
+    handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
+    await wait_commit(LocalStore(inp.store), inp.run_id, 10, procs[0])
+    restricted = machine_env(**RESTRICTED)
+    procs.append(start_worker_process(server.address, task_queue, tmp_path / "b.log", restricted, extra=flags))
+    kill(procs[0])
+    return handle
+
+
 @pytest.mark.parametrize("numerics", ["x86-64-v2", "x86-64-v3"])
 async def test_a_mixed_fleet_ends_bit_identical_under_the_runs_profile(
     client: Client, temporal_server: TemporalServer, task_queue: str, tmp_path: Path, numerics: str
@@ -71,21 +87,13 @@ async def test_a_mixed_fleet_ends_bit_identical_under_the_runs_profile(
     inp = run_input(tmp_path, total_steps=STEPS, steps_per_segment=STEPS, throttle_seconds_per_step=0.04,
                     numerics=numerics)  # fmt: skip
     store = LocalStore(inp.store)
-    flags = ("--numerics", numerics)
-    first = start_worker_process(temporal_server.address, task_queue, tmp_path / "a.log", machine_env(), extra=flags)
-    second = None
+    procs: list[ServerProcess] = []
     try:
-        handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
-        await wait_commit(store, inp.run_id, 10, first)
-        second = start_worker_process(
-            temporal_server.address, task_queue, tmp_path / "b.log", machine_env(**RESTRICTED), extra=flags
-        )
-        kill(first)
+        handle = await hand_over(client, temporal_server, task_queue, tmp_path, inp, procs)
         summary = RunSummary.model_validate(await asyncio.wait_for(handle.result(), timeout=120))
     finally:
-        first.stop()
-        if second is not None:
-            second.stop()
+        for proc in procs:
+            proc.stop()
     assert summary.retried_segments == 1 and summary.steps == STEPS
     assert "resumed from step" in (tmp_path / "b.log").read_text()  # the restricted worker finished it
     expected = reference_fingerprint(tmp_path, inp.config.model_dump(mode="json"), numerics, machine_env(**RESTRICTED))
@@ -105,28 +113,22 @@ async def test_unpinned_segments_wait_for_a_worker_of_their_own_kind(
     inp = run_input(tmp_path, total_steps=STEPS, steps_per_segment=STEPS, throttle_seconds_per_step=0.04,
                     numerics="native")  # fmt: skip
     store = LocalStore(inp.store)
-    flags = ("--numerics", "native")
-    first = start_worker_process(temporal_server.address, task_queue, tmp_path / "a.log", machine_env(), extra=flags)
-    second = third = None
+    procs: list[ServerProcess] = []
     try:
-        handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
-        await wait_commit(store, inp.run_id, 10, first)
-        second = start_worker_process(
-            temporal_server.address, task_queue, tmp_path / "b.log", machine_env(**RESTRICTED), extra=flags
-        )
-        kill(first)
+        handle = await hand_over(client, temporal_server, task_queue, tmp_path, inp, procs)
         stalled_at = latest_committed(store, inp.run_id)
         await asyncio.sleep(6)  # a heartbeat timeout (3 s) and retries: the restricted worker is idle
         assert latest_committed(store, inp.run_id) == stalled_at
         assert "segment to step" not in (tmp_path / "b.log").read_text()
-        third = start_worker_process(
-            temporal_server.address, task_queue, tmp_path / "c.log", machine_env(), extra=flags
+        procs.append(
+            start_worker_process(
+                temporal_server.address, task_queue, tmp_path / "c.log", machine_env(), extra=("--numerics", "native")
+            )
         )
         summary = RunSummary.model_validate(await asyncio.wait_for(handle.result(), timeout=120))
     finally:
-        for proc in (first, second, third):
-            if proc is not None:
-                proc.stop()
+        for proc in procs:
+            proc.stop()
     assert "resumed from step" in (tmp_path / "c.log").read_text()
     assert summary.fingerprint == reference_fingerprint(tmp_path, inp.config.model_dump(mode="json"), "native",
                                                         machine_env())  # fmt: skip
