@@ -11,11 +11,11 @@ from __future__ import annotations
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities import faults
 from activities import metrics as m
 from activities.log_context import run_context
 from activities.models import DecisionInput, EffectInput, EffectReceipt
 from activities.training import Heartbeater, activity_errors, heartbeat_interval, open_run_store
+from cairn import faults
 from cairn.effects import (
     JournalEntry,
     PublishedModel,

@@ -1,7 +1,7 @@
 """Gang activities: one per node of a data-parallel segment, each supervising its rank processes.
 
 ``train_gang_node`` runs on the worker of one node (routed there by that worker's own task
-queue, ``node_queue``). It starts torchrun for the node's ranks (``cairn.distributed.launch``),
+queue, ``node_queue``). It starts torchrun for the node's ranks (``cairn.gang.launch``),
 which rendezvous through c10d with the other nodes' ranks; it heartbeats the ranks' progress;
 on cancellation (pause, stop, checkpoint-now, workflow cancel) or worker shutdown it asks the
 ranks to checkpoint and stop at the next step; and whatever happens — a rank's death, a
@@ -36,9 +36,9 @@ from activities.training import (
     open_run_store,
     require_numerics,
 )
-from cairn.distributed.launch import Gang, GangSpec, free_endpoint
 from cairn.errors import CairnError, ConfigError, one_line
-from cairn.runs import require_run_owner
+from cairn.gang.launch import Gang, GangSpec, free_endpoint
+from cairn.runs.ownership import require_run_owner
 
 __all__ = ["train_gang_node", "gang_endpoint", "GANG_ACTIVITIES", "ADVERTISE_ENV"]
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from cairn.checkpoint.layout import RUN_ID_PATTERN
 from cairn.config import TrainConfig
 from cairn.numerics import DEFAULT_PROFILE, ProfileName
-from cairn.runs import store_url_problem
+from cairn.runs.ownership import store_url_problem
 
 __all__ = [
     "DEFAULT_TASK_QUEUE",

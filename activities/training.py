@@ -28,7 +28,6 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities import faults
 from activities import metrics as m
 from activities.log_context import run_context, set_step
 from activities.models import (
@@ -40,12 +39,13 @@ from activities.models import (
     TrainSegmentInput,
     TrainSegmentResult,
 )
+from cairn import faults
 from cairn.checkpoint import CheckpointKind, CheckpointRef, latest_committed, list_checkpoints, read_manifest
 from cairn.checkpoint.commit import CommitResult
 from cairn.checkpoint.retention import RetentionPolicy, collect_garbage
 from cairn.errors import CairnError, CheckpointConflictError, NumericsProfileError, one_line
 from cairn.numerics import process_numerics, profile_id
-from cairn.runs import claim_run, require_run_owner, require_store_identity, store_identity
+from cairn.runs.ownership import claim_run, require_run_owner, require_store_identity, store_identity
 from cairn.session import TrainingSession
 from cairn.state import TrainState
 from cairn.stores import open_store

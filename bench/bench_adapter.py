@@ -14,7 +14,7 @@ from cairn.checkpoint import latest_committed, load_training, save_training
 from cairn.config import parse_config
 from cairn.state import TrainState
 from cairn.stores import LocalStore
-from cairn.trainers.pytorch import TorchOptions, TorchSetup, TorchTrainer
+from cairn.trainers.pytorch.trainer import TorchOptions, TorchSetup, TorchTrainer
 
 SHAPES: dict[str, tuple[int, ...]] = {}
 """Parameter shapes of the bench state (set by ``adapter_state`` before the trainer is built)."""

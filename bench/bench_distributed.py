@@ -130,9 +130,9 @@ def bench_checkpoints(comm: Any, mib: int, reps: int, workdir: Path) -> dict[str
     from cairn.checkpoint.validate import check_training_manifest
     from cairn.config import parse_config
     from cairn.distributed.checkpoint import read_blocks
-    from cairn.distributed.zero import ZeroMLP
     from cairn.stores import LocalStore
     from cairn.trainers.base import load_trainer
+    from cairn.trainers.mlp.zero import ZeroMLP
 
     rank, world = comm.rank, comm.world
     trainer = load_trainer(parse_config(bench_config(mib)))

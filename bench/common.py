@@ -36,7 +36,7 @@ from cairn.checkpoint import CheckpointOptions  # noqa: E402
 from cairn.config import TrainConfig  # noqa: E402
 from cairn.data import load_dataset  # noqa: E402
 from cairn.state import TrainState  # noqa: E402
-from cairn.trainer import init_state  # noqa: E402
+from cairn.trainers.mlp.arithmetic import init_state  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 
@@ -205,7 +205,7 @@ def machine() -> dict[str, Any]:
 @contextlib.contextmanager
 def seaweedfs(workdir: Path) -> Iterator[str]:
     """A SeaweedFS server (S3 on loopback) started as the tests do; yields its endpoint."""
-    from workers.servers import ServerProcess, free_port, seaweedfs_command, wait_for_http
+    from workers.stack.servers import ServerProcess, free_port, seaweedfs_command, wait_for_http
 
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench-secret")
@@ -240,7 +240,7 @@ def mbps(nbytes: int, seconds: float) -> float:
 @contextlib.contextmanager
 def temporal_server(workdir: Path) -> Iterator[str]:
     """A Temporal dev server (headless, SQLite file) started as the tests do; yields its address."""
-    from workers.servers import ServerProcess, free_port, temporal_command, wait_for_tcp
+    from workers.stack.servers import ServerProcess, free_port, temporal_command, wait_for_tcp
 
     port = free_port()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -256,7 +256,7 @@ def temporal_server(workdir: Path) -> Iterator[str]:
 
 def worker_process(address: str, task_queue: str, log: Path) -> Any:
     """A ``cairn worker`` process (``workers.worker``) on ``task_queue``: a ``ServerProcess``."""
-    from workers.servers import ServerProcess
+    from workers.stack.servers import ServerProcess
 
     argv = [sys.executable, "-m", "workers.worker", "--address", address, "--task-queue", task_queue]
     return ServerProcess("worker", argv, log, env={"CAIRN_METRICS_PORT": "0"}, cwd=REPO).start()

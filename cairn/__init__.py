@@ -23,9 +23,9 @@ _EXPORTS = {
     "Lineage": "cairn.state",
     "TrainState": "cairn.state",
     "open_store": "cairn.stores",
-    "advance": "cairn.trainer",
-    "init_state": "cairn.trainer",
-    "train": "cairn.trainer",
+    "advance": "cairn.trainers.mlp.arithmetic",
+    "init_state": "cairn.trainers.mlp.arithmetic",
+    "train": "cairn.trainers.mlp.arithmetic",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -26,8 +26,8 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from cairn.bounded_json import load_json_file
 from cairn.errors import ConfigError
+from cairn.jsonio import load_json_file
 
 __all__ = [
     "ModelConfig",
@@ -354,6 +354,6 @@ def load_config(path: str | Path) -> TrainConfig:
     """Read a TrainConfig from a JSON file, raising ConfigError with the file and field.
 
     The file must be a regular file of at most 16 MiB of UTF-8 JSON, nested at most 64 deep
-    (see ``cairn.bounded_json``); anything else is refused before it is parsed.
+    (see ``cairn.jsonio``); anything else is refused before it is parsed.
     """
     return parse_config(load_json_file(path, what="config file"), str(path))

@@ -23,9 +23,9 @@ from typing import IO
 
 import numpy as np
 
-from cairn.bounded_json import open_regular_file
 from cairn.config import MAX_DATASET_ELEMENTS, DatasetConfig
 from cairn.errors import ConfigError
+from cairn.jsonio import open_regular_file
 
 __all__ = ["Dataset", "load_dataset", "dataset_hash"]
 

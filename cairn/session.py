@@ -23,8 +23,8 @@ from cairn.checkpoint.options import CheckpointOptions
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.config import TrainConfig
 from cairn.errors import ConfigError, TrainingDivergedError
-from cairn.lifecycle import initial_state
 from cairn.numerics import process_numerics, resumed_numerics
+from cairn.runs.exposures import initial_state
 from cairn.state import Lineage, TrainState
 from cairn.stores import open_store
 from cairn.stores.base import Store

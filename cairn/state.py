@@ -52,7 +52,7 @@ class Lineage(BaseModel):
     stage_contract: str = "train"
     final_test_exposures: int = Field(default=0, ge=0)
     """Final-test exposures inherited from the reference this stage started from (``init_from``);
-    this run's own exposures are in its lifecycle log (``cairn.lifecycle``)."""
+    this run's own exposures are in its lifecycle log (``cairn.runs.exposures``)."""
     trainer: str | None = None
     """Import path of the trainer (None: the built-in MLP)."""
     model_hash: str | None = None

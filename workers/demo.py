@@ -27,10 +27,10 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from workers.devstack import default_state_dir
+from workers.stack.devstack import default_state_dir
 
 if TYPE_CHECKING:
-    from workers.servers import ServerProcess
+    from workers.stack.servers import ServerProcess
 
 REPO = Path(__file__).resolve().parents[1]
 STATE = default_state_dir()
@@ -56,7 +56,7 @@ def compare(a: str, b: str) -> dict[str, object]:
 def demo_worker(name: str, address: str, queue: str, preload: str = "", node: str = "") -> ServerProcess:
     """A worker process on the demo's queue, logging to STATE/logs/demo-NAME.log; ``node``:
     also this host's node queue (a gang's activity for that node lands there)."""
-    from workers.servers import ServerProcess
+    from workers.stack.servers import ServerProcess
 
     argv = [sys.executable, "-m", "workers.worker", "--address", address, "--task-queue", queue]
     argv += ["--preload", preload] if preload else []
@@ -99,9 +99,9 @@ async def temporal_drill() -> tuple[bool, str]:
     from cairn.config import load_config
     from cairn.session import TrainingSession
     from cairn.stores import LocalStore, MemoryStore
+    from workers.cli.run import live_step
     from workers.client import WORKFLOW_TASK_TIMEOUT, connect
-    from workers.devstack import StackConfig, stack_up
-    from workers.run_commands import live_step
+    from workers.stack.devstack import StackConfig, stack_up
     from workflows.training_run import TrainingRun
 
     print("== Part 2: a durable run on Temporal, with a worker SIGKILLed partway")
@@ -191,7 +191,7 @@ async def digits_on_temporal(web_ui: str) -> bool:
     from cairn.session import TrainingSession
     from cairn.stores import LocalStore, MemoryStore
     from workers.client import WORKFLOW_TASK_TIMEOUT, connect
-    from workers.devstack import StackConfig
+    from workers.stack.devstack import StackConfig
     from workflows.training_run import TrainingRun
 
     print("\n== Part 3: your own PyTorch model — the digits CNN, durably on Temporal, epoch by epoch")
@@ -274,7 +274,7 @@ async def distributed_on_temporal(web_ui: str) -> bool:
     from cairn.session import TrainingSession
     from cairn.stores import LocalStore, MemoryStore
     from workers.client import WORKFLOW_TASK_TIMEOUT, connect
-    from workers.devstack import StackConfig
+    from workers.stack.devstack import StackConfig
     from workflows.training_run import TrainingRun
 
     print("\n== Part 4: one run over several workers — 4 ranks on two nodes, resumed at 2 ranks, bit for bit")

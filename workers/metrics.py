@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from activities.metrics import REGISTRY
-from workers.servers import free_port
+from workers.stack.servers import free_port
 
 __all__ = ["DEFAULT_METRICS_PORT", "MetricsEndpoint", "serve_metrics"]
 

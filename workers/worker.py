@@ -29,10 +29,10 @@ from activities.models import DEFAULT_TASK_QUEUE, NODE_NAME, node_queue
 from activities.training import TRAINING_ACTIVITIES
 from cairn.errors import ConfigError, TemporalUnavailableError
 from cairn.numerics import enter_profile, native_level, process_numerics, profile_id, profile_queue
+from workers.cli.args import add_numerics_arg
 from workers.client import add_connection_args, connect
 from workers.logs import LOG_FORMATS, configure_logging, log_format_from_env
 from workers.metrics import DEFAULT_METRICS_PORT, MetricsEndpoint, serve_metrics
-from workers.numerics_args import add_numerics_arg
 from workflows.training_run import TrainingRun
 
 __all__ = [

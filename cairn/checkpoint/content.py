@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from cairn.bounded_json import JsonLimits, parse_json
 from cairn.checkpoint.manifest import BLOCKED_FORMAT_VERSION, FORMAT_VERSION, CheckpointKind, Manifest, TensorEntry
 from cairn.checkpoint.options import Limits
 from cairn.errors import InvariantError, SizeLimitError, TensorSpecError
+from cairn.jsonio import JsonLimits, parse_json
 from cairn.state import Lineage
 
 __all__ = ["CheckpointContent", "CONTENT_FIELDS", "TensorIndex", "index_of", "check_content", "non_finite_path"]

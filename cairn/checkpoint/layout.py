@@ -7,7 +7,7 @@
       .cairn/registry/RUN/ENTRY.json        published models                (cairn.effects.registry)
       RUN/owners/SEQ.json                   claims: the latest names the run's trainer (cairn.runs)
       RUN/pins/NAME.json                    named pins                      (cairn.checkpoint.retention)
-      RUN/lifecycle/SEQ.json                the run's lifecycle log: final-test exposures (cairn.lifecycle)
+      RUN/lifecycle/SEQ.json                the run's lifecycle log: final-test exposures (cairn.runs.exposures)
       RUN/KIND/STEP/manifest.json           a committed checkpoint: the commit marker
       RUN/KIND/STEP/NONCE/rankRRR-NNNN.bin  its shards, named per save attempt and rank
 

@@ -25,7 +25,6 @@ import numpy as np
 from blake3 import blake3
 from pydantic import ValidationError
 
-from cairn.bounded_json import JsonLimits, parse_json
 from cairn.checkpoint.blocks import base_name, check_parts, parts_json, plan_blocks
 from cairn.checkpoint.content import CheckpointContent, index_of
 from cairn.checkpoint.layout import manifest_key
@@ -43,6 +42,7 @@ from cairn.errors import (
     SizeLimitError,
     TensorSpecError,
 )
+from cairn.jsonio import JsonLimits, parse_json
 from cairn.stores.base import Store
 
 __all__ = ["ValueCheck", "parse_manifest", "read_manifest", "verify_tensors", "read_tensors", "read_logical"]
@@ -52,7 +52,7 @@ ValueCheck = Callable[[str, np.ndarray], None]
 
 
 def parse_manifest(raw: bytes, where: str, *, limits: Limits = DEFAULT_LIMITS) -> Manifest:
-    """Bounded JSON (``cairn.bounded_json``), then format name/version, then the schema."""
+    """Bounded JSON (``cairn.jsonio``), then format name/version, then the schema."""
     data = parse_json(raw, where=where, error=ManifestError, limits=JsonLimits(max_bytes=limits.max_manifest_bytes))
     if not isinstance(data, dict):
         raise ManifestError(field="manifest", expected="a JSON object", found=type(data).__name__)

@@ -16,8 +16,8 @@ import hashlib
 import hmac
 import os
 
-from cairn.bounded_json import read_regular_file
 from cairn.errors import ConfigError, SignatureError
+from cairn.jsonio import read_regular_file
 
 __all__ = ["Signer", "signer_from_env", "SIGNATURE_PREFIX"]
 

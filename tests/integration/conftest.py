@@ -25,7 +25,7 @@ from cairn.stores import LocalStore, MemoryStore
 from cairn.stores.s3 import S3Store
 from tests.conftest import REPO, small_config
 from workers.client import connect
-from workers.servers import ServerProcess, free_port, seaweedfs_command, wait_for_http
+from workers.stack.servers import ServerProcess, free_port, seaweedfs_command, wait_for_http
 from workflows.training_run import TrainingRun
 
 # SeaweedFS without an identity config accepts any credentials; boto3 still needs some to sign.
@@ -96,7 +96,7 @@ class TemporalServer:
 
 @pytest.fixture(scope="session")
 def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TemporalServer]:
-    from workers.servers import temporal_command, wait_for_tcp
+    from workers.stack.servers import temporal_command, wait_for_tcp
 
     root = tmp_path_factory.mktemp("temporal")
     port = free_port()
@@ -128,7 +128,7 @@ def reservation_service(tmp_path: Path) -> Iterator[ReservationServer]:
     """A fresh service (fresh SQLite file, so ids start at reservation-1) over real HTTP."""
     import threading
 
-    from workers.reservation_service import serve
+    from workers.stack.reservation import serve
 
     server = serve(0, tmp_path / "reservations.db", {"FILTER-A": 8})
     thread = threading.Thread(target=server.serve_forever, daemon=True)

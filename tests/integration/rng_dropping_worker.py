@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 import cairn.session
-from cairn.trainer import fresh_rng_state
+from cairn.trainers.mlp.arithmetic import fresh_rng_state
 from workers.worker import exit_now, main
 
 _save_training = cairn.session.save_training

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.integration.conftest import TemporalServer, cairn
-from workers.servers import free_port
+from workers.stack.servers import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.integration.conftest import ReservationServer, S3Server, TemporalServer, cairn
-from workers.servers import free_port
+from workers.stack.servers import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -33,17 +33,17 @@ from cairn.checkpoint import latest_committed, list_checkpoints, load_training
 from cairn.checkpoint.reader import read_manifest
 from cairn.config import TrainConfig
 from cairn.distributed.comm import SoloComm
-from cairn.distributed.launch import Gang, GangSpec, gang_processes
-from cairn.distributed.rank import run_rank
 from cairn.distributed.reduce import RANK_ORDER_ENV
 from cairn.errors import GangFailedError
+from cairn.gang.launch import Gang, GangSpec, gang_processes
+from cairn.gang.rank import run_rank
 from cairn.stores import open_store
 from cairn.stores.base import Store
 from tests.conftest import REPO
 from tests.integration.conftest import S3Server, TemporalServer, start_worker_process, wait_progress
 from tests.unit.test_distributed_core import dist_config
-from workers.run_commands import run_events
-from workers.servers import ServerProcess
+from workers.cli.run import run_events
+from workers.stack.servers import ServerProcess
 from workflows.training_run import TrainingRun
 
 pytestmark = pytest.mark.integration
@@ -220,7 +220,7 @@ def rank_processes(tmp_path: Path, ranks_only: bool = False) -> list[int]:
     pids = gang_processes(str(tmp_path / "gangs"))
     if not ranks_only:
         return pids
-    return [p for p in pids if b"cairn.distributed.rank" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    return [p for p in pids if b"cairn.gang.rank" in Path(f"/proc/{p}/cmdline").read_bytes()]
 
 
 def reference_fingerprint(tmp_path: Path, inp: TrainingRunInput) -> str:

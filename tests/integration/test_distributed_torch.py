@@ -14,9 +14,9 @@ from cairn.checkpoint import CheckpointRef, list_checkpoints
 from cairn.checkpoint.reader import read_manifest
 from cairn.config import TrainConfig
 from cairn.distributed.comm import SoloComm
-from cairn.distributed.launch import Gang, GangSpec
-from cairn.distributed.rank import run_rank
 from cairn.distributed.reduce import RANK_ORDER_ENV
+from cairn.gang.launch import Gang, GangSpec
+from cairn.gang.rank import run_rank
 from cairn.stores import LocalStore
 from tests.unit.test_torch_dp import digits_dp_config
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from workers.drill import DrillResult, run_drill
-from workers.drill_schedule import DrillSpec
-from workers.drill_stack import EmbeddedStack
+from workers.drills.runner import DrillResult, run_drill
+from workers.drills.schedule import DrillSpec
+from workers.drills.stack import EmbeddedStack
 
 pytestmark = [pytest.mark.integration, pytest.mark.drill]
 

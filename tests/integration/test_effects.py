@@ -25,7 +25,7 @@ from tests.integration.conftest import (
     start_worker_process,
     wait_progress,
 )
-from workers.servers import ServerProcess
+from workers.stack.servers import ServerProcess
 from workers.worker import serving
 from workflows.training_run import TrainingRun
 

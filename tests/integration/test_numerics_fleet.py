@@ -24,7 +24,7 @@ from cairn.numerics import PROFILES
 from cairn.stores import LocalStore
 from tests.conftest import REPO
 from tests.integration.conftest import TemporalServer, run_input, start_worker_process
-from workers.servers import ServerProcess
+from workers.stack.servers import ServerProcess
 from workflows.training_run import TrainingRun
 
 pytestmark = [pytest.mark.integration, pytest.mark.drill]

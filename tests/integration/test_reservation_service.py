@@ -20,7 +20,7 @@ import pytest
 
 from cairn.effects import ReservationClient
 from tests.integration.conftest import ReservationServer
-from workers.reservation_service import MAX_BODY_BYTES, MAX_KEY_CHARS, MAX_UNITS
+from workers.stack.reservation import MAX_BODY_BYTES, MAX_KEY_CHARS, MAX_UNITS
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 
 from activities.models import RunSummary
 from cairn.checkpoint import latest_committed
-from cairn.runs import STORE_ID_KEY, read_owner
+from cairn.runs.ownership import STORE_ID_KEY, read_owner
 from cairn.stores import LocalStore
 from tests.integration.conftest import (
     S3Server,
@@ -26,8 +26,8 @@ from tests.integration.conftest import (
     start_worker_process,
     wait_progress,
 )
-from workers.run_commands import live_step
-from workers.servers import ServerProcess
+from workers.cli.run import live_step
+from workers.stack.servers import ServerProcess
 from workers.worker import serving
 from workflows.training_run import TrainingRun
 
@@ -176,7 +176,7 @@ async def test_storage_outage_failure_reads_in_one_line(
 ) -> None:
     """During an S3 outage the failure Temporal shows (describe, the Web UI) is the concise typed
     error, not 'Failure exceeds size limit.' with a traceback chain riding along."""
-    from workers.servers import free_port
+    from workers.stack.servers import free_port
 
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{free_port()}")  # nobody listens
     inp = run_input(tmp_path, store="s3://cairn-outage/runs")

@@ -17,7 +17,7 @@ from cairn.config import TrainConfig
 from cairn.session import TrainingSession
 from cairn.stores.s3 import S3Store
 from tests.integration.conftest import S3Server
-from workers.faultproxy import FaultPolicy, FaultProxy
+from workers.drills.faultproxy import FaultPolicy, FaultProxy
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ from cairn.session import TrainingSession
 from cairn.stores import LocalStore, MemoryStore
 from tests.integration.conftest import TemporalServer, start_worker_process, wait_progress
 from tests.unit.test_torch_adapter import digits_config
-from workers.servers import ServerProcess
+from workers.stack.servers import ServerProcess
 from workers.worker import serving
 from workflows.training_run import TrainingRun
 

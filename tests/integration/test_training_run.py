@@ -34,7 +34,7 @@ from tests.integration.conftest import (
     start_worker_process,
     wait_progress,
 )
-from workers.servers import ServerProcess
+from workers.stack.servers import ServerProcess
 from workers.worker import WORKFLOWS, serving
 from workflows.training_run import TrainingRun
 
@@ -102,7 +102,7 @@ async def test_sigkilled_worker_is_replaced_and_run_resumes(
 
 def temporal_start(address: str, task_queue: str, workflow_id: str, input_file: Path) -> None:
     """`temporal workflow start --input-file`: what a user (or the Web UI's form) sends."""
-    from workers.servers import find_binary
+    from workers.stack.servers import find_binary
 
     subprocess.run(
         [

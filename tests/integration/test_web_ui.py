@@ -35,7 +35,7 @@ from cairn.config import TrainConfig
 from tests.conftest import REPO
 from tests.integration.conftest import assert_matches_reference
 from workers.client import connect
-from workers.servers import ServerProcess, free_port, temporal_command, wait_for_http, wait_for_tcp
+from workers.stack.servers import ServerProcess, free_port, temporal_command, wait_for_http, wait_for_tcp
 from workers.worker import serving
 
 pytestmark = pytest.mark.integration

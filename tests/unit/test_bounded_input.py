@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cairn import errors as E
-from cairn.bounded_json import JsonLimits, load_json_file, parse_json, read_regular_file
 from cairn.checkpoint.reader import parse_manifest
 from cairn.config import load_config
+from cairn.jsonio import JsonLimits, load_json_file, parse_json, read_regular_file
 from tests.conftest import refused_within_bounds
 
 

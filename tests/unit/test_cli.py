@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from workers.cli import main
+from workers.cli.main import main
 
 CONFIG = str(REPO / "examples" / "config.json")
 
@@ -378,7 +378,7 @@ def test_bad_inputs_found_in_review(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 def test_run_start_checks_the_file_before_connecting(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A bad run file is exit 2 with the field named, even with no Temporal server to talk to."""
-    from workers.servers import free_port
+    from workers.stack.servers import free_port
 
     body = json.loads((REPO / "examples" / "run.json").read_text())
     body["checkpoint"] = {"evry": 3}

@@ -22,9 +22,7 @@ from cairn.checkpoint.compare import compare_states
 from cairn.checkpoint.layout import manifest_key
 from cairn.config import TrainConfig
 from cairn.distributed.comm import SoloComm
-from cairn.distributed.launch import Gang, GangSpec, gang_processes, reap
 from cairn.distributed.partition import flat_layout
-from cairn.distributed.rank import run_rank
 from cairn.distributed.reduce import RANK_ORDER_ENV, combine, tree_sum
 from cairn.errors import (
     ConfigError,
@@ -35,6 +33,8 @@ from cairn.errors import (
     TensorSpecError,
     error_named,
 )
+from cairn.gang.launch import Gang, GangSpec, gang_processes, reap
+from cairn.gang.rank import run_rank
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore
 from tests.conftest import small_config
@@ -252,7 +252,7 @@ def test_typed_errors_travel_between_processes_by_name() -> None:
 # -- the gang's process hygiene -------------------------------------------------------------------
 def test_gang_command_is_torchrun_without_restarts(tmp_path: Path) -> None:
     one = Gang(GangSpec(nproc_per_node=2), {"x": 1}, tmp_path / "one").command()
-    assert one[1:3] == ["-m", "cairn.distributed.agent"] and "--standalone" in one and "--max-restarts=0" in one
+    assert one[1:3] == ["-m", "cairn.gang.agent"] and "--standalone" in one and "--max-restarts=0" in one
     spec = GangSpec(
         nproc_per_node=2, nnodes=2, rendezvous="127.0.0.1:29500", rdzv_id="x", is_host=False, local_addr="10.0.0.7"
     )
@@ -285,7 +285,7 @@ def test_reap_kills_every_process_carrying_the_gang_token() -> None:
 def test_the_distributed_examples_validate_and_name_a_world_size_that_divides_the_microbatches() -> None:
     from cairn.config import load_config
     from tests.conftest import REPO
-    from workers.run_commands import load_run_input
+    from workers.cli.run import load_run_input
 
     config = load_config(REPO / "examples" / "distributed.json")
     assert config.distributed is not None and config.distributed.microbatches == 8

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from cairn import errors as E
-from workers.cli import main
-from workers.drill_schedule import FAULT_TARGETS, DrillSpec, default_total_steps, drill_spec, plan_schedule
+from workers.cli.main import main
+from workers.drills.schedule import FAULT_TARGETS, DrillSpec, default_total_steps, drill_spec, plan_schedule
 
 
 def test_same_seed_same_schedule() -> None:

@@ -20,12 +20,12 @@ from cairn.config import load_config
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore
 from tests.conftest import REPO, rewrite_manifest, write_broken
-from workers.cli import main as cli
+from workers.cli.main import main as cli
 
 PAYLOAD = """
 import os, pathlib
 pathlib.Path(os.environ["EVIL_MARKER"], "imported").touch()
-from cairn.trainers.mlp import MLPTrainer
+from cairn.trainers.mlp.trainer import MLPTrainer
 
 class Trainer(MLPTrainer):
     def __init__(self, *args, **kwargs):

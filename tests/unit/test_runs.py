@@ -10,7 +10,7 @@ import pytest
 
 from activities.models import RunCarry, TrainingRunInput
 from cairn.errors import RunOwnershipError, StoreIdentityError
-from cairn.runs import (
+from cairn.runs.ownership import (
     STORE_ID_KEY,
     claim_run,
     read_owner,
@@ -21,7 +21,7 @@ from cairn.runs import (
 )
 from cairn.stores import LocalStore, MemoryStore
 from tests.conftest import REPO, checkout_files
-from workers.run_commands import load_run_input
+from workers.cli.run import load_run_input
 
 
 @pytest.mark.parametrize(
@@ -117,7 +117,7 @@ def test_two_takeovers_at_once_leave_one_owner() -> None:
     """B and C both see the closed owner A; C's claim lands first, B's create-if-absent of the
     same number fails, B re-reads, finds C running, and is refused."""
     from cairn.checkpoint.layout import owner_key
-    from cairn.runs import require_run_owner
+    from cairn.runs.ownership import require_run_owner
 
     class RacingStore(MemoryStore):
         raced = False

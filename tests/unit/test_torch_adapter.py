@@ -23,9 +23,9 @@ from cairn.sampler import EpochSampler
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore
 from cairn.trainers.base import load_trainer
-from cairn.trainers.pytorch import TorchSetup, TorchTrainer
+from cairn.trainers.pytorch.trainer import TorchSetup, TorchTrainer
 from tests.conftest import rewrite_manifest, write_broken
-from workers.cli import main as cli
+from workers.cli.main import main as cli
 
 REPO = Path(__file__).resolve().parents[2]
 

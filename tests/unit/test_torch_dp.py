@@ -1,4 +1,4 @@
-"""The PyTorch adapter, data-parallel (``cairn.distributed.torch_dp``), in one process: the
+"""The PyTorch adapter, data-parallel (``cairn.trainers.pytorch.data_parallel``), in one process: the
 one-process engine is ``cairn train``'s arithmetic bit for bit and writes what ``save_training``
 writes; every rank's share of the microbatches (dropout, BatchNorm and all) combines into the
 same bits for W = 1, 2, 4, 8; the reduction and the block shares do not depend on W; a blocked
@@ -26,11 +26,11 @@ from cairn.checkpoint.reader import read_manifest
 from cairn.config import TrainConfig, parse_config
 from cairn.distributed.comm import SoloComm
 from cairn.distributed.reduce import RANK_ORDER_ENV, combine, tree_sum
-from cairn.distributed.torch_dp import TorchDP, byte_shares, microbatch_seed, reduce_microbatches
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore
 from cairn.trainers.base import load_trainer
-from cairn.trainers.pytorch import TorchOptions, TorchSetup, TorchTrainer
+from cairn.trainers.pytorch.data_parallel import TorchDP, byte_shares, microbatch_seed, reduce_microbatches
+from cairn.trainers.pytorch.trainer import TorchOptions, TorchSetup, TorchTrainer
 
 REPO = Path(__file__).resolve().parents[2]
 MICROBATCHES = 8

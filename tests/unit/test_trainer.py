@@ -16,7 +16,7 @@ from cairn.config import TrainConfig
 from cairn.data import load_dataset
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore
-from cairn.trainer import advance, init_state, learning_rate, train, weights_only
+from cairn.trainers.mlp.arithmetic import advance, init_state, learning_rate, train, weights_only
 from tests.conftest import REPO, small_config
 
 
@@ -101,7 +101,7 @@ def test_broken_rng_saving_is_caught(
 ) -> None:
     """The recovery check can fail: break RNG saving on purpose and the seed check catches it."""
     import cairn.session as session_mod
-    from cairn.trainer import fresh_rng_state
+    from cairn.trainers.mlp.arithmetic import fresh_rng_state
 
     real_save = session_mod.save_training
 
@@ -140,7 +140,7 @@ def test_softmax_regression_and_gradients(config: TrainConfig) -> None:
     state = init_state(cfg, ds)
     assert set(state.params) == {"W", "b"}
     # Finite-difference check of the analytic gradient on the MLP.
-    from cairn.trainer import loss_and_grads
+    from cairn.trainers.mlp.arithmetic import loss_and_grads
 
     mlp = init_state(config, load_dataset(config.data))
     xb, yb = load_dataset(config.data).x[:4], load_dataset(config.data).y[:4]

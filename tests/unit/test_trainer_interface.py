@@ -18,9 +18,9 @@ from cairn.sampler import EpochSampler
 from cairn.session import TrainingSession, default_run_id
 from cairn.stores import LocalStore
 from cairn.trainers.base import load_trainer, trainer_for_checkpoint
-from cairn.trainers.mlp import MLPTrainer
+from cairn.trainers.mlp.trainer import MLPTrainer
 from tests.conftest import rewrite_manifest, small_config
-from workers.cli import main as cli
+from workers.cli.main import main as cli
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 V1_CONFIG = {

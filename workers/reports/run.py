@@ -12,7 +12,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from cairn.run_record import RunRecord
+from cairn.runs.record import RunRecord
 
 __all__ = ["write_report", "summary"]
 

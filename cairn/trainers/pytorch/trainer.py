@@ -31,7 +31,7 @@ with ``cairn ckpt compare --rtol/--atol``. The adapter owns the process's global
 thread settings while it trains, so a worker runs one torch segment at a time (a lock).
 
 **Data parallel.** With a ``distributed`` config an update is the microbatched one of
-``cairn.distributed.torch_dp`` — here in one process, or by a gang of rank processes
+``cairn.trainers.pytorch.data_parallel`` — here in one process, or by a gang of rank processes
 (``TorchDP``) — and every world size dividing ``distributed.microbatches`` gives the same bits.
 
 **Data.** ``train``/``val``/``test`` are ``(x, y)`` pairs of tensors or arrays (indexed by
@@ -480,7 +480,7 @@ class TorchTrainer(Trainer):
     def _advance(self, step: int, history: dict[str, list[float]], comm: Comm | None = None) -> float:
         """Update ``step + 1`` of the live objects, then the scheduler and (at an epoch end) the
         evaluation, recorded in ``history``; returns the update's loss. With a ``distributed``
-        config the update is the microbatched data-parallel one (``cairn.distributed.torch_dp``)
+        config the update is the microbatched data-parallel one (``cairn.trainers.pytorch.data_parallel``)
         over ``comm`` (this process alone when None): ``cairn train`` and a gang of any size
         compute the same bits. Its collectives run outside ``_user_code`` (a peer's failure is
         the gang's, not the trainer's code's)."""
@@ -491,7 +491,7 @@ class TorchTrainer(Trainer):
                 with self._user_code(what):
                     loss, lr = self._update(step)
             else:
-                from cairn.distributed.torch_dp import microbatched_update
+                from cairn.trainers.pytorch.data_parallel import microbatched_update
 
                 loss, lr = microbatched_update(self, step, SoloComm() if comm is None else comm)
             with self._user_code(what):

@@ -1,13 +1,13 @@
 """``cairn drill``: kill workers, servers and storage on a seeded schedule and prove nothing was lost.
 
 A drill starts a TrainingRun (its own task queue, its own workers) on the embedded stack or the
-one the environment names, fires the faults of its seeded schedule (``workers.drill_schedule``)
+one the environment names, fires the faults of its seeded schedule (``workers.drills.schedule``)
 one after another while the run trains, measures for each fault when it was detected and when
-training resumed, and ends with a verdict (``workers.drill_verdict``): the final checkpoint
+training resumed, and ends with a verdict (``workers.drills.verdict``): the final checkpoint
 compared field by field with an uninterrupted in-process reference, external effects exactly
 once by the service's own records, every committed checkpoint valid, nothing uncommitted left.
-The report (``workers.drill_report``) is a table, ``--json`` and a PNG timeline; the command is
-``workers.drill_commands``.
+The report (``workers.reports.drill``) is a table, ``--json`` and a PNG timeline; the command is
+``workers.cli.drill``.
 
 Faults: ``worker-kill`` (SIGKILL the worker running the segment), ``kill-in-upload`` (SIGKILL
 it when its manifest PUT reaches the fault proxy: shards written, commit not), ``kill-after-effect``
@@ -36,17 +36,17 @@ from typing import Any
 
 from cairn.errors import ConfigError
 from cairn.numerics import process_profile_name
-from workers.drill_observe import RunView, WorkerLogs, run_view
-from workers.drill_schedule import (
+from workers.drills.faultproxy import FaultPolicy, FaultProxy, pid_of_connection
+from workers.drills.observe import RunView, WorkerLogs, run_view
+from workers.drills.schedule import (
     SERVER_FAULTS,
     DrillSpec,
     PlannedFault,
     default_total_steps,
     plan_schedule,
 )
-from workers.drill_stack import DrillStack, EmbeddedStack, EnvStack, Restart
-from workers.faultproxy import FaultPolicy, FaultProxy, pid_of_connection
-from workers.servers import ServerProcess
+from workers.drills.stack import DrillStack, EmbeddedStack, EnvStack, Restart
+from workers.stack.servers import ServerProcess
 
 __all__ = ["FaultRecord", "DrillResult", "Drill", "WorkerPool", "check_targets", "run_drill"]
 
@@ -265,7 +265,7 @@ class Drill:
     def _run_input(self, run_id: str, store: str) -> Any:
         from activities.models import TrainingRunInput
         from cairn.config import load_config
-        from workers.run_commands import load_run_input
+        from workers.cli.run import load_run_input
 
         spec = self.spec
         effects = (
@@ -700,8 +700,8 @@ def run_drill(
 ) -> tuple[DrillResult, dict[str, Any]]:
     """Run a whole drill: stack (unless given), run, faults, verdict, report files in ``out``.
     Returns the result and the report (what ``--json`` prints)."""
-    from workers.drill_report import write_report
-    from workers.drill_verdict import judge
+    from workers.drills.verdict import judge
+    from workers.reports.drill import write_report
 
     out.mkdir(parents=True, exist_ok=True)
     own = stack is None

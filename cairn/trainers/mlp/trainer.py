@@ -1,4 +1,4 @@
-"""The built-in trainer: the float64 numpy MLP of ``cairn.trainer`` behind the trainer interface.
+"""The built-in trainer: the float64 numpy MLP of ``cairn.trainers.mlp.arithmetic`` behind the trainer interface.
 
 Unchanged in behaviour from format v1: with the default data settings (sampling with
 replacement, no held-out splits) its states, checkpoints and fingerprints are the v1 ones.
@@ -20,8 +20,8 @@ from cairn.data import Dataset, load_dataset
 from cairn.errors import InvariantError
 from cairn.sampler import EpochSampler
 from cairn.state import TrainState, param_shapes, rng_state_problem
-from cairn.trainer import init_state, loss_and_grads, train
 from cairn.trainers.base import StepCallback, TensorSpec, Trainer
+from cairn.trainers.mlp.arithmetic import init_state, loss_and_grads, train
 
 __all__ = ["MLPTrainer", "split_dataset"]
 

@@ -71,13 +71,13 @@ from cairn.checkpoint.validate import check_training_manifest
 from cairn.distributed.checkpoint import SaveOutcome, agree, coordinated_save, failure_of, read_blocks
 from cairn.distributed.comm import Comm
 from cairn.distributed.reduce import combine, tree_sum
-from cairn.distributed.zero import check_world_size
 from cairn.errors import ConfigError, InvariantError, ManifestError, NonFiniteError, TrainingDivergedError
-from cairn.lifecycle import initial_state
+from cairn.runs.exposures import initial_state
 from cairn.state import TrainState
 from cairn.stores.base import Store
 from cairn.trainers.base import Trainer, check_eval_history
-from cairn.trainers.pytorch import TorchTrainer, _np_dtype, _RngStates
+from cairn.trainers.mlp.zero import check_world_size
+from cairn.trainers.pytorch.trainer import TorchTrainer, _np_dtype, _RngStates
 
 __all__ = [
     "TorchDP",

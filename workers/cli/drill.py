@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from cairn.errors import ConfigError
-from workers.drill_schedule import FAULT_TARGETS, drill_spec
-from workers.numerics_args import add_numerics_arg
+from workers.cli.args import add_numerics_arg
+from workers.drills.schedule import FAULT_TARGETS, drill_spec
 
 __all__ = ["cmd_drill", "cmd_plan_interval", "register", "register_plan_interval"]
 
@@ -33,12 +33,12 @@ def _targets(text: str) -> list[str]:
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
-    from workers.cli import report_dir, to_json
-    from workers.drill import run_drill  # here, not at the top: every `cairn` command builds this parser
+    from workers.cli.main import report_dir, to_json
+    from workers.drills.runner import run_drill  # here, not at the top: every `cairn` command builds this parser
 
     data: dict[str, Any] = {}
     if args.spec:
-        from cairn.bounded_json import load_json_file
+        from cairn.jsonio import load_json_file
 
         loaded = load_json_file(args.spec, what="drill file")
         if not isinstance(loaded, dict):
@@ -87,7 +87,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
-    from workers.cli import _count
+    from workers.cli.main import _count
 
     p = sub.add_parser("drill", help="a recovery drill: kill workers, servers and storage on a seeded schedule")
     common(p)
@@ -118,8 +118,8 @@ def _measurements_from_store(store_url: str, run_id: str) -> dict[str, float]:
     """Seconds per step and the checkpoint interval, from a run's commit times in its store."""
     import statistics
 
-    from cairn.run_record import run_record
-    from workers.cli import _store_arg
+    from cairn.runs.record import run_record
+    from workers.cli.main import _store_arg
 
     record = run_record(_store_arg(store_url, must_exist=True), run_id)
     timed = [c for c in record.commits if c.at is not None]
@@ -141,11 +141,11 @@ def _measurements_from_store(store_url: str, run_id: str) -> dict[str, float]:
 def cmd_plan_interval(args: argparse.Namespace) -> int:
     """Young/Daly from measurements: a drill's report, a run's store, or flags."""
     from cairn.interval import advise
-    from workers.cli import emit
+    from workers.cli.main import emit
 
     found: dict[str, float] = {}
     if args.report:
-        from cairn.bounded_json import load_json_file
+        from cairn.jsonio import load_json_file
 
         report = load_json_file(args.report, what="drill report")
         measured = report.get("interval", {}).get("measured", {}) if isinstance(report, dict) else {}
@@ -204,6 +204,6 @@ def register_plan_interval(sub: Any, common: Callable[[argparse.ArgumentParser],
 
 
 def _count_arg(text: str) -> int:
-    from workers.cli import _count
+    from workers.cli.main import _count
 
     return _count(text)

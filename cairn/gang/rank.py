@@ -1,6 +1,6 @@
-"""A rank process, as ``torchrun`` starts it: ``python -m cairn.distributed.rank --job JOB.json``.
+"""A rank process, as ``torchrun`` starts it: ``python -m cairn.gang.rank --job JOB.json``.
 
-The job file (written by ``cairn.distributed.launch``) names the run, its store and config, the
+The job file (written by ``cairn.gang.launch``) names the run, its store and config, the
 segment's target step and checkpoint interval. Every rank joins the gloo process group from
 torchrun's environment, restores the run's last committed checkpoint onto this world size (or
 starts fresh), trains to the target with coordinated checkpoints every ``checkpoint_every``
@@ -51,20 +51,20 @@ def write_json_atomic(path: Path, doc: Any) -> None:
 
 def engine_for(trainer: Any, comm: Any, run_id: str, store: Any, options: Any) -> Any:
     """The data-parallel engine for this trainer: ZeRO-1 for the built-in MLP; replicated
-    optimizer state for the PyTorch adapter (``cairn.distributed.torch_dp``).
+    optimizer state for the PyTorch adapter (``cairn.trainers.pytorch.data_parallel``).
 
     An engine has ``state`` (a ``TrainState``), ``start_fresh()``, ``load(ref) -> Manifest``,
     ``step() -> loss`` and ``save() -> SaveOutcome``; every rank calls them in the same order."""
-    from cairn.trainers.mlp import MLPTrainer
+    from cairn.trainers.mlp.trainer import MLPTrainer
 
     if isinstance(trainer, MLPTrainer):
-        from cairn.distributed.zero import ZeroMLP
+        from cairn.trainers.mlp.zero import ZeroMLP
 
         return ZeroMLP(trainer, comm, run_id, store, options)
-    from cairn.trainers.pytorch import TorchTrainer
+    from cairn.trainers.pytorch.trainer import TorchTrainer
 
     if isinstance(trainer, TorchTrainer):
-        from cairn.distributed.torch_dp import TorchDP
+        from cairn.trainers.pytorch.data_parallel import TorchDP
 
         return TorchDP(trainer, comm, run_id, store, options)
     from cairn.errors import ConfigError
@@ -193,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Stopping is the supervisor's stop file, agreed by all ranks; a terminal's Ctrl-C (or a
     # signal to a process group) must not kill a rank halfway through a step or a save.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    parser = argparse.ArgumentParser(prog="cairn.distributed.rank")
+    parser = argparse.ArgumentParser(prog="cairn.gang.rank")
     parser.add_argument("--job", required=True)
     parser.add_argument("--gang", required=True, help="the gang's token (the supervisor reaps by it)")
     args = parser.parse_args(argv)

@@ -1,9 +1,9 @@
-"""torchrun, guarded: ``python -m cairn.distributed.agent TORCHRUN-ARGS...``.
+"""torchrun, guarded: ``python -m cairn.gang.agent TORCHRUN-ARGS...``.
 
 The agent dies with the process that started it (``PR_SET_PDEATHSIG``, set here in the agent
 itself rather than by a ``preexec_fn`` in a threaded parent), and exits at once if that parent
 is already gone; then it runs ``torch.distributed.run`` in this process. Its ranks die with it
-in turn (``cairn.distributed.rank``), so a SIGKILLed worker leaves no agent and no rank.
+in turn (``cairn.gang.rank``), so a SIGKILLed worker leaves no agent and no rank.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 import runpy
 import sys
 
-from cairn.distributed.rank import die_with_parent
+from cairn.gang.rank import die_with_parent
 
 PARENT_ENV = "CAIRN_GANG_PARENT"
 

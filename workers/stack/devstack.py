@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from workers.servers import (
+from workers.stack.servers import (
     ServerProcess,
     find_binary,
     seaweedfs_command,
@@ -120,7 +120,7 @@ def _services(cfg: StackConfig) -> list[tuple[str, list[str], Callable[[ServerPr
                 [
                     sys.executable,
                     "-m",
-                    "workers.reservation_service",
+                    "workers.stack.reservation",
                     "--port",
                     str(cfg.service_port),
                     "--db",
@@ -153,7 +153,7 @@ def _services(cfg: StackConfig) -> list[tuple[str, list[str], Callable[[ServerPr
 def _has_reservation_service() -> bool:
     import importlib.util
 
-    return importlib.util.find_spec("workers.reservation_service") is not None
+    return importlib.util.find_spec("workers.stack.reservation") is not None
 
 
 def stack_up(cfg: StackConfig, echo: Callable[[str], None] = print) -> dict[str, Any]:

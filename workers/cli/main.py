@@ -40,8 +40,8 @@ from cairn.checkpoint.retention import RetentionPolicy, collect_garbage, pin, pi
 from cairn.checkpoint.validate import check_training_manifest, manifest_config
 from cairn.config import BUILTIN_TRAINER, TrainConfig, load_config, parse_config
 from cairn.errors import CairnError, CommandInterrupted, ConfigError, StoreNotFoundError
-from cairn.lifecycle import exposure_count, record_test_exposure
 from cairn.numerics import NumericsRecord, enter_profile
+from cairn.runs.exposures import exposure_count, record_test_exposure
 from cairn.session import MAX_STEPS, TrainingSession, default_run_id
 from cairn.stores import open_store
 from cairn.stores.base import Store
@@ -53,7 +53,7 @@ from cairn.trainers.base import (
     require_trusted,
     trainer_for_checkpoint,
 )
-from workers.numerics_args import add_numerics_arg
+from workers.cli.args import add_numerics_arg
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -231,8 +231,8 @@ def _train_gang(args: argparse.Namespace, store: Store, config: TrainConfig | No
 
     from cairn.checkpoint import latest_committed, read_manifest
     from cairn.checkpoint.validate import manifest_config
-    from cairn.distributed.launch import Gang, GangSpec
-    from cairn.distributed.zero import check_world_size
+    from cairn.gang.launch import Gang, GangSpec
+    from cairn.trainers.mlp.zero import check_world_size
 
     if args.weights_only:
         raise ConfigError("--weights-only", expected="a single-process run (no --world-size)", found=True)
@@ -596,8 +596,8 @@ def report_dir(out: str | None, run_id: str) -> Path:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """A run's report from its store alone (no Temporal): loss, lr, commits, speed."""
-    from cairn.run_record import run_record
-    from workers.report import write_report
+    from cairn.runs.record import run_record
+    from workers.reports.run import write_report
 
     run_id = _run_id_arg(args.run, "RUN")
     assert run_id is not None
@@ -723,7 +723,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_report)
 
     # Temporal-facing commands (worker, run, dev) live beside the worker they drive.
-    from workers import devstack, drill_commands, run_commands
+    from workers.cli import drill as drill_commands
+    from workers.cli import run as run_commands
+    from workers.stack import devstack
 
     run_commands.register(sub, _common)
     devstack.register(sub, _common)

@@ -27,12 +27,12 @@ from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.models import DEFAULT_TASK_QUEUE, WORKFLOW_TYPE, RunProgress, RunSummary, TrainingRunInput
-from cairn.bounded_json import load_json_file
 from cairn.config import config_error_from
 from cairn.errors import ConfigError, TemporalRefusedError, TemporalUnavailableError
+from cairn.jsonio import load_json_file
 from cairn.numerics import DEFAULT_PROFILE, NAMES
-from cairn.run_record import RunRecord, TimelineEvent
-from cairn.runs import resolve_store_url
+from cairn.runs.ownership import resolve_store_url
+from cairn.runs.record import RunRecord, TimelineEvent
 from cairn.trainers.base import check_trainer_options
 from workers.client import add_connection_args, connect
 from workflows.training_run import TrainingRun
@@ -106,7 +106,7 @@ def _async(
 
 
 def _print(args: argparse.Namespace, payload: dict[str, Any], text: str) -> None:
-    from workers.cli import to_json
+    from workers.cli.main import to_json
 
     print(to_json(payload) if args.json else text)
 
@@ -521,10 +521,10 @@ def _place_on_steps(record: RunRecord) -> None:
 
 
 async def _report(args: argparse.Namespace, client: Client) -> int:
-    from cairn.run_record import run_record
+    from cairn.runs.record import run_record
     from cairn.stores import open_store
-    from workers.cli import report_dir
-    from workers.report import write_report
+    from workers.cli.main import report_dir
+    from workers.reports.run import write_report
 
     inp, events = await run_events(client, args.workflow_id)
     store_url, run_id = inp.get("store"), inp.get("run_id")

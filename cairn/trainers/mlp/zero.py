@@ -35,12 +35,12 @@ from cairn.distributed.comm import Comm
 from cairn.distributed.partition import flat_layout
 from cairn.distributed.reduce import SliceReducer, combine, tree_sum
 from cairn.errors import ConfigError, InvariantError, ManifestError, TrainingDivergedError
-from cairn.lifecycle import initial_state
+from cairn.runs.exposures import initial_state
 from cairn.state import TrainState, param_shapes
 from cairn.stores.base import Store
-from cairn.trainer import adam_update, learning_rate, loss_and_grads
 from cairn.trainers.base import Trainer, check_eval_history
-from cairn.trainers.mlp import MLPTrainer
+from cairn.trainers.mlp.arithmetic import adam_update, learning_rate, loss_and_grads
+from cairn.trainers.mlp.trainer import MLPTrainer
 
 __all__ = ["ZeroMLP", "check_world_size", "world_sizes"]
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cairn.errors import ConfigError
-from workers.servers import (
+from workers.stack.servers import (
     ServerProcess,
     free_port,
     seaweedfs_command,
@@ -136,7 +136,7 @@ class EmbeddedStack(DrillStack):
                     [
                         sys.executable,
                         "-m",
-                        "workers.reservation_service",
+                        "workers.stack.reservation",
                         "--port",
                         str(svc_port),
                         "--db",

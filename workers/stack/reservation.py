@@ -2,7 +2,7 @@
 
 HTTP + JSON, backed by SQLite (one file, transactions, unique constraints). It stands in for
 the systems a training run touches (a capacity broker, a quota service). Run it with
-``python -m workers.reservation_service --port 8377 --db reservations.db`` (``cairn dev up``
+``python -m workers.stack.reservation --port 8377 --db reservations.db`` (``cairn dev up``
 starts one).
 
 API (``Idempotency-Key`` header on every mutating request):

@@ -1,8 +1,8 @@
 """Starting and supervising a gang of rank processes the way the field does: ``torchrun``.
 
-``Gang`` writes the job file, starts ``torch.distributed.run`` (guarded by ``cairn.distributed.agent``; c10d rendezvous,
+``Gang`` writes the job file, starts ``torch.distributed.run`` (guarded by ``cairn.gang.agent``; c10d rendezvous,
 ``--max-restarts=0``: a failed rank fails the gang; the retry belongs to Temporal) with
-``cairn.distributed.rank`` as the entry point, and supervises it: progress from the ranks'
+``cairn.gang.rank`` as the entry point, and supervises it: progress from the ranks'
 files, a stop request as a file, and on any failure or cancellation the whole gang is stopped
 — torchrun first (it terminates its workers), then SIGKILL, then every process still carrying
 the gang's token is killed (``reap``). The agent dies with its parent and each rank with its
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cairn.distributed.agent import PARENT_ENV
 from cairn.errors import GangFailedError, error_named
+from cairn.gang.agent import PARENT_ENV
 
 __all__ = ["GangSpec", "Gang", "free_endpoint", "reap", "gang_processes"]
 
@@ -100,7 +100,7 @@ class Gang:
         cmd = [
             sys.executable,
             "-m",
-            "cairn.distributed.agent",  # torchrun, dying with this process
+            "cairn.gang.agent",  # torchrun, dying with this process
             f"--nnodes={spec.nnodes}",
             f"--nproc-per-node={spec.nproc_per_node}",
             "--max-restarts=0",
@@ -117,7 +117,7 @@ class Gang:
             ]
             if spec.local_addr:
                 cmd.append(f"--local-addr={spec.local_addr}")
-        return [*cmd, "-m", "cairn.distributed.rank", "--job", str(self.job_path), "--gang", self.token]
+        return [*cmd, "-m", "cairn.gang.rank", "--job", str(self.job_path), "--gang", self.token]
 
     def start(self) -> None:
         env = dict(os.environ)

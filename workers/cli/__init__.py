@@ -1,0 +1,1 @@
+"""The ``cairn`` command line: ``main`` holds the command table; one module per command group."""
