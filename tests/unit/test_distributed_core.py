@@ -285,7 +285,7 @@ def test_reap_kills_every_process_carrying_the_gang_token() -> None:
 def test_the_distributed_examples_validate_and_name_a_world_size_that_divides_the_microbatches() -> None:
     from cairn.config import load_config
     from tests.conftest import REPO
-    from workers.cli.run import load_run_input
+    from workers.run_input import load_run_input
 
     config = load_config(REPO / "examples" / "distributed.json")
     assert config.distributed is not None and config.distributed.microbatches == 8

@@ -21,7 +21,7 @@ from cairn.runs.ownership import (
 )
 from cairn.stores import LocalStore, MemoryStore
 from tests.conftest import REPO, checkout_files
-from workers.cli.run import load_run_input
+from workers.run_input import load_run_input
 
 
 @pytest.mark.parametrize(

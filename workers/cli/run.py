@@ -9,10 +9,8 @@ import json
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, timedelta
-from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
 from temporalio.api.enums.v1 import EventType, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
@@ -27,44 +25,16 @@ from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.models import DEFAULT_TASK_QUEUE, WORKFLOW_TYPE, RunProgress, RunSummary, TrainingRunInput
-from cairn.config import config_error_from
 from cairn.errors import ConfigError, TemporalRefusedError, TemporalUnavailableError
-from cairn.jsonio import load_json_file
 from cairn.numerics import DEFAULT_PROFILE, NAMES
-from cairn.runs.ownership import resolve_store_url
 from cairn.runs.record import RunRecord, TimelineEvent
-from cairn.trainers.base import check_trainer_options
 from workers.client import add_connection_args, connect
+from workers.run_input import load_run_input
 from workflows.training_run import TrainingRun
 
-__all__ = ["register", "load_run_input", "live_step"]
+__all__ = ["register", "live_step"]
 
 QUERY_TIMEOUT = timedelta(seconds=5)
-
-
-def load_run_input(
-    path: str, cwd: str | Path | None = None, overrides: dict[str, Any] | None = None
-) -> TrainingRunInput:
-    """Read and validate a run file; a relative ``store`` is resolved here, once, against the
-    starter's working directory (workers have their own, so the run input never holds one).
-    ``overrides`` (top-level fields, from flags) replace the file's before validation."""
-    data = load_json_file(path, what="run file")
-    if isinstance(data, dict) and overrides:
-        data.update(overrides)
-    if isinstance(data, dict) and isinstance(data.get("store"), str):
-        data["store"] = resolve_store_url(data["store"], cwd)
-    effects = data.get("effects") if isinstance(data, dict) else None
-    if isinstance(effects, dict) and isinstance(effects.get("registry"), str):
-        effects["registry"] = resolve_store_url(effects["registry"], cwd)
-    try:
-        inp = TrainingRunInput.model_validate(data)
-    except ValidationError as exc:
-        raise config_error_from(exc, path, TrainingRunInput) from None
-    try:
-        check_trainer_options(inp.config)  # where the trainer is installed here: its options, before starting
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: config.{exc}") from None
-    return inp
 
 
 _REFUSALS = {

@@ -265,7 +265,7 @@ class Drill:
     def _run_input(self, run_id: str, store: str) -> Any:
         from activities.models import TrainingRunInput
         from cairn.config import load_config
-        from workers.cli.run import load_run_input
+        from workers.run_input import load_run_input
 
         spec = self.spec
         effects = (

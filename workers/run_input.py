@@ -1,0 +1,42 @@
+"""A run file (``cairn run start --input FILE``, drills): read, resolved and validated once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from activities.models import TrainingRunInput
+from cairn.config import config_error_from
+from cairn.errors import ConfigError
+from cairn.jsonio import load_json_file
+from cairn.runs.ownership import resolve_store_url
+from cairn.trainers.base import check_trainer_options
+
+__all__ = ["load_run_input"]
+
+
+def load_run_input(
+    path: str, cwd: str | Path | None = None, overrides: dict[str, Any] | None = None
+) -> TrainingRunInput:
+    """Read and validate a run file; a relative ``store`` is resolved here, once, against the
+    starter's working directory (workers have their own, so the run input never holds one).
+    ``overrides`` (top-level fields, from flags) replace the file's before validation."""
+    data = load_json_file(path, what="run file")
+    if isinstance(data, dict) and overrides:
+        data.update(overrides)
+    if isinstance(data, dict) and isinstance(data.get("store"), str):
+        data["store"] = resolve_store_url(data["store"], cwd)
+    effects = data.get("effects") if isinstance(data, dict) else None
+    if isinstance(effects, dict) and isinstance(effects.get("registry"), str):
+        effects["registry"] = resolve_store_url(effects["registry"], cwd)
+    try:
+        inp = TrainingRunInput.model_validate(data)
+    except ValidationError as exc:
+        raise config_error_from(exc, path, TrainingRunInput) from None
+    try:
+        check_trainer_options(inp.config)  # where the trainer is installed here: its options, before starting
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: config.{exc}") from None
+    return inp
