@@ -45,7 +45,7 @@ def adapter_state(state: TrainState) -> tuple[BenchModel, TrainState]:
     config = parse_config(
         {"batch_size": 1, "trainer": {"factory": "bench_adapter:BenchModel", "options": {"shapes": shapes}}}
     )
-    from cairn.trainers.base import load_trainer
+    from cairn.trainers.loading import load_trainer
 
     trainer = load_trainer(config)
     assert isinstance(trainer, BenchModel)
@@ -58,7 +58,7 @@ def adapter_state(state: TrainState) -> tuple[BenchModel, TrainState]:
                 "exp_avg_sq": torch.from_numpy(state.v[name].copy()),
             }
     history: dict[str, list[float]] = {"loss": [0.0] * 10, "lr": [1e-3] * 10}
-    exported = trainer._export(10, history, trainer.lineage())  # zero-copy views of the live tensors
+    exported = trainer.export_state(10, history, trainer.lineage())  # zero-copy views of the live tensors
     return trainer, exported
 
 

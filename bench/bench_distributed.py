@@ -131,7 +131,7 @@ def bench_checkpoints(comm: Any, mib: int, reps: int, workdir: Path) -> dict[str
     from cairn.config import parse_config
     from cairn.distributed.checkpoint import read_blocks
     from cairn.stores import LocalStore
-    from cairn.trainers.base import load_trainer
+    from cairn.trainers.loading import load_trainer
     from cairn.trainers.mlp.zero import ZeroMLP
 
     rank, world = comm.rank, comm.world

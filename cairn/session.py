@@ -25,10 +25,11 @@ from cairn.config import TrainConfig
 from cairn.errors import ConfigError, TrainingDivergedError
 from cairn.numerics import process_numerics, resumed_numerics
 from cairn.runs.exposures import initial_state
-from cairn.state import Lineage, TrainState
+from cairn.state import Lineage, StepCallback, TrainState
 from cairn.stores import open_store
 from cairn.stores.base import Store
-from cairn.trainers.base import Trainer, load_trainer
+from cairn.trainers.base import Trainer
+from cairn.trainers.loading import load_trainer
 
 __all__ = ["TrainingSession", "default_run_id", "MAX_STEPS", "require_finite", "with_process_numerics"]
 
@@ -36,7 +37,6 @@ MAX_STEPS = 100_000_000
 """The most updates one command or run may ask for (the loss/lr history rides in every
 checkpoint at 16 bytes per step: 1.6 GB at this bound)."""
 
-StepHook = Callable[[TrainState], bool | None]
 CheckpointHook = Callable[[CommitResult], None]
 
 
@@ -199,7 +199,7 @@ class TrainingSession:
         *,
         checkpoint_every: int | None = None,
         async_save: bool = False,
-        on_step: StepHook | None = None,
+        on_step: StepCallback | None = None,
         on_checkpoint: CheckpointHook | None = None,
         checkpoint_at_end: bool = True,
     ) -> CommitResult | None:

@@ -7,6 +7,7 @@ reproduce the forward function, not training: resuming needs every field here.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +17,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer
 from cairn.config import TrainConfig
 from cairn.numerics import NumericsRecord
 
-__all__ = ["Lineage", "ReferenceSnapshot", "TrainState", "HISTORY_KEYS", "param_shapes", "rng_state_problem"]
+__all__ = [
+    "Lineage",
+    "ReferenceSnapshot",
+    "TrainState",
+    "StepCallback",
+    "HISTORY_KEYS",
+    "param_shapes",
+    "rng_state_problem",
+]
 
 HISTORY_KEYS = ("loss", "lr")
 _U128 = 1 << 128
@@ -140,6 +149,10 @@ class TrainState:
             history={k: list(v) for k, v in self.history.items()},
             meta=copy.deepcopy(self.meta),
         )
+
+
+StepCallback = Callable[[TrainState], bool | None]
+"""Called with the working state after each update (copy what you keep); True stops early."""
 
 
 def rng_state_problem(state: Any) -> tuple[str, str, Any] | None:

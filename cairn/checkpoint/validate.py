@@ -39,10 +39,8 @@ from cairn.trainers.base import (
     STEP_HISTORY,
     TensorSpec,
     Trainer,
-    load_trainer,
-    normalized_config,
-    require_trusted,
 )
+from cairn.trainers.loading import load_trainer, normalized_config, require_trusted
 
 __all__ = [
     "IDENTITY_FIELDS",

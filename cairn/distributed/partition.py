@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 from cairn.checkpoint.blocks import Block, plan_blocks
 from cairn.checkpoint.manifest import PartSpec
+from cairn.errors import ConfigError
 
-__all__ = ["FlatLayout", "Slice", "flat_layout"]
+__all__ = ["FlatLayout", "Slice", "check_world_size", "flat_layout", "world_sizes"]
 
 
 @dataclass(frozen=True)
@@ -85,3 +86,14 @@ def flat_layout(shapes: Mapping[str, tuple[int, ...]], block_elems: int) -> Flat
         block_elems=block_elems,
         blocks=tuple(plan_blocks(parts)),
     )
+
+
+def world_sizes(microbatches: int) -> list[int]:
+    """The world sizes a run with this many microbatches can train at (its divisors)."""
+    return [d for d in range(1, microbatches + 1) if microbatches % d == 0]
+
+
+def check_world_size(microbatches: int, world: int, field: str = "world_size") -> None:
+    if world < 1 or microbatches % world:
+        expected = f"a divisor of distributed.microbatches ({microbatches}): one of {world_sizes(microbatches)}"
+        raise ConfigError(field, expected=expected, found=world)

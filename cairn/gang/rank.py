@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "run_rank", "engine_for", "die_with_parent", "write_json_atomic"]
+__all__ = ["main", "run_rank", "die_with_parent", "write_json_atomic"]
 
 PROGRESS_EVERY = 0.1
 """Seconds between progress-file writes of a rank (its supervisor polls at this pace)."""
@@ -47,29 +47,6 @@ def write_json_atomic(path: Path, doc: Any) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(doc))
     os.replace(tmp, path)
-
-
-def engine_for(trainer: Any, comm: Any, run_id: str, store: Any, options: Any) -> Any:
-    """The data-parallel engine for this trainer: ZeRO-1 for the built-in MLP; replicated
-    optimizer state for the PyTorch adapter (``cairn.trainers.pytorch.data_parallel``).
-
-    An engine has ``state`` (a ``TrainState``), ``start_fresh()``, ``load(ref) -> Manifest``,
-    ``step() -> loss`` and ``save() -> SaveOutcome``; every rank calls them in the same order."""
-    from cairn.trainers.mlp.trainer import MLPTrainer
-
-    if isinstance(trainer, MLPTrainer):
-        from cairn.trainers.mlp.zero import ZeroMLP
-
-        return ZeroMLP(trainer, comm, run_id, store, options)
-    from cairn.trainers.pytorch.trainer import TorchTrainer
-
-    if isinstance(trainer, TorchTrainer):
-        from cairn.trainers.pytorch.data_parallel import TorchDP
-
-        return TorchDP(trainer, comm, run_id, store, options)
-    from cairn.errors import ConfigError
-
-    raise ConfigError("trainer.factory", expected="the built-in MLP or a PyTorch adapter trainer", found=trainer.path)
 
 
 def stamp_numerics(comm: Any, engine: Any, where: str, tolerate: bool) -> None:
@@ -96,7 +73,7 @@ def run_rank(comm: Any, job: dict[str, Any], workdir: Path, local_rank: int = 0)
     from cairn.distributed.reduce import rank_order_sum_enabled
     from cairn.errors import InvariantError
     from cairn.stores import open_store
-    from cairn.trainers.base import load_trainer, require_trusted
+    from cairn.trainers.loading import load_trainer, require_trusted
 
     options = CheckpointOptions.from_env()
     config = parse_config(job["config"], "job config")
@@ -107,7 +84,7 @@ def run_rank(comm: Any, job: dict[str, Any], workdir: Path, local_rank: int = 0)
     try:
         if job.get("config_from_checkpoint"):  # an untrusted checkpoint's config: the one trust rule
             require_trusted(config, None)
-        engine = engine_for(load_trainer(config), comm, job["run_id"], store, options)
+        engine = load_trainer(config).data_parallel(comm, job["run_id"], store, options)
     except Exception as exc:
         failure = failure_of(exc)
     agree(comm, failure, "start")

@@ -34,7 +34,8 @@ from cairn.errors import IncompatibleConfigError, StorageError, TensorSpecError
 from cairn.state import Lineage, ReferenceSnapshot, TrainState
 from cairn.stores import open_store
 from cairn.stores.base import Store
-from cairn.trainers.base import Trainer, trainer_for_checkpoint
+from cairn.trainers.base import Trainer
+from cairn.trainers.loading import trainer_for_checkpoint
 
 __all__ = ["initial_state", "Exposure", "record_test_exposure", "logged_exposures", "exposure_count"]
 

@@ -1,24 +1,23 @@
-"""Trainers: the interface the durable machinery drives, and the built-in implementation.
-
-``cairn.trainers.mlp.MLPTrainer`` is the built-in float64 numpy MLP; the PyTorch adapter is
-``cairn.trainers.pytorch.TorchTrainer`` (needs the ``torch`` extra).
-"""
+"""Trainers: the interface the durable machinery drives (``base``), loading one by import path
+under the trust rule (``loading``), the built-in numpy MLP (``mlp``) and the PyTorch adapter
+(``pytorch``, needs the ``torch`` extra)."""
 
 from cairn.trainers.base import (
     EVAL_HISTORY,
     STEP_HISTORY,
+    DataParallelEngine,
     NoOptions,
     StepCallback,
     TensorSpec,
     Trainer,
-    load_trainer,
     model_hash,
-    trainer_for_checkpoint,
 )
+from cairn.trainers.loading import load_trainer, trainer_for_checkpoint
 
 __all__ = [
     "EVAL_HISTORY",
     "STEP_HISTORY",
+    "DataParallelEngine",
     "NoOptions",
     "StepCallback",
     "TensorSpec",

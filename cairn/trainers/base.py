@@ -1,66 +1,49 @@
-"""The trainer interface: what the durable machinery needs from any trainer.
-
-A trainer owns the arithmetic of one run: S_{t+1} = F(S_t, D_t). Cairn owns everything else
-(checkpoints, validated import, retention, Temporal, drills). The contract:
-
-- ``init_state()`` builds step 0 from the config and its seed;
-- a state names every piece of itself as tensors (``TrainState.tensors``: name -> array with
-  dtype and shape) plus JSON (``rng_state``, ``meta``) and a per-step/per-evaluation history;
-- ``train(state, steps, on_step)`` runs updates, never modifying ``state`` itself;
-- ``tensor_specs(step, meta)`` gives the validation side the tensors a checkpoint of *this*
-  model must hold, so an import is checked against the model, not a hard-coded list;
-- ``check_state(...)`` states the invariants between fields (cursor vs step, RNG form, ...);
-- ``evaluate(state, split)`` measures a state on a held-out split (``val`` or ``test``);
-- ``weights_only(state)`` keeps the weights and resets everything else (for ``init_from`` and
-  to show that weights alone do not resume training).
-
-A trainer is named by import path (``package.module:Class``, ``TrainConfig.trainer.factory``)
-and gets its own validated options model (``Options``). ``load_trainer`` imports it and fails
-with a ``ConfigError`` (non-retryable) naming what is missing.
-"""
+"""The trainer interface: what the durable machinery needs from any trainer (``Trainer``), the
+tensor specs an import is checked against, and the one way a gang reaches a trainer
+(``DataParallelEngine``, built by ``Trainer.data_parallel``). Contract: README, "Bring your own
+model"."""
 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
-import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
-from cairn.config import BUILTIN_TRAINER, TrainConfig, TrainerSpec, config_error_from
-from cairn.errors import ConfigError, IncompatibleConfigError, InvariantError, NonFiniteError
-from cairn.state import HISTORY_KEYS, Lineage, TrainState
+from cairn.config import TrainConfig
+from cairn.errors import ConfigError, InvariantError, NonFiniteError
+from cairn.state import HISTORY_KEYS, Lineage, StepCallback, TrainState
+
+if TYPE_CHECKING:
+    from cairn.checkpoint.manifest import Manifest
+    from cairn.checkpoint.options import CheckpointOptions
+    from cairn.checkpoint.ref import CheckpointRef
+    from cairn.distributed.checkpoint import SaveOutcome
+    from cairn.distributed.comm import Comm
+    from cairn.stores.base import Store
 
 __all__ = [
     "TensorSpec",
     "Trainer",
+    "DataParallelEngine",
     "NoOptions",
     "StepCallback",
     "STEP_HISTORY",
     "EVAL_HISTORY",
-    "load_trainer",
-    "normalized_config",
-    "require_trusted",
-    "check_trainer_options",
-    "trainer_for_checkpoint",
     "model_hash",
-    "TRUSTED_TRAINERS_ENV",
     "check_finite",
     "check_eval_history",
 ]
 
-StepCallback = Callable[[TrainState], bool | None]
 STEP_HISTORY = HISTORY_KEYS
 """History kept per update: one value per step (``loss``, ``lr``)."""
 EVAL_HISTORY = ("val_step", "val_loss", "val_accuracy")
 """History kept per evaluation on the validation split (at each epoch end)."""
-TRUSTED_TRAINERS_ENV = "CAIRN_TRAINERS"
 
 
 @dataclass(frozen=True)
@@ -81,6 +64,26 @@ def model_hash(specs: Mapping[str, TensorSpec]) -> str:
     """sha256 over tensor names, dtypes and shapes: the architecture, not the values."""
     body = sorted([name, s.dtype, list(s.shape)] for name, s in specs.items())
     return "sha256:" + hashlib.sha256(json.dumps(body, separators=(",", ":")).encode()).hexdigest()
+
+
+class DataParallelEngine(Protocol):
+    """One rank's share of a data-parallel run of a trainer: what a gang rank drives. Every rank
+    calls the methods in the same order; each collective failure is agreed by all ranks."""
+
+    state: TrainState | None
+    """The rank's view of the run's state (the same object across updates)."""
+
+    def start_fresh(self) -> None:
+        """Step 0: every rank builds the same seeded state."""
+
+    def load(self, ref: CheckpointRef) -> Manifest:
+        """The coordinated restore of ``ref`` onto this world size (validated on every rank)."""
+
+    def step(self) -> float:
+        """One update; returns its loss (the same on every rank)."""
+
+    def save(self) -> SaveOutcome:
+        """A coordinated checkpoint of the current step."""
 
 
 class Trainer(ABC):
@@ -179,6 +182,10 @@ class Trainer(ABC):
         """Value rules for (a chunk of) one tensor: floats must be finite everywhere."""
         check_finite(name, values)
 
+    def data_parallel(self, comm: Comm, run_id: str, store: Store, options: CheckpointOptions) -> DataParallelEngine:
+        """This trainer's engine for one rank of a gang (needs a ``distributed`` config)."""
+        raise ConfigError("trainer.factory", expected="the built-in MLP or a PyTorch adapter trainer", found=self.path)
+
 
 def check_finite(name: str, values: np.ndarray) -> None:
     """Floating-point values must be finite: one cheap sum proves the common case; the exact
@@ -191,110 +198,6 @@ def check_finite(name: str, values: np.ndarray) -> None:
     if not finite:
         raise NonFiniteError(
             "tensor holds NaN or infinity", field=f"tensors[{name}]", expected="finite", found=f"{bad} non-finite"
-        )
-
-
-# -- loading ---------------------------------------------------------------------------------
-def _import_factory(path: str) -> type[Trainer]:
-    module_name, _, attr = path.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        missing = exc.name or module_name
-        raise ConfigError(
-            f"trainer.factory: cannot import {path!r}: module {missing!r} is not installed on this "
-            f"worker (install the package that provides it, or run the trainer on a worker that has it)"
-        ) from None
-    except Exception as exc:  # the user's module failed while importing
-        raise ConfigError(f"trainer.factory: importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
-    factory = getattr(module, attr, None)
-    if factory is None:
-        raise ConfigError(f"trainer.factory: module {module_name!r} has no attribute {attr!r}")
-    if not (isinstance(factory, type) and issubclass(factory, Trainer)):
-        raise ConfigError("trainer.factory", expected="a cairn.trainers.Trainer subclass", found=repr(factory)[:80])
-    return factory
-
-
-def _options(factory: type[Trainer], config: TrainConfig) -> BaseModel:
-    raw = config.trainer.options if config.trainer is not None else {}
-    try:
-        return factory.Options.model_validate(raw)
-    except ValidationError as exc:
-        raise config_error_from(exc, "trainer.options", factory.Options) from exc
-
-
-def _normalized(factory: type[Trainer], config: TrainConfig) -> tuple[TrainConfig, BaseModel]:
-    options = _options(factory, config)
-    if config.trainer is None:
-        return config, options
-    if config.trainer.factory == BUILTIN_TRAINER and not options.model_dump():
-        return config.model_copy(update={"trainer": None}), options  # the default, spelt out
-    spec = TrainerSpec(factory=config.trainer.factory, options=options.model_dump(mode="json"))
-    return config.model_copy(update={"trainer": spec}), options
-
-
-def normalized_config(config: TrainConfig) -> TrainConfig:
-    """The config with its trainer's options as the trainer's model has them (defaults filled in,
-    values coerced), so two configs that mean the same run compare, hash and name a run alike."""
-    return _normalized(_import_factory(config.trainer_path), config)[0]
-
-
-def load_trainer(config: TrainConfig) -> Trainer:
-    """Import the config's trainer, validate its options, and build it (``trainer.config`` is
-    the normalized config: see ``normalized_config``)."""
-    factory = _import_factory(config.trainer_path)
-    normalized, options = _normalized(factory, config)
-    return factory(normalized, options)
-
-
-def check_trainer_options(config: TrainConfig) -> bool:
-    """Validate the trainer's options without building it (no model, no data), where its package
-    is installed; False when it is not installed here (the workers decide)."""
-    try:
-        factory = _import_factory(config.trainer_path)
-    except ConfigError as exc:
-        if "is not installed" in str(exc):
-            return False
-        raise
-    _options(factory, config)
-    return True
-
-
-SHIPPED_TRAINERS = frozenset({BUILTIN_TRAINER, "examples.digits:DigitsCNN"})
-"""Trainers that ship with Cairn: a checkpoint may name them without further trust."""
-
-
-def _trusted_paths() -> set[str]:
-    raw = os.environ.get(TRUSTED_TRAINERS_ENV, "")
-    return set(SHIPPED_TRAINERS) | {p.strip() for p in raw.split(",") if p.strip()}
-
-
-def trainer_for_checkpoint(found: TrainConfig, run_config: TrainConfig | None) -> Trainer:
-    """The trainer that validates a checkpoint whose config is ``found``.
-
-    A checkpoint is untrusted input: the trainer it names is imported only if the caller's own
-    config names the same one, or it ships with Cairn (``SHIPPED_TRAINERS``), or it is listed in
-    ``CAIRN_TRAINERS`` (comma-separated import paths). A different trainer is refused before
-    anything is imported.
-    """
-    require_trusted(found, run_config)
-    return load_trainer(found)
-
-
-def require_trusted(found: TrainConfig, run_config: TrainConfig | None) -> None:
-    """Refuse, before importing anything, a checkpoint's trainer that is not the run's own
-    (or, without a run config, not trusted); see ``trainer_for_checkpoint``."""
-    if run_config is not None and run_config.trainer_path != found.trainer_path:
-        raise IncompatibleConfigError(
-            "checkpoint was written by another trainer",
-            field="config.trainer.factory",
-            expected=run_config.trainer_path,
-            found=found.trainer_path,
-        )
-    if run_config is None and found.trainer_path not in _trusted_paths():
-        raise ConfigError(
-            f"config.trainer.factory: the checkpoint names trainer {found.trainer_path!r}; pass a config "
-            f"naming it (--config) or list it in {TRUSTED_TRAINERS_ENV} to import it"
         )
 
 

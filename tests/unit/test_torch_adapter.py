@@ -22,7 +22,7 @@ from cairn.config import TrainConfig, parse_config
 from cairn.sampler import EpochSampler
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore
-from cairn.trainers.base import load_trainer
+from cairn.trainers.loading import load_trainer
 from cairn.trainers.pytorch.trainer import TorchSetup, TorchTrainer
 from tests.conftest import rewrite_manifest, write_broken
 from workers.cli.main import main as cli
@@ -393,7 +393,7 @@ def test_code_between_updates_cannot_perturb_the_runs_random_streams(
 
 def test_equal_configs_are_equal_whatever_defaults_they_spell_out(config: TrainConfig, tmp_path: Path) -> None:
     from cairn.session import default_run_id
-    from cairn.trainers.base import normalized_config
+    from cairn.trainers.loading import normalized_config
 
     body = config.to_json()
     spelled = copy.deepcopy(body)

@@ -28,7 +28,7 @@ from cairn.distributed.comm import SoloComm
 from cairn.distributed.reduce import RANK_ORDER_ENV, combine, tree_sum
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore
-from cairn.trainers.base import load_trainer
+from cairn.trainers.loading import load_trainer
 from cairn.trainers.pytorch.data_parallel import TorchDP, byte_shares, microbatch_seed, reduce_microbatches
 from cairn.trainers.pytorch.trainer import TorchOptions, TorchSetup, TorchTrainer
 

@@ -17,7 +17,7 @@ from cairn.config import TrainConfig, parse_config
 from cairn.sampler import EpochSampler
 from cairn.session import TrainingSession, default_run_id
 from cairn.stores import LocalStore
-from cairn.trainers.base import load_trainer, trainer_for_checkpoint
+from cairn.trainers.loading import load_trainer, trainer_for_checkpoint
 from cairn.trainers.mlp.trainer import MLPTrainer
 from tests.conftest import rewrite_manifest, small_config
 from workers.cli.main import main as cli

@@ -20,11 +20,9 @@ from cairn.data import Dataset
 from cairn.distributed.reduce import tree_sum
 from cairn.errors import ConfigError
 from cairn.sampler import EpochSampler
-from cairn.state import HISTORY_KEYS, Lineage, TrainState, param_shapes
+from cairn.state import HISTORY_KEYS, Lineage, StepCallback, TrainState, param_shapes
 
 __all__ = ["init_state", "advance", "train", "learning_rate", "weights_only", "loss_and_grads"]
-
-StepCallback = Callable[[TrainState], bool | None]
 
 
 def _seed_sequences(config: TrainConfig) -> tuple[np.random.SeedSequence, np.random.SeedSequence]:

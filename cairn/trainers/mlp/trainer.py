@@ -15,13 +15,17 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
+from cairn.checkpoint.options import CheckpointOptions
 from cairn.config import TrainConfig
 from cairn.data import Dataset, load_dataset
+from cairn.distributed.comm import Comm
 from cairn.errors import InvariantError
 from cairn.sampler import EpochSampler
-from cairn.state import TrainState, param_shapes, rng_state_problem
-from cairn.trainers.base import StepCallback, TensorSpec, Trainer
+from cairn.state import StepCallback, TrainState, param_shapes, rng_state_problem
+from cairn.stores.base import Store
+from cairn.trainers.base import DataParallelEngine, TensorSpec, Trainer
 from cairn.trainers.mlp.arithmetic import init_state, loss_and_grads, train
+from cairn.trainers.mlp.zero import ZeroMLP
 
 __all__ = ["MLPTrainer", "split_dataset"]
 
@@ -86,7 +90,7 @@ class MLPTrainer(Trainer):
             state.meta = {"data": self.sampler.cursor_json(0)}
         return state
 
-    def _after_update(self, state: TrainState) -> None:
+    def after_update(self, state: TrainState) -> None:
         if self.sampler is not None:
             state.meta["data"] = self.sampler.cursor_json(state.step)
         if self.eval_history and state.step % self.steps_per_epoch == 0:
@@ -103,7 +107,7 @@ class MLPTrainer(Trainer):
             steps,
             on_step,
             sampler=self.sampler,
-            after_update=self._after_update if needs_hook else None,
+            after_update=self.after_update if needs_hook else None,
         )
 
     def tensor_specs(self, step: int, meta: Mapping[str, Any]) -> dict[str, TensorSpec]:
@@ -133,6 +137,10 @@ class MLPTrainer(Trainer):
             raise InvariantError(
                 "Adam second moment must be >= 0", field=f"tensors[{name}]", expected=">= 0", found=float(values.min())
             )
+
+    def data_parallel(self, comm: Comm, run_id: str, store: Store, options: CheckpointOptions) -> DataParallelEngine:
+        """ZeRO-1: each rank holds the full parameters and its own slice of Adam's moments."""
+        return ZeroMLP(self, comm, run_id, store, options)
 
     def evaluate(self, state: TrainState, split: str) -> dict[str, float] | None:
         data = self.splits.get(split)

@@ -19,6 +19,7 @@ is exactly ``MLPTrainer.train`` with the same ``distributed`` config.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -32,43 +33,30 @@ from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.validate import check_training_manifest
 from cairn.distributed.checkpoint import SaveOutcome, agree, coordinated_save, failure_of, read_blocks
 from cairn.distributed.comm import Comm
-from cairn.distributed.partition import flat_layout
+from cairn.distributed.partition import check_world_size, flat_layout
 from cairn.distributed.reduce import SliceReducer, combine, tree_sum
 from cairn.errors import ConfigError, InvariantError, ManifestError, TrainingDivergedError
 from cairn.runs.exposures import initial_state
 from cairn.state import TrainState, param_shapes
 from cairn.stores.base import Store
-from cairn.trainers.base import Trainer, check_eval_history
+from cairn.trainers.base import check_eval_history
 from cairn.trainers.mlp.arithmetic import adam_update, learning_rate, loss_and_grads
-from cairn.trainers.mlp.trainer import MLPTrainer
 
-__all__ = ["ZeroMLP", "check_world_size", "world_sizes"]
+if TYPE_CHECKING:
+    from cairn.trainers.mlp.trainer import MLPTrainer
+
+__all__ = ["ZeroMLP"]
 
 GROUPS = ("theta", "adam.m", "adam.v")
-
-
-def world_sizes(microbatches: int) -> list[int]:
-    """The world sizes a run with this many microbatches can train at (its divisors)."""
-    return [d for d in range(1, microbatches + 1) if microbatches % d == 0]
-
-
-def check_world_size(microbatches: int, world: int, field: str = "world_size") -> None:
-    if world < 1 or microbatches % world:
-        expected = f"a divisor of distributed.microbatches ({microbatches}): one of {world_sizes(microbatches)}"
-        raise ConfigError(field, expected=expected, found=world)
 
 
 class ZeroMLP:
     """One rank's share of a data-parallel run of the built-in MLP."""
 
-    def __init__(self, trainer: Trainer, comm: Comm, run_id: str, store: Store, options: CheckpointOptions) -> None:
+    def __init__(self, trainer: MLPTrainer, comm: Comm, run_id: str, store: Store, options: CheckpointOptions) -> None:
         config = trainer.config
-        if not isinstance(trainer, MLPTrainer) or config.distributed is None:
-            raise ConfigError(
-                "distributed",
-                expected="the built-in MLP with a 'distributed' section",
-                found=trainer.path if config.distributed is not None else None,
-            )
+        if config.distributed is None:
+            raise ConfigError("distributed", expected="the built-in MLP with a 'distributed' section", found=None)
         self.trainer, self.comm, self.run_id, self.store, self.options = trainer, comm, run_id, store, options
         self.microbatches = config.distributed.microbatches
         check_world_size(self.microbatches, comm.world)
@@ -226,7 +214,7 @@ class ZeroMLP:
         state.history["lr"].append(lr)
         state.rng_state = dict(self.rng.bit_generator.state)
         if sampler is not None or self.trainer.eval_history:
-            self.trainer._after_update(state)  # the data position; evaluation at epoch ends
+            self.trainer.after_update(state)  # the data position; evaluation at epoch ends
         if not math.isfinite(loss):
             raise TrainingDivergedError(
                 f"training diverged at step {t}: loss is {loss!r}; nothing was committed", field="loss"

@@ -1,54 +1,6 @@
-"""The PyTorch adapter, data-parallel over any world size, replicated optimizer, bit-identical for every W.
-
-Each update (``microbatched_update``; ``TorchTrainer.train`` runs the same function in one
-process, so ``cairn train`` with a ``distributed`` config gives the bits of a gang):
-
-1. every rank draws the same batch (the epoch sampler's cursor is global) and cuts it into the
-   M = ``distributed.microbatches`` equal microbatches; rank r of W runs forward and backward
-   of its contiguous block ``[r M/W, (r+1) M/W)``, one microbatch at a time;
-2. per microbatch it records two vectors: the gradient of every trainable parameter (in the
-   model's parameter order) in the parameters' dtype (``gradient_dtype``: float32 for a float32
-   model, the sum a data-parallel all-reduce computes), and, in float64, every buffer after the
-   forward and the loss; the rank sums each as its subtree of the canonical tree
-   (``cairn.distributed.reduce``);
-3. for each, one all-to-all of slices hands rank j every rank's partial sum of slice j (the
-   traffic of a reduce-scatter); rank j combines them by the top of the tree, in microbatch
-   order, scales by 1/M (a power of two: exact) and the reduced slices are all-gathered;
-4. every rank writes the mean gradient into each parameter's ``.grad`` and the mean buffers
-   into the buffers; the optimizer and scheduler — replicated, the same state on every rank —
-   step identically.
-
-**Randomness.** Each microbatch's forward and backward run with torch's, numpy's and Python's
-global generators seeded from (run seed, step, microbatch index) (``microbatch_seed``), then
-the run's own streams are put back: a dropout mask depends on which microbatch it belongs to,
-never on which rank computes it. The adapter's private streams (``rng/torch`` ...) advance only
-in code every rank runs alike (optimizer, scheduler; evaluation forks them), so they stay one
-global stream, checkpointed as in a single-process run.
-
-**Buffers (BatchNorm).** Every microbatch's forward starts from the buffers as they were at the
-start of the update. The buffers after the update are the tree mean, over the M microbatches in
-microbatch order, of the buffers each forward left (float64, rounded once to the buffer's
-dtype; integer buffers to the nearest integer). So ``num_batches_tracked`` advances by one per
-update, and a running mean with momentum m moves by m toward the mean of the M microbatch
-means (the running variance toward the mean of their unbiased variances). Training-mode
-normalisation uses each microbatch's own batch statistics ("ghost" batches of B/M): M is part
-of the arithmetic (it is in the config), W is not. A buffer no forward changes stays bit-equal.
-
-**Exactness.** Same build of torch, same ``options.threads``, ``deterministic`` true: W=1, 2, 4
-... give the same bits (``lineage.reproducibility = "bit-exact"``). With ``deterministic``
-false the adapter records ``"tolerance"``, as it does in one process. Parameters without a
-gradient in some microbatch count as a zero gradient there (the adapter already requires
-optimizer state for every trainable parameter after the first update). The ``distributed``
-section is part of the arithmetic: the same run without it (or with another M) is another run.
-
-**Checkpoints.** The full state (parameters, buffers, optimizer, RNG streams, history) is the
-adapter's own export, cut into the run's blocks (``parts_of``: the block size is the config's,
-not W's) — exactly what ``save_training`` writes for the same state. Rank r writes a contiguous,
-byte-balanced share of the blocks (``byte_shares``); rank 0 commits. A restore reads every
-block on every rank (the state is replicated; ranged reads, each block checksummed and
-value-checked), after every rank checked the manifest against the run's trainer, and installs
-the state through the adapter's own import (``TorchTrainer._load``). Nothing is pickled.
-"""
+"""The PyTorch adapter, data-parallel over any world size (replicated optimizer, each rank its
+share of every checkpoint), bit-identical for every W: ``microbatched_update`` (one update) and
+``TorchDP`` (one rank's engine). How and why: docs/pytorch.md."""
 
 from __future__ import annotations
 
@@ -56,7 +8,7 @@ import math
 import random
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -70,14 +22,17 @@ from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.validate import check_training_manifest
 from cairn.distributed.checkpoint import SaveOutcome, agree, coordinated_save, failure_of, read_blocks
 from cairn.distributed.comm import Comm
+from cairn.distributed.partition import check_world_size
 from cairn.distributed.reduce import combine, tree_sum
 from cairn.errors import ConfigError, InvariantError, ManifestError, NonFiniteError, TrainingDivergedError
 from cairn.runs.exposures import initial_state
 from cairn.state import TrainState
 from cairn.stores.base import Store
-from cairn.trainers.base import Trainer, check_eval_history
-from cairn.trainers.mlp.zero import check_world_size
-from cairn.trainers.pytorch.trainer import TorchTrainer, _np_dtype, _RngStates
+from cairn.trainers.base import check_eval_history
+from cairn.trainers.pytorch.state_io import RngStates, np_dtype
+
+if TYPE_CHECKING:
+    from cairn.trainers.pytorch.trainer import TorchTrainer
 
 __all__ = [
     "TorchDP",
@@ -100,8 +55,8 @@ def microbatch_seed(seed: int, step: int, index: int) -> np.ndarray:
 @contextmanager
 def _microbatch_rngs(seed: int, step: int, index: int) -> Iterator[None]:
     """Torch's, numpy's and Python's global generators seeded for one microbatch; the run's
-    streams (installed by ``TorchTrainer._owned_rngs``) are put back afterwards, untouched."""
-    kept = _RngStates.capture()
+    streams (installed by ``TorchTrainer.owned_rngs``) are put back afterwards, untouched."""
+    kept = RngStates.capture()
     words = [int(w) for w in microbatch_seed(seed, step, index)]
     torch.manual_seed((words[0] << 32) | words[1])
     np.random.seed(np.asarray(words, dtype=np.uint32))
@@ -132,7 +87,7 @@ def reduce_microbatches(comm: Comm, partial: np.ndarray, microbatches: int) -> n
 def gradient_dtype(params: Sequence[torch.Tensor]) -> np.dtype[Any]:
     """The dtype gradients are summed in: the parameters' (float32 for a float32 model, as a
     data-parallel all-reduce sums them), at least float32."""
-    return np.result_type(np.float32, *(np.dtype(_np_dtype(p)) for p in params))
+    return np.result_type(np.float32, *(np.dtype(np_dtype(p)) for p in params))
 
 
 def _flat(t: torch.Tensor | None, like: torch.Tensor, dtype: np.dtype[Any]) -> np.ndarray:
@@ -144,7 +99,7 @@ def _flat(t: torch.Tensor | None, like: torch.Tensor, dtype: np.dtype[Any]) -> n
 def microbatched_update(trainer: TorchTrainer, step: int, comm: Comm) -> tuple[float, float]:
     """Update ``step + 1`` of ``trainer``'s live objects as this rank's share of the gang (see
     the module); returns the batch's loss (the tree mean of the microbatch losses) and the
-    learning rate it used. Runs inside ``TorchTrainer._owned_rngs``."""
+    learning rate it used. Runs inside ``TorchTrainer.owned_rngs``."""
     config = trainer.config
     assert config.distributed is not None
     microbatches = config.distributed.microbatches
@@ -161,7 +116,7 @@ def microbatched_update(trainer: TorchTrainer, step: int, comm: Comm) -> tuple[f
     split = trainer.splits["train"]
     grads: list[np.ndarray] = []
     stats: list[np.ndarray] = []
-    with trainer._user_code(f"update {step + 1}"):
+    with trainer.user_code(f"update {step + 1}"):
         model.train()
         start = [b.detach().clone() for b in buffers]
         for i in range(first, first + per_rank):
@@ -178,12 +133,12 @@ def microbatched_update(trainer: TorchTrainer, step: int, comm: Comm) -> tuple[f
     with np.errstate(over="ignore", invalid="ignore"):  # a diverged update is refused by its loss
         mean_grad = reduce_microbatches(comm, tree_sum(grads), microbatches)
         mean_stats = reduce_microbatches(comm, tree_sum(stats), microbatches)
-    with trainer._user_code(f"update {step + 1}"):
+    with trainer.user_code(f"update {step + 1}"):
         with torch.no_grad():
             offset = 0
             for p in trainable:
                 n = p.numel()
-                p.grad = torch.from_numpy(mean_grad[offset : offset + n].astype(_np_dtype(p)).reshape(p.shape))
+                p.grad = torch.from_numpy(mean_grad[offset : offset + n].astype(np_dtype(p)).reshape(p.shape))
                 offset += n
             offset = 0
             for b in buffers:
@@ -191,7 +146,7 @@ def microbatched_update(trainer: TorchTrainer, step: int, comm: Comm) -> tuple[f
                 mean = mean_stats[offset : offset + n]
                 if not b.is_floating_point():
                     mean = np.rint(mean)
-                b.copy_(torch.from_numpy(mean.astype(_np_dtype(b)).reshape(b.shape)))
+                b.copy_(torch.from_numpy(mean.astype(np_dtype(b)).reshape(b.shape)))
                 offset += n
         lr = float(optimizer.param_groups[0]["lr"])
         optimizer.step()
@@ -220,16 +175,16 @@ class TorchDP:
     """One rank's share of a data-parallel run of a PyTorch adapter trainer (replicated
     optimizer state; each rank writes its own share of every checkpoint)."""
 
-    def __init__(self, trainer: Trainer, comm: Comm, run_id: str, store: Store, options: CheckpointOptions) -> None:
+    def __init__(
+        self, trainer: TorchTrainer, comm: Comm, run_id: str, store: Store, options: CheckpointOptions
+    ) -> None:
         config = trainer.config
-        if not isinstance(trainer, TorchTrainer) or config.distributed is None:
+        if config.distributed is None:
             raise ConfigError(
-                "distributed",
-                expected="a PyTorch adapter trainer with a 'distributed' section",
-                found=trainer.path if config.distributed is not None else None,
+                "distributed", expected="a PyTorch adapter trainer with a 'distributed' section", found=None
             )
         check_world_size(config.distributed.microbatches, comm.world)
-        self.trainer: TorchTrainer = trainer
+        self.trainer = trainer
         self.comm, self.run_id, self.store, self.options = comm, run_id, store, options
         self.block_bytes = config.distributed.block_bytes
         self.state: TrainState | None = None
@@ -240,9 +195,9 @@ class TorchDP:
         """Install ``state`` in the live objects (the adapter's validated import) and hold the
         live export; ``self.state`` stays the same object (callers keep a reference to it)."""
         trainer = self.trainer
-        with trainer._runtime():
-            trainer._load(state)
-            live = trainer._export(state.step, {k: list(v) for k, v in state.history.items()}, state.lineage)
+        with trainer.runtime():
+            trainer.load_state(state)
+            live = trainer.export_state(state.step, {k: list(v) for k, v in state.history.items()}, state.lineage)
         self._hold(live)
 
     def _hold(self, live: TrainState) -> None:
@@ -324,9 +279,9 @@ class TorchDP:
         state = self.state
         assert state is not None
         trainer = self.trainer
-        with trainer._runtime():
-            loss = trainer._advance(state.step, state.history, self.comm)
-            live = trainer._export(state.step + 1, state.history, state.lineage)
+        with trainer.runtime():
+            loss = trainer.advance(state.step, state.history, self.comm)
+            live = trainer.export_state(state.step + 1, state.history, state.lineage)
         self._hold(live)
         if not math.isfinite(loss):
             raise TrainingDivergedError(

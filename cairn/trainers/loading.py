@@ -1,0 +1,129 @@
+"""Loading a trainer by import path, its validated options, and the trust rule: a checkpoint is
+untrusted input, so the trainer it names is imported only when the run's own config names it,
+it ships with Cairn, or ``CAIRN_TRAINERS`` lists it."""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+from pydantic import BaseModel, ValidationError
+
+from cairn.config import BUILTIN_TRAINER, TrainConfig, TrainerSpec, config_error_from
+from cairn.errors import ConfigError, IncompatibleConfigError
+from cairn.trainers.base import Trainer
+
+__all__ = [
+    "SHIPPED_TRAINERS",
+    "TRUSTED_TRAINERS_ENV",
+    "check_trainer_options",
+    "load_trainer",
+    "normalized_config",
+    "require_trusted",
+    "trainer_for_checkpoint",
+]
+
+TRUSTED_TRAINERS_ENV = "CAIRN_TRAINERS"
+
+
+def _import_factory(path: str) -> type[Trainer]:
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or module_name
+        raise ConfigError(
+            f"trainer.factory: cannot import {path!r}: module {missing!r} is not installed on this "
+            f"worker (install the package that provides it, or run the trainer on a worker that has it)"
+        ) from None
+    except Exception as exc:  # the user's module failed while importing
+        raise ConfigError(f"trainer.factory: importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
+    factory = getattr(module, attr, None)
+    if factory is None:
+        raise ConfigError(f"trainer.factory: module {module_name!r} has no attribute {attr!r}")
+    if not (isinstance(factory, type) and issubclass(factory, Trainer)):
+        raise ConfigError("trainer.factory", expected="a cairn.trainers.Trainer subclass", found=repr(factory)[:80])
+    return factory
+
+
+def _options(factory: type[Trainer], config: TrainConfig) -> BaseModel:
+    raw = config.trainer.options if config.trainer is not None else {}
+    try:
+        return factory.Options.model_validate(raw)
+    except ValidationError as exc:
+        raise config_error_from(exc, "trainer.options", factory.Options) from exc
+
+
+def _normalized(factory: type[Trainer], config: TrainConfig) -> tuple[TrainConfig, BaseModel]:
+    options = _options(factory, config)
+    if config.trainer is None:
+        return config, options
+    if config.trainer.factory == BUILTIN_TRAINER and not options.model_dump():
+        return config.model_copy(update={"trainer": None}), options  # the default, spelt out
+    spec = TrainerSpec(factory=config.trainer.factory, options=options.model_dump(mode="json"))
+    return config.model_copy(update={"trainer": spec}), options
+
+
+def normalized_config(config: TrainConfig) -> TrainConfig:
+    """The config with its trainer's options as the trainer's model has them (defaults filled in,
+    values coerced), so two configs that mean the same run compare, hash and name a run alike."""
+    return _normalized(_import_factory(config.trainer_path), config)[0]
+
+
+def load_trainer(config: TrainConfig) -> Trainer:
+    """Import the config's trainer, validate its options, and build it (``trainer.config`` is
+    the normalized config: see ``normalized_config``)."""
+    factory = _import_factory(config.trainer_path)
+    normalized, options = _normalized(factory, config)
+    return factory(normalized, options)
+
+
+def check_trainer_options(config: TrainConfig) -> bool:
+    """Validate the trainer's options without building it (no model, no data), where its package
+    is installed; False when it is not installed here (the workers decide)."""
+    try:
+        factory = _import_factory(config.trainer_path)
+    except ConfigError as exc:
+        if "is not installed" in str(exc):
+            return False
+        raise
+    _options(factory, config)
+    return True
+
+
+SHIPPED_TRAINERS = frozenset({BUILTIN_TRAINER, "examples.digits:DigitsCNN"})
+"""Trainers that ship with Cairn: a checkpoint may name them without further trust."""
+
+
+def _trusted_paths() -> set[str]:
+    raw = os.environ.get(TRUSTED_TRAINERS_ENV, "")
+    return set(SHIPPED_TRAINERS) | {p.strip() for p in raw.split(",") if p.strip()}
+
+
+def trainer_for_checkpoint(found: TrainConfig, run_config: TrainConfig | None) -> Trainer:
+    """The trainer that validates a checkpoint whose config is ``found``.
+
+    A checkpoint is untrusted input: the trainer it names is imported only if the caller's own
+    config names the same one, or it ships with Cairn (``SHIPPED_TRAINERS``), or it is listed in
+    ``CAIRN_TRAINERS`` (comma-separated import paths). A different trainer is refused before
+    anything is imported.
+    """
+    require_trusted(found, run_config)
+    return load_trainer(found)
+
+
+def require_trusted(found: TrainConfig, run_config: TrainConfig | None) -> None:
+    """Refuse, before importing anything, a checkpoint's trainer that is not the run's own
+    (or, without a run config, not trusted); see ``trainer_for_checkpoint``."""
+    if run_config is not None and run_config.trainer_path != found.trainer_path:
+        raise IncompatibleConfigError(
+            "checkpoint was written by another trainer",
+            field="config.trainer.factory",
+            expected=run_config.trainer_path,
+            found=found.trainer_path,
+        )
+    if run_config is None and found.trainer_path not in _trusted_paths():
+        raise ConfigError(
+            f"config.trainer.factory: the checkpoint names trainer {found.trainer_path!r}; pass a config "
+            f"naming it (--config) or list it in {TRUSTED_TRAINERS_ENV} to import it"
+        )

@@ -1,0 +1,176 @@
+"""What a PyTorch adapter checkpoint's JSON must hold to fit this setup: the optimizer's groups
+and state, the scheduler's state and the runtime contract."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from cairn.errors import InvariantError
+
+__all__ = [
+    "NON_NEGATIVE_STATE",
+    "SCHEDULER_PROGRESS",
+    "check_optimizer_meta",
+    "check_runtime_meta",
+    "check_scheduler_meta",
+    "json_kind",
+]
+
+NON_NEGATIVE_STATE = frozenset({"exp_avg_sq", "max_exp_avg_sq", "square_avg", "sum", "acc_delta", "exp_inf"})
+"""Optimizer state keys (Adam/AdamW, RMSprop, Adagrad, Adadelta, Adamax) that hold squares."""
+
+
+SCHEDULER_PROGRESS = frozenset(
+    {"last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step", "_is_initial", "T_cur", "T_i"}
+)
+"""Scheduler state that advances with training; every other field must equal a fresh build's."""
+
+
+def json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list | tuple):
+        return "list"
+    if isinstance(value, Mapping):
+        return "object"
+    return type(value).__name__
+
+
+def _check_like(saved: Any, fresh: Any, field: str, *, exact: bool) -> None:
+    """``saved`` (from a checkpoint) has the shape of ``fresh`` (this setup's own value): the same
+    JSON kinds, list lengths and keys; with ``exact``, values equal too, except the scheduler's
+    progress fields (``SCHEDULER_PROGRESS``)."""
+    if json_kind(saved) != json_kind(fresh):
+        raise InvariantError(
+            field=field, expected=json_kind(fresh), found=saved if json_kind(saved) != "object" else "an object"
+        )
+    if isinstance(fresh, Mapping):
+        if set(saved) != set(fresh):
+            raise InvariantError(
+                "state has other fields than this setup's", field=field, expected=sorted(fresh), found=sorted(saved)
+            )
+        for key in fresh:
+            progress = key in SCHEDULER_PROGRESS
+            _check_like(saved[key], fresh[key], f"{field}.{key}", exact=exact and not progress)
+    elif isinstance(fresh, list | tuple):
+        if len(saved) != len(fresh):
+            raise InvariantError(field=field, expected=f"{len(fresh)} values", found=f"{len(saved)} values")
+        for i, (a, b) in enumerate(zip(saved, fresh, strict=True)):
+            _check_like(a, b, f"{field}[{i}]", exact=exact)
+    elif exact and saved != fresh:
+        raise InvariantError(
+            "differs from this setup's (only progress may differ)", field=field, expected=fresh, found=saved
+        )
+
+
+def check_optimizer_meta(
+    optimizer: Any,
+    step: int,
+    live_groups: Sequence[Mapping[str, Any]],
+    group_params: Sequence[list[str]],
+    fresh_groups: Sequence[Mapping[str, Any]],
+    trainable: Sequence[str],
+    probe_scalars: Callable[[], dict[str, type]],
+) -> None:
+    """``meta.optimizer`` fits this optimizer: its param groups (same settings, same
+    parameters), state for every trainable parameter after the first update, and scalar state
+    of the types a probe step produced (``probe_scalars``, called only when there is state)."""
+    if not isinstance(optimizer, Mapping) or set(optimizer) != {"param_groups", "with_state", "scalars"}:
+        raise InvariantError(
+            "optimizer state is malformed",
+            field="meta.optimizer",
+            expected="param_groups, with_state, scalars",
+            found=None if not isinstance(optimizer, Mapping) else sorted(optimizer),
+        )
+    groups = optimizer["param_groups"]
+    if not isinstance(groups, list) or len(groups) != len(live_groups):
+        raise InvariantError(
+            "optimizer param groups do not match the model's optimizer",
+            field="meta.optimizer.param_groups",
+            expected=f"{len(live_groups)} groups",
+            found=len(groups) if isinstance(groups, list) else type(groups).__name__,
+        )
+    for i, (saved, live) in enumerate(zip(groups, live_groups, strict=True)):
+        want_keys = sorted(live)
+        if not isinstance(saved, Mapping) or sorted(saved) != want_keys:
+            raise InvariantError(
+                "optimizer param group has other settings than this optimizer",
+                field=f"meta.optimizer.param_groups[{i}]",
+                expected=want_keys,
+                found=sorted(saved) if isinstance(saved, Mapping) else type(saved).__name__,
+            )
+        if saved["params"] != group_params[i]:
+            raise InvariantError(
+                "optimizer param group holds other parameters",
+                field=f"meta.optimizer.param_groups[{i}].params",
+                expected=group_params[i][:8],
+                found=saved["params"][:8] if isinstance(saved["params"], list) else saved["params"],
+            )
+        for key, fresh in fresh_groups[i].items():
+            _check_like(saved[key], fresh, f"meta.optimizer.param_groups[{i}].{key}", exact=False)
+    with_state = optimizer["with_state"]
+    want_state = [] if step == 0 else trainable
+    if not isinstance(with_state, list) or sorted(map(str, with_state)) != sorted(want_state):
+        raise InvariantError(
+            "optimizer state must cover every trainable parameter after the first update (none before)",
+            field="meta.optimizer.with_state",
+            expected=f"{len(want_state)} parameters" if want_state else [],
+            found=f"{len(with_state)} entries" if isinstance(with_state, list) else type(with_state).__name__,
+        )
+    scalars = optimizer["scalars"]
+    scalar_types = probe_scalars() if with_state else {}
+    if not isinstance(scalars, Mapping) or not set(scalars) <= set(with_state):
+        raise InvariantError("optimizer scalars name parameters without state", field="meta.optimizer.scalars")
+    for name in with_state:
+        entry = scalars.get(name, {})
+        if not isinstance(entry, Mapping) or set(entry) != set(scalar_types):
+            raise InvariantError(
+                "optimizer scalar state has other keys than this optimizer",
+                field=f"meta.optimizer.scalars[{name}]",
+                expected=sorted(scalar_types),
+                found=sorted(entry) if isinstance(entry, Mapping) else type(entry).__name__,
+            )
+        for key, kind in scalar_types.items():
+            if json_kind(entry[key]) != json_kind(kind()):
+                raise InvariantError(
+                    field=f"meta.optimizer.scalars[{name}].{key}", expected=kind.__name__, found=entry[key]
+                )
+
+
+def check_scheduler_meta(saved: Any, has_live: bool, fresh: Any) -> None:
+    """``meta.scheduler`` is present exactly when the setup has a scheduler, shaped like a fresh
+    build's state, equal to it except for the progress fields."""
+    has_scheduler = saved is not None
+    if has_scheduler != has_live:
+        raise InvariantError(
+            "scheduler state does not match the setup",
+            field="meta.scheduler",
+            expected="a scheduler state" if has_live else None,
+            found="a scheduler state" if has_scheduler else None,
+        )
+    if fresh is not None:
+        _check_like(saved, fresh, "meta.scheduler", exact=True)
+
+
+def check_runtime_meta(meta: Mapping[str, Any], threads: int, deterministic: bool) -> None:
+    """``meta.runtime`` names this trainer's thread count and deterministic mode, and ``meta``
+    holds nothing else than the adapter's sections."""
+    runtime = meta.get("runtime")
+    want_runtime = {"threads": threads, "deterministic": deterministic}
+    if not isinstance(runtime, Mapping) or {k: runtime.get(k) for k in want_runtime} != want_runtime:
+        raise InvariantError(
+            "checkpoint was trained under another runtime contract",
+            field="meta.runtime",
+            expected=want_runtime,
+            found=dict(runtime) if isinstance(runtime, Mapping) else runtime,
+        )
+    extra = set(meta) - {"data", "optimizer", "scheduler", "runtime"}
+    if extra:
+        raise InvariantError("unexpected trainer state", field="meta", expected=None, found=sorted(extra))

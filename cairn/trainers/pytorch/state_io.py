@@ -1,0 +1,195 @@
+"""The PyTorch adapter's state in checkpoint form: RNG states, plain-JSON optimizer and
+scheduler values, dtypes, and the checks an RNG state must pass."""
+
+from __future__ import annotations
+
+import functools
+import math
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from cairn.errors import ConfigError, InvariantError, TensorSpecError
+from cairn.trainers.base import TensorSpec
+
+__all__ = [
+    "MT_WORDS",
+    "RngStates",
+    "check_rng_json",
+    "check_rng_tensor",
+    "jsonable",
+    "np_dtype",
+    "require_numpy_dtype",
+    "restore_like",
+    "tensor_spec",
+]
+
+MT_WORDS = 624
+
+
+@dataclass
+class RngStates:
+    """The three generators a PyTorch training step may draw from: torch's CPU generator,
+    numpy's global ``RandomState`` and Python's ``random``."""
+
+    torch: torch.Tensor
+    numpy: tuple[Any, ...]
+    python: tuple[Any, ...]
+
+    @classmethod
+    def capture(cls) -> RngStates:
+        numpy_state = np.random.get_state(legacy=True)
+        assert isinstance(numpy_state, tuple)
+        return cls(torch=torch.get_rng_state(), numpy=numpy_state, python=random.getstate())
+
+    def install(self) -> None:
+        torch.set_rng_state(self.torch)
+        np.random.set_state(self.numpy)
+        random.setstate(self.python)
+
+    def to_checkpoint(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The states as checkpoint tensors (``rng/torch``, ``rng/numpy``) and ``rng_state`` JSON."""
+        kind, keys, pos, has_gauss, cached = self.numpy
+        py_version, py_state, py_gauss = self.python
+        tensors = {"rng/torch": self.torch.numpy(), "rng/numpy": np.asarray(keys, dtype="<u4")}
+        rng = {
+            "numpy": {"kind": kind, "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+            "python": {"version": py_version, "state": list(py_state), "gauss": py_gauss},
+        }
+        return tensors, rng
+
+    @classmethod
+    def from_checkpoint(cls, tensors: Mapping[str, np.ndarray], rng: Mapping[str, Any]) -> RngStates:
+        """The states a checkpoint holds, in fresh storage; the tensors are tried whole first."""
+        for name in ("rng/torch", "rng/numpy"):  # whole here, whatever blocks a verify saw
+            check_rng_tensor(name, tensors[name], whole=True)
+        npr, py = rng["numpy"], rng["python"]
+        return cls(
+            torch=torch.from_numpy(np.array(tensors["rng/torch"], copy=True)),
+            numpy=(
+                npr["kind"],
+                np.array(tensors["rng/numpy"], dtype=np.uint32),
+                npr["pos"],
+                npr["has_gauss"],
+                npr["cached_gaussian"],
+            ),
+            python=(py["version"], tuple(py["state"]), py["gauss"]),
+        )
+
+
+def require_numpy_dtype(t: torch.Tensor, where: str) -> None:
+    try:
+        np_dtype(t)
+    except TensorSpecError:
+        raise ConfigError(
+            where, expected="a dtype with a raw numpy form (float32/64/16, integer, bool)", found=str(t.dtype)
+        ) from None
+
+
+def jsonable(value: Any, where: str) -> Any:
+    """Plain JSON of optimizer/scheduler state values (tuples -> lists, 0-d tensors refused
+    here: tensors go to the tensor section)."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise TensorSpecError(
+                "state the adapter cannot write as JSON", field=where, expected="a finite number", found=value
+            )
+        return value
+    if isinstance(value, tuple | list):
+        return [jsonable(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        return {str(k): jsonable(v, f"{where}.{k}") for k, v in value.items()}
+    raise TensorSpecError(
+        "state the adapter cannot write as JSON", field=where, expected="plain JSON values", found=type(value).__name__
+    )
+
+
+def restore_like(template: Any, value: Any) -> Any:
+    """``value`` (from JSON) in the Python type of ``template`` (a tuple stays a tuple)."""
+    if isinstance(template, tuple) and isinstance(value, list):
+        return tuple(restore_like(t, v) for t, v in zip(template, value, strict=True))
+    if isinstance(template, float) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def np_dtype(t: torch.Tensor) -> str:
+    try:
+        return np.dtype(torch.empty((), dtype=t.dtype).numpy().dtype).str
+    except TypeError:
+        raise TensorSpecError(
+            "tensor dtype has no raw little-endian numpy form",
+            field="dtype",
+            expected="a numpy dtype",
+            found=str(t.dtype),
+        ) from None
+
+
+def tensor_spec(t: torch.Tensor) -> TensorSpec:
+    return TensorSpec(np_dtype(t), tuple(t.shape))
+
+
+def check_rng_tensor(name: str, values: np.ndarray, *, whole: bool = False) -> None:
+    """Refuse an RNG state tensor no generator accepts (``rng/torch`` is tried on a scratch
+    ``torch.Generator``; an all-zero MT19937 key is no reachable state). A verify may see a piece
+    of a blocked tensor (``whole`` False): only a complete one is tried."""
+    problem = None
+    if name == "rng/torch" and (whole or values.size == torch_rng_bytes()):
+        try:
+            torch.Generator().set_state(torch.from_numpy(np.array(values, dtype=np.uint8, copy=True)).flatten())
+        except (RuntimeError, TypeError, ValueError) as exc:
+            problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    elif name == "rng/numpy" and (whole or values.size == MT_WORDS) and not np.any(values):
+        problem = "an all-zero MT19937 key"
+    if problem is not None:
+        raise InvariantError(
+            "RNG state is not a state its generator accepts",
+            field=f"tensors[{name}]",
+            expected="a generator state",
+            found=problem,
+        )
+
+
+@functools.cache
+def torch_rng_bytes() -> int:
+    return int(torch.get_rng_state().numel())
+
+
+def check_rng_json(rng: Any) -> None:
+    def bad(field: str, expected: Any, found: Any) -> InvariantError:
+        return InvariantError("RNG state is malformed", field=field, expected=expected, found=found)
+
+    if not isinstance(rng, Mapping) or set(rng) != {"numpy", "python"}:
+        raise bad("rng", "numpy and python states", sorted(rng) if isinstance(rng, Mapping) else rng)
+    npr = rng["numpy"]
+    if not isinstance(npr, Mapping) or npr.get("kind") != "MT19937":
+        raise bad("rng.numpy.kind", "MT19937", npr.get("kind") if isinstance(npr, Mapping) else npr)
+    pos = npr.get("pos")
+    if not isinstance(pos, int) or isinstance(pos, bool) or not 0 <= pos <= MT_WORDS:
+        raise bad("rng.numpy.pos", f"an integer in [0, {MT_WORDS}]", pos)
+    if npr.get("has_gauss") not in (0, 1) or not isinstance(npr.get("cached_gaussian"), float | int):
+        raise bad("rng.numpy.has_gauss", "0 or 1 and a cached gaussian", npr.get("has_gauss"))
+    py = rng["python"]
+    state = py.get("state") if isinstance(py, Mapping) else None
+    if not isinstance(py, Mapping) or py.get("version") != 3 or not isinstance(state, list) or len(state) != 625:
+        raise bad(
+            "rng.python", "version 3 with 625 state words", None if not isinstance(py, Mapping) else py.get("version")
+        )
+    if not all(isinstance(w, int) and not isinstance(w, bool) and 0 <= w < (1 << 32) for w in state[:624]):
+        raise bad("rng.python.state", "624 words in [0, 2**32)", "other values")
+    if not isinstance(state[624], int) or not 0 <= state[624] <= 624:
+        raise bad("rng.python.state[624]", "an index in [0, 624]", state[624])
+    if py.get("gauss") is not None and not isinstance(py.get("gauss"), float):
+        raise bad("rng.python.gauss", "null or a float", py.get("gauss"))
+    if not any(state[:624]):
+        raise bad("rng.python.state", "a reachable Mersenne Twister state", "624 zero words")
+    try:
+        random.Random().setstate((3, tuple(state), py.get("gauss")))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise bad("rng.python", "a state random.setstate accepts", str(exc)) from None
