@@ -24,7 +24,7 @@ from cairn.checkpoint.ref import CheckpointRef
 from cairn.config import TrainConfig
 from cairn.errors import ConfigError, TrainingDivergedError
 from cairn.numerics import process_numerics, resumed_numerics
-from cairn.runs.exposures import initial_state
+from cairn.runs.stages import initial_state
 from cairn.state import Lineage, StepCallback, TrainState
 from cairn.stores import open_store
 from cairn.stores.base import Store

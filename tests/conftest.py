@@ -16,7 +16,7 @@ import pytest
 from cairn import errors as E
 from cairn.checkpoint import CheckpointRef, write_checkpoint
 from cairn.checkpoint.content import CheckpointContent
-from cairn.checkpoint.manager import training_content, training_tensors
+from cairn.checkpoint.training import training_content, training_tensors
 from cairn.checkpoint.manifest import CheckpointKind
 from cairn.config import TrainConfig
 from cairn.state import TrainState

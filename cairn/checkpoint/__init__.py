@@ -3,8 +3,9 @@
 One module per concern: ``layout`` (where things live in a store), ``manifest`` (the data
 model), ``content`` (what the fingerprint covers), ``tensors`` (bytes and checksums),
 ``shards`` (phase 1 of a save), ``commit`` (phase 2: the commit protocol), ``reader`` (the
-read path), ``options`` (signer, limits, shard settings), ``manager`` (training state <->
-checkpoints), ``validate`` (training-state rules), ``retention``, ``async_save``, ``compare``.
+read path), ``options`` (signer, limits, shard settings), ``training`` (a training state in checkpoint
+form), ``manager`` (save/load/list training checkpoints), ``validate`` (training-state rules),
+``blocks`` (the blocked layout, format v2), ``retention``, ``async_save``, ``compare``.
 """
 
 from cairn.checkpoint.commit import CommitResult, commit_manifest, write_checkpoint
@@ -14,7 +15,6 @@ from cairn.checkpoint.manager import (
     list_checkpoints,
     load_training,
     save_training,
-    training_tensors,
 )
 from cairn.checkpoint.manifest import FORMAT_VERSION, CheckpointKind, Manifest
 from cairn.checkpoint.options import CheckpointOptions, Limits
@@ -22,6 +22,7 @@ from cairn.checkpoint.reader import read_manifest, read_tensors, verify_tensors
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.shards import RankShards, new_save_nonce, write_shards
 from cairn.checkpoint.signing import Signer, signer_from_env
+from cairn.checkpoint.training import training_tensors
 
 __all__ = [
     "FORMAT_VERSION",

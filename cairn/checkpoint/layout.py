@@ -22,6 +22,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from cairn.stores.numbered import numbered_key
+
 __all__ = [
     "RUN_ID_PATTERN",
     "STEP_DIGITS",
@@ -40,7 +42,6 @@ __all__ = [
     "owners_prefix",
     "registry_prefix",
     "lifecycle_prefix",
-    "sequence_number",
     "lifecycle_key",
     "registry_entry_key",
 ]
@@ -113,15 +114,7 @@ def owners_prefix(run_id: str) -> str:
 
 def owner_key(run_id: str, seq: int) -> str:
     """The ``seq``-th claim of a run (12 digits, so keys sort by number)."""
-    return f"{owners_prefix(run_id)}{seq:0{STEP_DIGITS}d}.json"
-
-
-def sequence_number(key: str) -> int | None:
-    """The number of a numbered object (``.../SEQ.json``: owner claims, lifecycle events), or
-    None for any other key."""
-    name = key.rsplit("/", 1)[-1]
-    stem = name[:-5]
-    return int(stem) if name.endswith(".json") and stem.isascii() and stem.isdigit() else None
+    return numbered_key(owners_prefix(run_id), seq)
 
 
 def lifecycle_prefix(run_id: str) -> str:
@@ -130,7 +123,7 @@ def lifecycle_prefix(run_id: str) -> str:
 
 def lifecycle_key(run_id: str, seq: int) -> str:
     """The ``seq``-th lifecycle event of a run (numbered, create-if-absent; checkpoints stay immutable)."""
-    return f"{lifecycle_prefix(run_id)}{seq:0{STEP_DIGITS}d}.json"
+    return numbered_key(lifecycle_prefix(run_id), seq)
 
 
 def registry_prefix(run_id: str) -> str:

@@ -6,54 +6,26 @@ committed checkpoints (a manifest exists); a half-written prefix is invisible he
 
 from __future__ import annotations
 
-import copy
-
-import numpy as np
-
 from cairn.checkpoint.commit import CommitResult, write_checkpoint
-from cairn.checkpoint.content import CheckpointContent
 from cairn.checkpoint.layout import parse_checkpoint_key, run_prefix
 from cairn.checkpoint.manifest import CheckpointKind, Manifest
 from cairn.checkpoint.options import CheckpointOptions
 from cairn.checkpoint.reader import read_logical, read_manifest
 from cairn.checkpoint.ref import CheckpointRef
+from cairn.checkpoint.training import split_history, training_content, training_state, training_tensors
 from cairn.checkpoint.validate import check_training_manifest
 from cairn.config import TrainConfig
 from cairn.state import TrainState
 from cairn.stores.base import Store
-from cairn.trainers.base import Trainer, check_eval_history
+from cairn.trainers.base import Trainer
 
 __all__ = [
-    "training_tensors",
-    "training_content",
     "save_training",
     "load_training",
     "load_training_with_trainer",
     "list_checkpoints",
     "latest_committed",
 ]
-
-
-def training_tensors(state: TrainState) -> dict[str, np.ndarray]:
-    """The arrays of a training state, by checkpoint tensor name (views, not copies)."""
-    tensors = dict(state.tensors)
-    for key, values in state.history.items():
-        tensors[f"history/{key}"] = np.asarray(values, dtype=np.float64)
-    return tensors
-
-
-def training_content(run_id: str, state: TrainState) -> CheckpointContent:
-    """Everything but the tensors of a training checkpoint of ``state``."""
-    return CheckpointContent(
-        kind=CheckpointKind.TRAINING,
-        run_id=run_id,
-        step=state.step,
-        cursor=state.cursor,
-        config=state.config.to_json(),
-        lineage=state.lineage,
-        rng=state.rng_state,
-        meta=state.meta,
-    )
 
 
 def save_training(
@@ -104,19 +76,7 @@ def load_training_with_trainer(
     manifest = read_manifest(store, ref, expect_kind=CheckpointKind.TRAINING, options=options)
     config, trainer = check_training_manifest(manifest, run_config=run_config, trainer=trainer)
     arrays = read_logical(store, ref, manifest, max_workers=options.max_workers, value_check=trainer.check_values)
-    assert manifest.lineage is not None  # checked above
-    history = {name[len("history/") :]: arr.tolist() for name, arr in arrays.items() if name.startswith("history/")}
-    check_eval_history(manifest.step, history)
-    state = TrainState(
-        config=config,
-        lineage=manifest.lineage.model_copy(update={"parent": manifest.fingerprint}),
-        tensors={name: arr for name, arr in arrays.items() if not name.startswith("history/")},
-        step=manifest.step,
-        cursor=manifest.cursor,
-        rng_state=copy.deepcopy(manifest.rng) if manifest.rng is not None else {},
-        history=history,
-        meta=copy.deepcopy(manifest.meta),
-    )
+    state = training_state(config, manifest, *split_history(arrays))
     return state, manifest, trainer
 
 

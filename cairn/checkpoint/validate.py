@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from cairn.checkpoint.blocks import logical_specs
 from cairn.checkpoint.manifest import Manifest
+from cairn.checkpoint.training import history_name, is_history
 from cairn.config import TrainConfig, config_error_from
 from cairn.errors import (
     IncompatibleConfigError,
@@ -57,10 +58,10 @@ F8 = np.dtype("<f8").str
 def expected_tensors(trainer: Trainer, manifest: Manifest) -> dict[str, TensorSpec]:
     """Tensor name -> spec that a training checkpoint of ``trainer`` at the manifest's step must hold."""
     out = dict(trainer.tensor_specs(manifest.step, manifest.meta))
-    out.update({f"history/{k}": TensorSpec(F8, (manifest.step,)) for k in STEP_HISTORY})
+    out.update({history_name(k): TensorSpec(F8, (manifest.step,)) for k in STEP_HISTORY})
     if trainer.eval_history:  # one evaluation at every epoch end
         n = manifest.step // trainer.steps_per_epoch
-        out.update({f"history/{k}": TensorSpec(F8, (n,)) for k in EVAL_HISTORY})
+        out.update({history_name(k): TensorSpec(F8, (n,)) for k in EVAL_HISTORY})
     return out
 
 
@@ -153,7 +154,7 @@ def check_training_manifest(
         got_dtype, got_shape = have[name]
         if got_dtype != spec.dtype:
             raise TensorSpecError(field=f"tensors[{name}].dtype", expected=spec.dtype, found=got_dtype)
-        if got_shape != spec.shape and name.startswith("history/"):
+        if got_shape != spec.shape and is_history(name):
             raise InvariantError(
                 "len(history) must equal step" if name[8:] in STEP_HISTORY else "one evaluation per epoch end",
                 field=f"tensors[{name}].shape",

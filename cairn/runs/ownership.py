@@ -28,9 +28,10 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from cairn.checkpoint.layout import STORE_ID_KEY, owner_key, owners_prefix, sequence_number
+from cairn.checkpoint.layout import STORE_ID_KEY, owner_key, owners_prefix
 from cairn.errors import ConfigError, ObjectNotFoundError, RunOwnershipError, StoreIdentityError
 from cairn.stores.base import Store
+from cairn.stores.numbered import NumberedLog
 
 __all__ = [
     "STORE_ID_KEY",
@@ -128,15 +129,14 @@ class OwnerRecord:
     claimed_at: str
 
 
-def _claims(store: Store, run_id: str) -> list[tuple[int, str]]:
-    """(sequence number, key) of every claim of the run, in order."""
-    numbered = ((sequence_number(info.key), info.key) for info in store.list(owners_prefix(run_id)))
-    return sorted((seq, key) for seq, key in numbered if seq is not None)
+def _claims(store: Store, run_id: str) -> NumberedLog:
+    """The run's claims: a numbered log, the latest names the owner."""
+    return NumberedLog(store, owners_prefix(run_id))
 
 
 def read_owner(store: Store, run_id: str) -> OwnerRecord | None:
     """The run's owner: its latest claim (None when nobody ever claimed the run)."""
-    claims = _claims(store, run_id)
+    claims = _claims(store, run_id).entries()
     if not claims:
         return None
     try:
@@ -157,8 +157,9 @@ def claim_run(
     """
     mine = OwnerRecord(run_id=run_id, workflow_id=workflow_id, store_id=store_id, claimed_at=_now())
     data = json.dumps(asdict(mine)).encode()
+    log = _claims(store, run_id)
     for _ in range(8):
-        claims = _claims(store, run_id)
+        claims = log.entries()
         current = read_owner(store, run_id) if claims else None
         if current is not None and current.workflow_id == workflow_id:
             return current  # a retry, or the same workflow after continue-as-new
@@ -169,8 +170,7 @@ def claim_run(
                 "or stop that workflow first",
                 field="run_id",
             )
-        seq = claims[-1][0] + 1 if claims else 0
-        if store.put_if_absent(owner_key(run_id, seq), data):
+        if log.try_append(claims, data) is not None:
             return mine
     raise RunOwnershipError(f"run {run_id!r}: the claim kept changing hands; try again", field="run_id")
 

@@ -25,21 +25,27 @@ import numpy as np
 
 from cairn.checkpoint.blocks import block_name, plan_blocks
 from cairn.checkpoint.content import CheckpointContent
-from cairn.checkpoint.manager import training_content
 from cairn.checkpoint.manifest import Manifest, PartSpec
 from cairn.checkpoint.options import CheckpointOptions
 from cairn.checkpoint.reader import read_manifest
 from cairn.checkpoint.ref import CheckpointRef
+from cairn.checkpoint.training import (
+    history_arrays,
+    history_name,
+    is_history,
+    split_history,
+    training_content,
+    training_state,
+)
 from cairn.checkpoint.validate import check_training_manifest
 from cairn.distributed.checkpoint import SaveOutcome, agree, coordinated_save, failure_of, read_blocks
 from cairn.distributed.comm import Comm
 from cairn.distributed.partition import check_world_size, flat_layout
 from cairn.distributed.reduce import SliceReducer, combine, tree_sum
 from cairn.errors import ConfigError, InvariantError, ManifestError, TrainingDivergedError
-from cairn.runs.exposures import initial_state
+from cairn.runs.stages import initial_state
 from cairn.state import TrainState, param_shapes
 from cairn.stores.base import Store
-from cairn.trainers.base import check_eval_history
 from cairn.trainers.mlp.arithmetic import adam_update, learning_rate, loss_and_grads
 
 if TYPE_CHECKING:
@@ -114,7 +120,7 @@ class ZeroMLP:
         agree(self.comm, failure, f"restore of {ref}")
         assert manifest is not None and manifest.parts is not None
         targets = self._own_blocks()
-        history_parts = {n: p for n, p in manifest.parts.items() if n.startswith("history/")}
+        history_parts = {n: p for n, p in manifest.parts.items() if is_history(n)}
         history = {n: np.empty(p.shape) for n, p in history_parts.items()}
         for block in plan_blocks(history_parts):
             targets[block.name] = history[block.tensor].reshape(-1)[block.start : block.stop]
@@ -122,19 +128,8 @@ class ZeroMLP:
             self.comm, self.store, ref, manifest, targets, value_check=self.trainer.check_values, options=self.options
         )
         self._gather_theta()
-        hist = {n[len("history/") :]: a.tolist() for n, a in history.items()}
-        check_eval_history(manifest.step, hist)
-        assert manifest.lineage is not None
-        self.state = TrainState(
-            config=self.trainer.config,
-            lineage=manifest.lineage.model_copy(update={"parent": manifest.fingerprint}),
-            tensors=self._views(),
-            step=manifest.step,
-            cursor=manifest.cursor,
-            rng_state=dict(manifest.rng or {}),
-            history=hist,
-            meta=dict(manifest.meta),
-        )
+        _, hist = split_history(history)
+        self.state = training_state(self.trainer.config, manifest, self._views(), hist)
         self.rng.bit_generator.state = self.state.rng_state
         return manifest
 
@@ -230,7 +225,7 @@ class ZeroMLP:
         for group in GROUPS:
             out.update(self.layout.parts(group))
         for key, values in self.state.history.items():
-            out[f"history/{key}"] = PartSpec(shape=[len(values)], block_elems=self.block_elems)
+            out[history_name(key)] = PartSpec(shape=[len(values)], block_elems=self.block_elems)
         return dict(sorted(out.items()))
 
     def my_blocks(self) -> dict[str, np.ndarray]:
@@ -238,8 +233,8 @@ class ZeroMLP:
         assert self.state is not None
         out = self._own_blocks()
         if self.comm.rank == 0:
-            history = {f"history/{k}": np.asarray(v, dtype=np.float64) for k, v in self.state.history.items()}
-            parts = {n: p for n, p in self.parts().items() if n.startswith("history/")}
+            history = history_arrays(self.state.history)
+            parts = {n: p for n, p in self.parts().items() if is_history(n)}
             for block in plan_blocks(parts):
                 out[block.name] = history[block.tensor].reshape(-1)[block.start : block.stop]
         return out

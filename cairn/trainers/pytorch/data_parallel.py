@@ -14,21 +14,20 @@ import numpy as np
 import torch
 
 from cairn.checkpoint.blocks import base_name, block_elems_for, logical_specs, parts_of, plan_blocks, split_blocks
-from cairn.checkpoint.manager import training_content, training_tensors
 from cairn.checkpoint.manifest import CheckpointKind, Manifest, PartSpec
 from cairn.checkpoint.options import CheckpointOptions
 from cairn.checkpoint.reader import read_manifest
 from cairn.checkpoint.ref import CheckpointRef
+from cairn.checkpoint.training import split_history, training_content, training_state, training_tensors
 from cairn.checkpoint.validate import check_training_manifest
 from cairn.distributed.checkpoint import SaveOutcome, agree, coordinated_save, failure_of, read_blocks
 from cairn.distributed.comm import Comm
 from cairn.distributed.partition import check_world_size
 from cairn.distributed.reduce import combine, tree_sum
 from cairn.errors import ConfigError, InvariantError, ManifestError, NonFiniteError, TrainingDivergedError
-from cairn.runs.exposures import initial_state
+from cairn.runs.stages import initial_state
 from cairn.state import TrainState
 from cairn.stores.base import Store
-from cairn.trainers.base import check_eval_history
 from cairn.trainers.pytorch.state_io import RngStates, np_dtype
 
 if TYPE_CHECKING:
@@ -236,21 +235,9 @@ class TorchDP:
             value_check=self.trainer.check_values,
             options=self.options,
         )
-        history = {n[len("history/") :]: a.tolist() for n, a in arrays.items() if n.startswith("history/")}
-        state = TrainState(
-            config=self.trainer.config,
-            lineage=manifest.lineage.model_copy(update={"parent": manifest.fingerprint}),
-            tensors={n: a for n, a in arrays.items() if not n.startswith("history/")},
-            step=manifest.step,
-            cursor=manifest.cursor,
-            rng_state=dict(manifest.rng or {}),
-            history=history,
-            meta=dict(manifest.meta),
-        )
         failure = None
         try:
-            check_eval_history(manifest.step, history)
-            self._adopt(state)
+            self._adopt(training_state(self.trainer.config, manifest, *split_history(arrays)))
         except Exception as exc:
             failure = failure_of(exc)
         agree(self.comm, failure, f"restore of {ref}")
