@@ -19,7 +19,7 @@ from cairn.checkpoint.async_save import AsyncCheckpointer, SaveHandle
 from cairn.checkpoint.commit import CommitResult
 from cairn.checkpoint.layout import RUN_ID_PATTERN
 from cairn.checkpoint.manager import latest_committed, load_training, load_training_with_trainer, save_training
-from cairn.checkpoint.options import CheckpointOptions
+from cairn.checkpoint.options import CheckpointOptions, resolve_options
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.config import TrainConfig
 from cairn.errors import ConfigError, TrainingDivergedError
@@ -102,9 +102,9 @@ class TrainingSession:
         self.store = store
         self.state = state
         self.trainer = trainer
-        self.options = options
-        """Signer, limits and shard settings for every save and restore of this session;
-        None: ``CheckpointOptions.from_env()`` at each save and restore."""
+        self.options = resolve_options(options)
+        """Signer, limits and shard settings for every save and restore of this session (given,
+        or the configured ones, read once here)."""
         self.tolerate_numerics = tolerate_numerics
         """Resume a bit-exact run's checkpoint under another numerics profile (``--tolerance``):
         the lineage records both profiles (``numerics.mixed``)."""
@@ -119,7 +119,7 @@ class TrainingSession:
         """Step 0 of a run (or, with ``config.init_from``, a new stage from a reference's weights)."""
         store = _as_store(store)
         trainer = load_trainer(config)
-        options = kw.get("options") or CheckpointOptions.from_env()
+        kw["options"] = options = resolve_options(kw.get("options"))
         return cls(run_id, store, initial_state(trainer, options=options), trainer, **kw)
 
     @classmethod
@@ -140,7 +140,7 @@ class TrainingSession:
         """
         source = open_store(ref.store_url)
         target = source if store is None else _as_store(store)
-        options = kw.get("options") or CheckpointOptions.from_env()
+        kw["options"] = options = resolve_options(kw.get("options"))
         trainer = load_trainer(config) if config is not None else None
         state, _, trainer = load_training_with_trainer(source, ref, trainer=trainer, options=options)
         if weights_only_restore:
@@ -165,7 +165,7 @@ class TrainingSession:
 
     @property
     def checkpoint_options(self) -> CheckpointOptions:
-        return self.options or CheckpointOptions.from_env()
+        return self.options
 
     # -- state replacement --------------------------------------------------------------
     def restore(self, ref: CheckpointRef) -> None:

@@ -23,7 +23,7 @@ import numpy as np
 
 from cairn.checkpoint.commit import CommitResult
 from cairn.checkpoint.manager import save_training
-from cairn.checkpoint.options import CheckpointOptions
+from cairn.checkpoint.options import CheckpointOptions, resolve_options
 from cairn.errors import StorageError
 from cairn.state import TrainState
 from cairn.stores.base import Store
@@ -60,7 +60,7 @@ class AsyncCheckpointer:
     ) -> None:
         self.store = store
         self.run_id = run_id
-        self.options = options or CheckpointOptions.from_env()
+        self.options = resolve_options(options)
         self._slots = threading.BoundedSemaphore(max_in_flight)
         self._pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="cairn-async-save")
         self._copiers = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="cairn-snapshot")

@@ -25,7 +25,7 @@ from cairn.checkpoint.blocks import check_parts, parts_json, parts_of, split_blo
 from cairn.checkpoint.content import CheckpointContent, check_content, index_of
 from cairn.checkpoint.layout import checkpoint_prefix, manifest_key
 from cairn.checkpoint.manifest import BLOCKED_FORMAT_VERSION, FORMAT_VERSION, Manifest, PartSpec, WriterInfo
-from cairn.checkpoint.options import CheckpointOptions
+from cairn.checkpoint.options import CheckpointOptions, resolve_options
 from cairn.checkpoint.reader import parse_manifest
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.shards import RankShards, new_save_nonce, write_shards
@@ -58,7 +58,7 @@ def commit_manifest(
     """Phase 2, run once (by the coordinator) after every rank's shards are durable:
     commit one manifest listing all of them, by create-if-absent. This is the commit.
     ``parts``: the blocked layout (format v2) the ranks wrote (``cairn.checkpoint.blocks``)."""
-    options = options or CheckpointOptions.from_env()
+    options = resolve_options(options)
     mkey = manifest_key(content.run_id, content.kind, content.step)
     ref = CheckpointRef(store.url, content.run_id, content.kind, content.step)
     entries = sorted((e for r in ranks for e in r.tensors), key=lambda e: e.name)
@@ -116,7 +116,7 @@ def write_checkpoint(
     ``block_bytes``: write the blocked layout (format v2) a distributed save of the same state
     writes, so both have the same fingerprint."""
     started = time.perf_counter()
-    options = options or CheckpointOptions.from_env()
+    options = resolve_options(options)
     ref = CheckpointRef(store.url, content.run_id, content.kind, content.step)
     parts = None
     if block_bytes is not None:

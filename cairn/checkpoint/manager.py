@@ -9,7 +9,7 @@ from __future__ import annotations
 from cairn.checkpoint.commit import CommitResult, write_checkpoint
 from cairn.checkpoint.layout import parse_checkpoint_key, run_prefix
 from cairn.checkpoint.manifest import CheckpointKind, Manifest
-from cairn.checkpoint.options import CheckpointOptions
+from cairn.checkpoint.options import CheckpointOptions, resolve_options
 from cairn.checkpoint.reader import read_logical, read_manifest
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.training import split_history, training_content, training_state, training_tensors
@@ -72,7 +72,7 @@ def load_training_with_trainer(
     options: CheckpointOptions | None = None,
 ) -> tuple[TrainState, Manifest, Trainer]:
     """``load_training``, also returning the trainer that validated the checkpoint."""
-    options = options or CheckpointOptions.from_env()
+    options = resolve_options(options)
     manifest = read_manifest(store, ref, expect_kind=CheckpointKind.TRAINING, options=options)
     config, trainer = check_training_manifest(manifest, run_config=run_config, trainer=trainer)
     arrays = read_logical(store, ref, manifest, max_workers=options.max_workers, value_check=trainer.check_values)

@@ -4,8 +4,10 @@
 write and every manifest read takes one, so the same policy applies on every path: when a
 signing key is configured, every commit is signed and every manifest read verifies the
 signature — ``read_manifest``, ``load_training``, ``verify`` and the async saver alike.
-``CheckpointOptions.from_env()`` (the default everywhere) reads the key from the environment
-(``CAIRN_SIGNING_KEY`` / ``CAIRN_SIGNING_KEY_FILE``).
+The edges build one: ``CheckpointOptions.from_env()`` reads the key from the environment
+(``CAIRN_SIGNING_KEY`` / ``CAIRN_SIGNING_KEY_FILE``) once per command, activity, session or rank,
+and the object is passed down. A library call given no options gets the configured ones
+(``resolve_options``, the one place that default is stated).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass, field
 
 from cairn.checkpoint.signing import Signer, signer_from_env
 
-__all__ = ["Limits", "DEFAULT_LIMITS", "CheckpointOptions"]
+__all__ = ["Limits", "DEFAULT_LIMITS", "CheckpointOptions", "resolve_options"]
 
 
 @dataclass(frozen=True)
@@ -45,3 +47,8 @@ class CheckpointOptions:
     def from_env(cls, **overrides: object) -> CheckpointOptions:
         """The configured signer (``CAIRN_SIGNING_KEY[_FILE]``) and default bounds."""
         return cls(signer=signer_from_env(), **overrides)  # type: ignore[arg-type]
+
+
+def resolve_options(options: CheckpointOptions | None) -> CheckpointOptions:
+    """``options``, or the configured ones (``from_env``) when a caller passed none."""
+    return options if options is not None else CheckpointOptions.from_env()

@@ -29,7 +29,7 @@ from cairn.checkpoint.blocks import base_name, check_parts, parts_json, plan_blo
 from cairn.checkpoint.content import CheckpointContent, index_of
 from cairn.checkpoint.layout import manifest_key
 from cairn.checkpoint.manifest import FORMAT_NAME, SUPPORTED_VERSIONS, CheckpointKind, Manifest, TensorEntry
-from cairn.checkpoint.options import DEFAULT_LIMITS, CheckpointOptions, Limits
+from cairn.checkpoint.options import DEFAULT_LIMITS, CheckpointOptions, Limits, resolve_options
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.tensors import ALLOWED_DTYPES, CHECK_CHUNK, byte_view, require_checksum, require_shape
 from cairn.errors import (
@@ -125,9 +125,9 @@ def read_manifest(
     options: CheckpointOptions | None = None,
 ) -> Manifest:
     """Read and check a committed manifest: size, format, schema, kind, location, signature
-    (when a key is configured: ``options`` defaults to ``CheckpointOptions.from_env()``),
+    (when a key is configured: ``options`` defaults to the configured ones),
     layout and fingerprint."""
-    options = options or CheckpointOptions.from_env()
+    options = resolve_options(options)
     limits = options.limits
     key = manifest_key(ref.run_id, ref.kind, ref.step)
     try:

@@ -11,7 +11,7 @@ from typing import Any
 
 from cairn.checkpoint.manager import load_training_with_trainer
 from cairn.checkpoint.manifest import CheckpointKind
-from cairn.checkpoint.options import CheckpointOptions
+from cairn.checkpoint.options import CheckpointOptions, resolve_options
 from cairn.checkpoint.reader import read_manifest
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.validate import manifest_config
@@ -36,7 +36,7 @@ def initial_state(trainer: Trainer, *, options: CheckpointOptions | None = None)
     if init is None:
         return state
     ref = CheckpointRef.parse(init.checkpoint)
-    options = options or CheckpointOptions.from_env()
+    options = resolve_options(options)
     source = open_store(ref.store_url)
     manifest = read_manifest(source, ref, expect_kind=CheckpointKind.TRAINING, options=options)
     ref_config = manifest_config(manifest)

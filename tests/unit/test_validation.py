@@ -248,10 +248,12 @@ class TestSignatures:
     KEY = b"0123456789abcdef-test-key"
 
     def test_unsigned_refused_when_key_configured(
-        self, session: TrainingSession, good: CheckpointRef, monkeypatch: pytest.MonkeyPatch
+        self, local_store: LocalStore, config: TrainConfig, good: CheckpointRef, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         monkeypatch.setenv("CAIRN_SIGNING_KEY", self.KEY.decode())
-        assert_refused(session, good, E.SignatureError, "signature")
+        keyed = TrainingSession.fresh("keyed", local_store, config)  # a session reads the key once, when made
+        keyed.run(5)
+        assert_refused(keyed, good, E.SignatureError, "signature")
 
     def test_signed_roundtrip_and_tamper(
         self, local_store: LocalStore, config: TrainConfig, monkeypatch: pytest.MonkeyPatch
