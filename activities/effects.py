@@ -12,9 +12,9 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities import metrics as m
+from activities.edge import Heartbeater, activity_errors, heartbeat_interval, open_run_store
 from activities.log_context import run_context
 from activities.models import DecisionInput, EffectInput, EffectReceipt
-from activities.training import Heartbeater, activity_errors, heartbeat_interval, open_run_store
 from cairn import faults
 from cairn.effects import (
     JournalEntry,

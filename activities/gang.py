@@ -26,9 +26,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities import metrics as m
-from activities.log_context import run_context, set_step
-from activities.models import GangEndpointInput, GangNodeInput, TrainSegmentResult
-from activities.training import (
+from activities.edge import (
     Heartbeater,
     activity_errors,
     heartbeat_interval,
@@ -36,7 +34,10 @@ from activities.training import (
     open_run_store,
     require_numerics,
 )
+from activities.log_context import run_context, set_step
+from activities.models import GangEndpointInput, GangNodeInput, TrainSegmentResult
 from cairn.errors import CairnError, ConfigError, one_line
+from cairn.gang.job import GangJob
 from cairn.gang.launch import Gang, GangSpec, free_endpoint
 from cairn.runs.ownership import require_run_owner
 
@@ -97,15 +98,15 @@ def _train_gang_node(inp: GangNodeInput, info: activity.Info) -> tuple[TrainSegm
         require_numerics(inp.numerics_id)
         store = open_run_store(inp.store, inp.store_id)
         require_run_owner(store, inp.run_id, info.workflow_id)
-        job: dict[str, Any] = {
-            "run_id": inp.run_id,
-            "store": inp.store,
-            "config": inp.config.model_dump(mode="json"),
-            "target_step": inp.target_step,
-            "checkpoint_every": inp.checkpoint_every,
-            "resume_from": inp.resume_from,
-            "throttle_seconds_per_step": inp.throttle_seconds_per_step,
-        }
+        job = GangJob(
+            run_id=inp.run_id,
+            store=inp.store,
+            config=inp.config,
+            target_step=inp.target_step,
+            checkpoint_every=inp.checkpoint_every,
+            resume_from=inp.resume_from,
+            throttle_seconds_per_step=inp.throttle_seconds_per_step,
+        )
         spec = GangSpec(
             nproc_per_node=nproc,
             nnodes=inp.nnodes,
@@ -153,22 +154,22 @@ def _train_gang_node(inp: GangNodeInput, info: activity.Info) -> tuple[TrainSegm
                     type=exc.type_name,
                     non_retryable=not exc.retryable,
                 ) from None
-    resumed = int(out["resumed_from_step"])
+    resumed = out.resumed_from_step
     recomputed = max(0, (reached_before or 0) - resumed) if attempt > 1 else 0
     result = TrainSegmentResult(
-        step=out["step"],
-        cursor=out["cursor"],
-        checkpoint=out["checkpoint"],
-        fingerprint=out["fingerprint"],
-        loss=out["loss"],
-        val_loss=out.get("val_loss"),
-        val_accuracy=out.get("val_accuracy"),
+        step=out.step,
+        cursor=out.cursor,
+        checkpoint=out.checkpoint,
+        fingerprint=out.fingerprint,
+        loss=out.loss,
+        val_loss=out.val_loss,
+        val_accuracy=out.val_accuracy,
         attempt=attempt,
         resumed_from_step=resumed,
         recomputed_steps=recomputed,
     )
     log.info("run %s: gang segment ended at step %d (%s)", inp.run_id, result.step, result.checkpoint)
-    return result, bool(out.get("interrupted"))
+    return result, out.interrupted
 
 
 GANG_ACTIVITIES = [train_gang_node, gang_endpoint]

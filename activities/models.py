@@ -191,9 +191,9 @@ class TrainingRunInput(_Model):
     the same bits, so a run may continue at another world size (start it again with the same
     ``run_id``)."""
     min_world_size: Annotated[int, Field(ge=1, le=1024)] | None = None
-    """Elastic: after ``ELASTIC_AFTER_FAILURES`` failed gang attempts in a row, the run goes on at
-    half the world size (on the first half of ``nodes``), down to this; the bits do not change.
-    None: the world size is fixed."""
+    """Elastic: after ``workflows.gang_policy.ELASTIC_AFTER_FAILURES`` failed gang attempts in a
+    row, the run goes on at half the world size (on the first half of ``nodes``), down to this;
+    the bits do not change. None: the world size is fixed."""
     nodes: list[Annotated[str, Field(pattern=NODE_NAME)]] = Field(default_factory=list, max_length=256)
     """Hosts of the gang, by the name their worker polls (``cairn worker --node NAME``): one
     gang activity per node, ``world_size / len(nodes)`` ranks each. Empty: one node, any
@@ -433,7 +433,7 @@ class RunSummary(_Model):
     continued_as_new: int
     loss: float | None
     effects: dict[str, str] = Field(default_factory=dict)
-    """Effect name -> receipt id (issue 5: reservation, publish, release)."""
+    """Effect name -> receipt id (reserve, publish, release)."""
     val_loss: float | None = None
     val_accuracy: float | None = None
     reproducibility: str | None = None

@@ -1,27 +1,24 @@
-"""Training activities: thin adapters from Temporal to ``cairn``.
+"""Training activities: thin adapters from Temporal to ``cairn`` (the edge they share with
+the gang and effect activities is ``activities.edge``).
 
-``train_segment`` resumes from the run's last durable cursor — the latest committed
-checkpoint in the store, never the segment's start or anything in memory — trains up to the
-segment's target step, committing checkpoints under absolute-step idempotency keys, and
-heartbeats its progress. A retried attempt (on this or another worker) does the same, so it
-converges on the same committed checkpoints; a stale attempt that is still running commits
-identical bytes (or is caught by the fingerprint check if the run were non-deterministic).
+``open_run`` claims the run and reports its last durable cursor. ``train_segment`` resumes
+from that cursor — the latest committed checkpoint in the store, never the segment's start or
+anything in memory — trains up to the segment's target step, committing checkpoints under
+absolute-step idempotency keys, and heartbeats its progress. A retried attempt (on this or
+another worker) does the same, so it converges on the same committed checkpoints; a stale
+attempt that is still running commits identical bytes (or is caught by the fingerprint check
+if the run were non-deterministic). ``latest_checkpoint`` and ``collect_checkpoints`` list
+and apply retention.
 
-Every activity heartbeats from a background thread while it works (restoring, training,
-saving, listing, collecting), so a killed worker is noticed within the heartbeat timeout
-whatever phase it died in. Every activity first checks that the store is the run's store.
+Every activity heartbeats while it works (restoring, training, saving, listing, collecting)
+and first checks that the store is the run's store.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
 
 from temporalio import activity
 from temporalio.client import WorkflowExecutionStatus
@@ -29,6 +26,15 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities import metrics as m
+from activities.edge import (
+    Heartbeater,
+    activity_errors,
+    heartbeat_interval,
+    interruption,
+    open_run_store,
+    previous_reach,
+    require_numerics,
+)
 from activities.log_context import run_context, set_step
 from activities.models import (
     CollectInput,
@@ -43,139 +49,16 @@ from cairn import faults
 from cairn.checkpoint import CheckpointKind, CheckpointRef, latest_committed, list_checkpoints, read_manifest
 from cairn.checkpoint.commit import CommitResult
 from cairn.checkpoint.retention import RetentionPolicy, collect_garbage
-from cairn.errors import CairnError, CheckpointConflictError, NumericsProfileError, one_line
-from cairn.numerics import process_numerics, profile_id
+from cairn.numerics import profile_id
 from cairn.runs.ownership import claim_run, require_run_owner, require_store_identity, store_identity
 from cairn.session import TrainingSession
 from cairn.state import TrainState
 from cairn.stores import open_store
-from cairn.stores.base import Store
-from cairn.trainers.base import load_trainer
+from cairn.trainers.loading import load_trainer
 
-__all__ = [
-    "train_segment",
-    "open_run",
-    "latest_checkpoint",
-    "collect_checkpoints",
-    "TRAINING_ACTIVITIES",
-    "as_application_error",
-    "activity_errors",
-    "open_run_store",
-    "Heartbeater",
-    "previous_reach",
-    "interruption",
-    "heartbeat_interval",
-    "require_numerics",
-    "INTERRUPTED",
-]
+__all__ = ["train_segment", "open_run", "latest_checkpoint", "collect_checkpoints", "TRAINING_ACTIVITIES"]
 
 log = logging.getLogger("cairn.activity")
-
-INTERRUPTED = "SegmentInterrupted"
-"""Error type of a segment that stopped early on request (pause, stop, checkpoint-now,
-cancel) after committing a checkpoint; its details carry the attempt and recomputed steps."""
-
-
-def as_application_error(exc: CairnError) -> ApplicationError:
-    """The concise typed failure Temporal shows (one line; the policy declared on the class).
-
-    Raised ``from None`` by ``activity_errors``: the cause chain (e.g. botocore's) stays in the
-    worker log, not in the failure, whose headline must stay readable in ``describe`` and the UI.
-    """
-    return ApplicationError(one_line(str(exc)), type=exc.type_name, non_retryable=not exc.retryable)
-
-
-@contextmanager
-def activity_errors() -> Iterator[None]:
-    try:
-        yield
-    except CairnError as exc:
-        info = activity.info()
-        m.ACTIVITY_FAILURES.labels(info.activity_type, exc.type_name).inc()
-        if isinstance(exc, CheckpointConflictError):
-            m.CONFLICTS.inc()
-        log.warning(
-            "%s attempt %d failed: %s: %s", info.activity_type, info.attempt, exc.type_name, exc, exc_info=exc.retryable
-        )
-        raise as_application_error(exc) from None
-
-
-class Heartbeater:
-    """Heartbeats ``details`` every ``interval`` seconds from a background thread, whatever the
-    activity's own thread is doing (a long restore or save included), and at once on ``beat``.
-
-    The SDK throttles what reaches the server (the worker's heartbeat throttle interval), so
-    the server's view is at most that stale.
-    """
-
-    def __init__(self, interval: float, **details: Any) -> None:
-        self.interval = interval
-        self._details = dict(details)
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._context = contextvars.copy_context()  # the activity's context, for another thread
-        self._thread = threading.Thread(target=self._loop, name="cairn-heartbeat", daemon=True)
-
-    def update(self, **fields: Any) -> None:
-        with self._lock:
-            self._details.update(fields)
-
-    def details(self) -> dict[str, Any]:
-        with self._lock:
-            return dict(self._details)
-
-    def beat(self) -> None:
-        activity.heartbeat(self.details())
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._context.run(activity.heartbeat, self.details())
-
-    def __enter__(self) -> Heartbeater:
-        activity.heartbeat(self.details())
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-def open_run_store(url: str, store_id: str | None) -> Store:
-    """Open the run's store and check it is the one the run started on."""
-    store = open_store(url)
-    require_store_identity(store, store_id)
-    return store
-
-
-def require_numerics(numerics_id: str | None) -> None:
-    """Refuse a segment of another numerics profile than this worker's (routing sends none here;
-    this is the check behind it): non-retryable, naming both."""
-    if numerics_id is None:
-        return
-    mine = process_numerics()
-    if mine.id != numerics_id:
-        raise NumericsProfileError(
-            f"this segment must be computed under numerics profile {numerics_id}, this worker runs {mine.id}",
-            field="numerics",
-        )
-
-
-def heartbeat_interval(default: float = 1.0) -> float:
-    """A quarter of this activity's heartbeat timeout, at most ``default``: a busy phase can
-    never outlast the timeout between two heartbeats."""
-    timeout = activity.info().heartbeat_timeout
-    return default if timeout is None else max(0.05, min(default, timeout.total_seconds() / 4))
-
-
-def previous_reach(info: activity.Info) -> int | None:
-    """The furthest step an earlier attempt reported, from its last heartbeat."""
-    details = info.heartbeat_details
-    if not details or not isinstance(details[0], dict):
-        return None
-    reached = [details[0].get(k) for k in ("step", "reached", "committed_step")]
-    steps = [int(s) for s in reached if isinstance(s, int) and not isinstance(s, bool)]
-    return max(steps) if steps else None
 
 
 @activity.defn(name="train_segment")
@@ -208,19 +91,6 @@ def _report(inp: TrainSegmentInput, result: TrainSegmentResult, why: str) -> Tra
     if why == "cancelled":
         raise interruption(inp.run_id, result, "segment")
     return result
-
-
-def interruption(run_id: str, result: TrainSegmentResult, what: str) -> ApplicationError:
-    """How a segment (or a gang's node) that stopped on request, after committing, reports it:
-    non-retryable and benign; the workflow reads the attempt and recomputed steps from it."""
-    log.info("run %s: %s interrupted on request at step %d", run_id, what, result.step)
-    return ApplicationError(
-        f"{what} interrupted on request at step {result.step} after committing {result.checkpoint}",
-        {"attempt": result.attempt, "recomputed_steps": result.recomputed_steps, "step": result.step},
-        type=INTERRUPTED,
-        non_retryable=True,
-        category=ApplicationErrorCategory.BENIGN,
-    )
 
 
 def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSegmentResult, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -16,9 +17,10 @@ import pytest
 from cairn import errors as E
 from cairn.checkpoint import CheckpointRef, write_checkpoint
 from cairn.checkpoint.content import CheckpointContent
-from cairn.checkpoint.training import training_content, training_tensors
 from cairn.checkpoint.manifest import CheckpointKind
+from cairn.checkpoint.training import training_content, training_tensors
 from cairn.config import TrainConfig
+from cairn.distributed.reduce import summing_in
 from cairn.state import TrainState
 from cairn.stores import LocalStore, MemoryStore
 from cairn.stores.base import Store
@@ -160,3 +162,10 @@ def refused_within_bounds(fn: Callable[[], Any], error: type[E.CairnError]) -> E
 
 
 # -- hostile documents ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def rank_order_sums() -> Iterator[Callable[[], None]]:
+    """Call it to make this process sum in rank order (the naive fold) until the test ends."""
+    with contextlib.ExitStack() as stack:
+        yield lambda: stack.enter_context(summing_in("rank-order"))

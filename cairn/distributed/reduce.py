@@ -9,27 +9,49 @@ subtree sums are then combined by the top of the same tree. So every W dividing 
 same bits as one process summing all M (``tree_sum``), and the result does not depend on
 which rank computed which subtree.
 
-``CAIRN_TEST_RANK_ORDER_SUM=1`` (tests only) switches to a left-to-right fold, in each rank and
-then across ranks in rank order — what a naive implementation does — so a test can show that
-the exactness claim fails without the tree.
+``summing_in("rank-order")`` (and a gang job's ``reduction``) switches to a left-to-right
+fold, in each rank and then across ranks in rank order — what a naive implementation does — so
+a test can show that the exactness claim fails without the tree.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
-from typing import Any, TypeVar
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
-__all__ = ["tree_sum", "tree_sum_rows", "combine", "SliceReducer", "rank_order_sum_enabled", "RANK_ORDER_ENV"]
+__all__ = [
+    "ReductionOrder",
+    "SliceReducer",
+    "combine",
+    "reduction_order",
+    "summing_in",
+    "tree_sum",
+    "tree_sum_rows",
+]
 
-RANK_ORDER_ENV = "CAIRN_TEST_RANK_ORDER_SUM"
+ReductionOrder = Literal["tree", "rank-order"]
 T = TypeVar("T", np.ndarray, float)
+_rank_order = False
 
 
-def rank_order_sum_enabled() -> bool:
-    return os.environ.get(RANK_ORDER_ENV) == "1"
+def reduction_order() -> ReductionOrder:
+    """The order sums follow in this process now (``tree`` unless ``summing_in`` says otherwise)."""
+    return "rank-order" if _rank_order else "tree"
+
+
+@contextmanager
+def summing_in(order: ReductionOrder) -> Iterator[None]:
+    """Sum in ``order`` for the duration (this process only; a gang's ranks follow their job)."""
+    global _rank_order
+    before = _rank_order
+    _rank_order = order == "rank-order"
+    try:
+        yield
+    finally:
+        _rank_order = before
 
 
 def _fold(items: Sequence[T]) -> T:
@@ -46,7 +68,7 @@ def tree_sum(items: Sequence[T]) -> T:
     n = len(items)
     if n == 0 or n & (n - 1):
         raise ValueError(f"tree_sum needs a power-of-two number of items, found {n}")
-    if rank_order_sum_enabled():
+    if _rank_order:
         return _fold(items) + 0  # (+0: a new object even for one item)
     level = list(items)
     if n == 1:
@@ -68,7 +90,7 @@ def tree_sum_rows(rows: np.ndarray) -> np.ndarray:
     n = rows.shape[0]
     if n == 0 or n & (n - 1):
         raise ValueError(f"tree_sum needs a power-of-two number of items, found {n}")
-    if rank_order_sum_enabled():
+    if _rank_order:
         for i in range(1, n):
             np.add(rows[0], rows[i], out=rows[0])
         return np.asarray(rows[0])

@@ -31,6 +31,7 @@ from typing import Any
 
 from cairn.errors import GangFailedError, error_named
 from cairn.gang.agent import PARENT_ENV
+from cairn.gang.job import GangJob, RankResult
 
 __all__ = ["GangSpec", "Gang", "free_endpoint", "reap", "gang_processes"]
 
@@ -85,13 +86,13 @@ def reap(token: str) -> list[int]:
 class Gang:
     """One node's share of a gang: its torchrun agent and that agent's ranks."""
 
-    def __init__(self, spec: GangSpec, job: dict[str, Any], workdir: Path) -> None:
+    def __init__(self, spec: GangSpec, job: GangJob, workdir: Path) -> None:
         self.spec = spec
         self.workdir = workdir
         self.token = f"cairn-gang-{uuid.uuid4().hex[:16]}"
         workdir.mkdir(parents=True, exist_ok=True)
         self.job_path = workdir / "job.json"
-        self.job_path.write_text(json.dumps(job))
+        job.write(self.job_path)
         self.log_path = workdir / "torchrun.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -180,7 +181,7 @@ class Gang:
         cancelled: Callable[[], bool],
         stop_grace: float = 30.0,
         poll: float = 0.1,
-    ) -> dict[str, Any]:
+    ) -> RankResult:
         """Run the gang to its end. ``cancelled()`` turning true asks the ranks to checkpoint and
         stop (they agree at the next step); past ``stop_grace`` the gang is killed. Whatever
         happens, no process of the gang survives this call."""
@@ -204,5 +205,5 @@ class Gang:
             self.stop()
         if code != 0:
             raise self.failure(code)
-        result: dict[str, Any] = json.loads((self.workdir / "result.json").read_text())
+        result: RankResult = RankResult.read(self.workdir / "result.json", "gang result")
         return result

@@ -1,17 +1,10 @@
 """A rank process, as ``torchrun`` starts it: ``python -m cairn.gang.rank --job JOB.json``.
 
-The job file (written by ``cairn.gang.launch``) names the run, its store and config, the
-segment's target step and checkpoint interval. Every rank joins the gloo process group from
-torchrun's environment, restores the run's last committed checkpoint onto this world size (or
-starts fresh), trains to the target with coordinated checkpoints every ``checkpoint_every``
-steps and at the end, and exits. Files in the job's directory (on each node) are the only
-channel to the supervising activity: ``progress.json`` and ``result.json`` (local rank 0),
-``error-rank{R}.json`` (a typed failure), and ``stop`` (created by the supervisor: finish the
-current step, checkpoint, exit — agreed by all ranks through one all-reduce per step).
-
-A rank dies with its parent (``PR_SET_PDEATHSIG``): when the torchrun agent is killed, no rank
-survives it.
-"""
+It joins the process group, restores the run's last committed checkpoint onto this world size
+(or starts fresh), trains to the job's target with coordinated checkpoints, and exits. Files in
+the job's directory are its only channel to the supervisor: ``progress.json``, ``result.json``,
+``error-rank{R}.json``, and ``stop`` (checkpoint and exit, agreed by all ranks). It dies with
+its parent (``PR_SET_PDEATHSIG``)."""
 
 from __future__ import annotations
 
@@ -25,6 +18,19 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from cairn.checkpoint.manager import latest_committed
+from cairn.checkpoint.options import CheckpointOptions
+from cairn.checkpoint.ref import CheckpointRef
+from cairn.distributed.checkpoint import agree, failure_of
+from cairn.distributed.comm import Comm, init_torch_comm
+from cairn.distributed.reduce import reduction_order, summing_in
+from cairn.errors import CairnError, InvariantError
+from cairn.gang.job import GangJob, RankResult
+from cairn.session import with_process_numerics
+from cairn.stores import open_store
+from cairn.trainers.base import DataParallelEngine
+from cairn.trainers.loading import load_trainer, require_trusted
 
 __all__ = ["main", "run_rank", "die_with_parent", "write_json_atomic"]
 
@@ -49,60 +55,53 @@ def write_json_atomic(path: Path, doc: Any) -> None:
     os.replace(tmp, path)
 
 
-def stamp_numerics(comm: Any, engine: Any, where: str, tolerate: bool) -> None:
+def stamp_numerics(comm: Comm, engine: DataParallelEngine, where: str, tolerate: bool) -> None:
     """Record this rank's numerics profile in the engine's state, or refuse (on every rank alike)
     a bit-exact state computed under another profile."""
-    from cairn.distributed.checkpoint import agree, failure_of
-    from cairn.session import with_process_numerics
-
     failure = None
     try:
+        assert engine.state is not None
         engine.state.lineage = with_process_numerics(engine.state, engine.trainer, where, tolerate)
     except Exception as exc:
         failure = failure_of(exc)
     agree(comm, failure, "numerics")
 
 
-def run_rank(comm: Any, job: dict[str, Any], workdir: Path, local_rank: int = 0) -> dict[str, Any]:
+def run_rank(comm: Comm, job: GangJob, workdir: Path, local_rank: int = 0) -> RankResult:
     """Train one rank's share of a segment; returns the segment's outcome (the same on every rank)."""
-    from cairn.checkpoint.manager import latest_committed
-    from cairn.checkpoint.options import CheckpointOptions
-    from cairn.checkpoint.ref import CheckpointRef
-    from cairn.config import parse_config
-    from cairn.distributed.checkpoint import agree, failure_of
-    from cairn.distributed.reduce import rank_order_sum_enabled
-    from cairn.errors import InvariantError
-    from cairn.stores import open_store
-    from cairn.trainers.loading import load_trainer, require_trusted
+    with summing_in(job.reduction):
+        return _train(comm, job, workdir, local_rank)
 
+
+def _train(comm: Comm, job: GangJob, workdir: Path, local_rank: int) -> RankResult:
     options = CheckpointOptions.from_env()
-    config = parse_config(job["config"], "job config")
-    store = open_store(job["store"])
-    target, every = int(job["target_step"]), int(job["checkpoint_every"])
-    engine: Any = None
+    config = job.config
+    store = open_store(job.store)
+    target, every = job.target_step, job.checkpoint_every
+    engine: DataParallelEngine | None = None
     failure = None
     try:
-        if job.get("config_from_checkpoint"):  # an untrusted checkpoint's config: the one trust rule
+        if job.config_from_checkpoint:  # an untrusted checkpoint's config: the one trust rule
             require_trusted(config, None)
-        engine = load_trainer(config).data_parallel(comm, job["run_id"], store, options)
+        engine = load_trainer(config).data_parallel(comm, job.run_id, store, options)
     except Exception as exc:
         failure = failure_of(exc)
     agree(comm, failure, "start")
     assert engine is not None
     chosen: str | None = None
     if comm.rank == 0:
-        latest = job.get("resume_from") or latest_committed(store, job["run_id"])
+        latest = job.resume_from or latest_committed(store, job.run_id)
         chosen = None if latest is None else str(latest)
     ref = comm.broadcast_json(chosen if comm.rank == 0 else None)  # one choice for every rank
     last: dict[str, Any]
     if ref is None:
         engine.start_fresh()
-        stamp_numerics(comm, engine, "the fresh state", bool(job.get("tolerate_numerics")))
+        stamp_numerics(comm, engine, "the fresh state", job.tolerate_numerics)
         saved = engine.save()  # step 0 is a checkpoint too: the origin is durable
         last = {"checkpoint": saved.ref, "fingerprint": saved.fingerprint}
     else:
         manifest = engine.load(CheckpointRef.parse(ref))
-        stamp_numerics(comm, engine, ref, bool(job.get("tolerate_numerics")))
+        stamp_numerics(comm, engine, ref, job.tolerate_numerics)
         last = {"checkpoint": ref, "fingerprint": manifest.fingerprint}
     state = engine.state
     assert state is not None
@@ -112,7 +111,7 @@ def run_rank(comm: Any, job: dict[str, Any], workdir: Path, local_rank: int = 0)
     workdir.mkdir(parents=True, exist_ok=True)
     progress = workdir / "progress.json"
     stop_file = workdir / "stop"
-    throttle = float(job.get("throttle_seconds_per_step", 0.0))
+    throttle = job.throttle_seconds_per_step
 
     written = 0.0
 
@@ -150,19 +149,19 @@ def run_rank(comm: Any, job: dict[str, Any], workdir: Path, local_rank: int = 0)
             interrupted = True
             break
     hist = state.history
-    return {
-        "step": state.step,
-        "cursor": state.cursor,
-        "checkpoint": last["checkpoint"],
-        "fingerprint": last["fingerprint"],
-        "loss": hist["loss"][-1] if hist["loss"] else None,
-        "val_loss": hist["val_loss"][-1] if hist.get("val_loss") else None,
-        "val_accuracy": hist["val_accuracy"][-1] if hist.get("val_accuracy") else None,
-        "resumed_from_step": resumed,
-        "interrupted": interrupted,
-        "world_size": comm.world,
-        "reduction": "rank-order" if rank_order_sum_enabled() else "tree",
-    }
+    return RankResult(
+        step=state.step,
+        cursor=state.cursor,
+        checkpoint=last["checkpoint"],
+        fingerprint=last["fingerprint"],
+        loss=hist["loss"][-1] if hist["loss"] else None,
+        val_loss=hist["val_loss"][-1] if hist.get("val_loss") else None,
+        val_accuracy=hist["val_accuracy"][-1] if hist.get("val_accuracy") else None,
+        resumed_from_step=resumed,
+        interrupted=interrupted,
+        world_size=comm.world,
+        reduction=reduction_order(),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -178,17 +177,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir = job_path.parent
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    from cairn.errors import CairnError
-
     try:
-        job = json.loads(job_path.read_text())
-        from cairn.distributed.comm import init_torch_comm
-
-        comm = init_torch_comm(float(job.get("collective_timeout_seconds", 120.0)))
+        job = GangJob.read(job_path, "gang job")
+        comm = init_torch_comm(job.collective_timeout_seconds)
         result = run_rank(comm, job, workdir, local_rank)
         if local_rank == 0:
-            write_json_atomic(workdir / "result.json", result)
-        import torch.distributed as dist
+            write_json_atomic(workdir / "result.json", result.model_dump(mode="json"))
+        import torch.distributed as dist  # torch only here: the process group init_torch_comm made
 
         dist.destroy_process_group()
         return 0

@@ -70,6 +70,10 @@ class DataParallelEngine(Protocol):
     """One rank's share of a data-parallel run of a trainer: what a gang rank drives. Every rank
     calls the methods in the same order; each collective failure is agreed by all ranks."""
 
+    @property
+    def trainer(self) -> Trainer:
+        """The trainer whose arithmetic the engine runs (its value rules check every block)."""
+
     state: TrainState | None
     """The rank's view of the run's state (the same object across updates)."""
 

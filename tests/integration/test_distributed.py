@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,8 @@ from cairn.checkpoint import latest_committed, list_checkpoints, load_training
 from cairn.checkpoint.reader import read_manifest
 from cairn.config import TrainConfig
 from cairn.distributed.comm import SoloComm
-from cairn.distributed.reduce import RANK_ORDER_ENV
 from cairn.errors import GangFailedError
+from cairn.gang.job import GangJob, RankResult
 from cairn.gang.launch import Gang, GangSpec, gang_processes
 from cairn.gang.rank import run_rank
 from cairn.stores import open_store
@@ -42,24 +43,20 @@ from cairn.stores.base import Store
 from tests.conftest import REPO
 from tests.integration.conftest import S3Server, TemporalServer, start_worker_process, wait_progress
 from tests.unit.test_distributed_core import dist_config
-from workers.cli.run import run_events
+from workers.reports.timeline import run_events
 from workers.stack.servers import ServerProcess
 from workflows.training_run import TrainingRun
 
 pytestmark = pytest.mark.integration
 
 
-def job(store_url: str, config: TrainConfig, target: int, run_id: str = "dist", every: int = 4) -> dict[str, Any]:
-    return {
-        "run_id": run_id,
-        "store": store_url,
-        "config": config.model_dump(mode="json"),
-        "target_step": target,
-        "checkpoint_every": every,
-    }
+def job(
+    store_url: str, config: TrainConfig, target: int, run_id: str = "dist", every: int = 4, **extra: Any
+) -> GangJob:
+    return GangJob(run_id=run_id, store=store_url, config=config, target_step=target, checkpoint_every=every, **extra)
 
 
-def gang(workdir: Path, world: int, body: dict[str, Any]) -> dict[str, Any]:
+def gang(workdir: Path, world: int, body: GangJob) -> RankResult:
     g = Gang(GangSpec(nproc_per_node=world), body, workdir)
     g.start()
     try:
@@ -86,11 +83,11 @@ def test_save_at_four_ranks_resume_at_two_then_one_is_bit_identical_on_s3(tmp_pa
     config = dist_config(microbatches=4, block_bytes=64)  # 8 values per block: slices cut tensors
     expected = reference(tmp_path, config, 16)
     four = gang(tmp_path / "w4", 4, job(s3_url, config, 8))
-    assert four["world_size"] == 4 and four["fingerprint"] == expected["8"]
+    assert four.world_size == 4 and four.fingerprint == expected["8"]
     two = gang(tmp_path / "w2", 2, job(s3_url, config, 12))
-    assert two["resumed_from_step"] == 8 and two["fingerprint"] == expected["12"]
+    assert two.resumed_from_step == 8 and two.fingerprint == expected["12"]
     one = run_rank(SoloComm(), job(s3_url, config, 16), tmp_path / "w1")
-    assert one["resumed_from_step"] == 12 and one["fingerprint"] == expected["16"]
+    assert one.resumed_from_step == 12 and one.fingerprint == expected["16"]
     store = open_store(s3_url)
     manifest = read_manifest(store, latest_committed(store, "dist"), expect_kind=None)  # type: ignore[arg-type]
     assert manifest.writer.ranks == 1
@@ -100,14 +97,14 @@ def test_save_at_four_ranks_resume_at_two_then_one_is_bit_identical_on_s3(tmp_pa
 
 
 def test_summing_in_rank_order_breaks_the_exactness_across_world_sizes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, rank_order_sums: Callable[[], None]
 ) -> None:
     config = dist_config(microbatches=8, block_bytes=64)
-    monkeypatch.setenv(RANK_ORDER_ENV, "1")  # this process (W=1) and the ranks (inherited)
+    rank_order_sums()  # this process (W=1); the ranks follow their job
     expected = reference(tmp_path, config, 8)
-    four = gang(tmp_path / "w4", 4, job(str(tmp_path / "store"), config, 8))
-    assert four["reduction"] == "rank-order"  # the ranks did sum in rank order (not the tree)
-    assert four["fingerprint"] != expected["8"], "rank-order sums should change the bits at W=4"
+    four = gang(tmp_path / "w4", 4, job(str(tmp_path / "store"), config, 8, reduction="rank-order"))
+    assert four.reduction == "rank-order"  # the ranks did sum in rank order (not the tree)
+    assert four.fingerprint != expected["8"], "rank-order sums should change the bits at W=4"
 
 
 def test_a_rank_killed_mid_save_leaves_no_committed_checkpoint_and_no_rank_process(
@@ -124,8 +121,8 @@ def test_a_rank_killed_mid_save_leaves_no_committed_checkpoint_and_no_rank_proce
     assert any("/training/000000000008/" in o.key for o in store.list("dist/")), "rank 0's shards were written"
     monkeypatch.delenv("CAIRN_FAULT")
     retry = gang(tmp_path / "retry", 2, job(store_url, config, 12))
-    assert retry["resumed_from_step"] == 4
-    assert retry["fingerprint"] == reference(tmp_path, config, 12)["12"]
+    assert retry.resumed_from_step == 4
+    assert retry.fingerprint == reference(tmp_path, config, 12)["12"]
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGTERM-twice"])

@@ -5,6 +5,7 @@ the rank-order sum switched on, W=4 and W=1 part ways after the first update."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from cairn.checkpoint import CheckpointRef, list_checkpoints
 from cairn.checkpoint.reader import read_manifest
 from cairn.config import TrainConfig
 from cairn.distributed.comm import SoloComm
-from cairn.distributed.reduce import RANK_ORDER_ENV
+from cairn.gang.job import GangJob, RankResult
 from cairn.gang.launch import Gang, GangSpec
 from cairn.gang.rank import run_rank
 from cairn.stores import LocalStore
@@ -27,14 +28,8 @@ STEPS = 6
 EVERY = 3
 
 
-def job(store: Path, config: TrainConfig, target: int) -> dict[str, Any]:
-    return {
-        "run_id": RUN,
-        "store": str(store),
-        "config": config.to_json(),
-        "target_step": target,
-        "checkpoint_every": EVERY,
-    }
+def job(store: Path, config: TrainConfig, target: int, **extra: Any) -> GangJob:
+    return GangJob(run_id=RUN, store=str(store), config=config, target_step=target, checkpoint_every=EVERY, **extra)
 
 
 def fingerprints(store: Path) -> dict[int, str]:
@@ -49,8 +44,8 @@ def solo(tmp: Path, config: TrainConfig, target: int) -> dict[int, str]:
     return fingerprints(tmp / "store")
 
 
-def gang(world: int, store: Path, workdir: Path, config: TrainConfig, target: int) -> dict[str, Any]:
-    g = Gang(GangSpec(nproc_per_node=world), job(store, config, target), workdir)
+def gang(world: int, store: Path, workdir: Path, config: TrainConfig, target: int, **extra: Any) -> RankResult:
+    g = Gang(GangSpec(nproc_per_node=world), job(store, config, target, **extra), workdir)
     g.start()
     return g.supervise(on_progress=lambda doc: None, cancelled=lambda: False)
 
@@ -61,7 +56,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
 
 
 @pytest.fixture(scope="module")
-def w2_then_w4(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict[str, Any], dict[int, str]]:
+def w2_then_w4(tmp_path_factory: pytest.TempPathFactory) -> tuple[RankResult, RankResult, dict[int, str]]:
     """One run: W=2 trains to step 3, then W=4 restores that checkpoint and trains to step 6."""
     tmp = tmp_path_factory.mktemp("gang")
     store = tmp / "store"
@@ -72,38 +67,38 @@ def w2_then_w4(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any]
 
 
 def test_w2_then_w4_commit_the_w1_checkpoints_bit_for_bit(
-    reference: dict[int, str], w2_then_w4: tuple[dict[str, Any], dict[str, Any], dict[int, str]]
+    reference: dict[int, str], w2_then_w4: tuple[RankResult, RankResult, dict[int, str]]
 ) -> None:
     first, second, committed = w2_then_w4
     assert sorted(reference) == [0, 3, 6]
     assert committed == reference  # steps 0 and 3 written by 2 ranks, step 6 by 4
-    assert (first["world_size"], first["step"], first["fingerprint"]) == (2, 3, reference[3])
-    assert (second["world_size"], second["resumed_from_step"]) == (4, 3)
-    assert (second["step"], second["fingerprint"]) == (6, reference[6])
-    assert second["val_loss"] is not None  # an epoch ended (step 5): the evaluation is in the bits
+    assert (first.world_size, first.step, first.fingerprint) == (2, 3, reference[3])
+    assert (second.world_size, second.resumed_from_step) == (4, 3)
+    assert (second.step, second.fingerprint) == (6, reference[6])
+    assert second.val_loss is not None  # an epoch ended (step 5): the evaluation is in the bits
 
 
-def test_rank_order_sum_breaks_the_exactness_claim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rank_order_sum_breaks_the_exactness_claim(tmp_path: Path, rank_order_sums: Callable[[], None]) -> None:
     """The same run with a left fold per rank, then across ranks (what a naive data-parallel sum
     does): the origin is shared, the first update already differs between W=1 and W=4."""
-    monkeypatch.setenv(RANK_ORDER_ENV, "1")  # the gang's ranks inherit it
+    rank_order_sums()  # this process; the gang's ranks follow their job
     config = digits_dp_config()
     w1 = solo(tmp_path / "w1", config, 1)
     (tmp_path / "store").mkdir()
-    result = gang(4, tmp_path / "store", tmp_path / "w4", config, 1)
-    assert result["reduction"] == "rank-order"  # the ranks did sum in rank order (not the tree)
+    result = gang(4, tmp_path / "store", tmp_path / "w4", config, 1, reduction="rank-order")
+    assert result.reduction == "rank-order"  # the ranks did sum in rank order (not the tree)
     w4 = fingerprints(tmp_path / "store")
     assert sorted(w1) == sorted(w4) == [0, 1]
     assert w4[0] == w1[0]
-    assert result["fingerprint"] == w4[1] != w1[1]
+    assert result.fingerprint == w4[1] != w1[1]
 
 
-def test_checkpoints_name_no_world_size(w2_then_w4: tuple[dict[str, Any], dict[str, Any], dict[int, str]]) -> None:
+def test_checkpoints_name_no_world_size(w2_then_w4: tuple[RankResult, RankResult, dict[int, str]]) -> None:
     """The W=2 and W=4 checkpoints differ only in who wrote which shard: the same blocked layout."""
     first, second, _ = w2_then_w4
-    store = LocalStore(Path(CheckpointRef.parse(first["checkpoint"]).store_url))
-    at3 = read_manifest(store, CheckpointRef.parse(first["checkpoint"]), expect_kind=None)
-    at6 = read_manifest(store, CheckpointRef.parse(second["checkpoint"]), expect_kind=None)
+    store = LocalStore(Path(CheckpointRef.parse(first.checkpoint).store_url))
+    at3 = read_manifest(store, CheckpointRef.parse(first.checkpoint), expect_kind=None)
+    at6 = read_manifest(store, CheckpointRef.parse(second.checkpoint), expect_kind=None)
     assert at3.parts is not None and at6.parts is not None
     assert {n: p.block_elems for n, p in at3.parts.items()} == {n: p.block_elems for n, p in at6.parts.items()}
     assert {s.rank for s in at3.shards} == {0, 1}

@@ -26,7 +26,7 @@ from tests.integration.conftest import (
     start_worker_process,
     wait_progress,
 )
-from workers.cli.run import live_step
+from workers.cli.temporal import live_step
 from workers.stack.servers import ServerProcess
 from workers.worker import serving
 from workflows.training_run import TrainingRun

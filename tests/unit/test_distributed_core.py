@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from cairn.checkpoint.layout import manifest_key
 from cairn.config import TrainConfig
 from cairn.distributed.comm import SoloComm
 from cairn.distributed.partition import flat_layout
-from cairn.distributed.reduce import RANK_ORDER_ENV, combine, tree_sum
+from cairn.distributed.reduce import combine, tree_sum
 from cairn.errors import (
     ConfigError,
     FormatVersionError,
@@ -33,6 +34,7 @@ from cairn.errors import (
     TensorSpecError,
     error_named,
 )
+from cairn.gang.job import GangJob
 from cairn.gang.launch import Gang, GangSpec, gang_processes, reap
 from cairn.gang.rank import run_rank
 from cairn.session import TrainingSession
@@ -63,10 +65,10 @@ def test_subtrees_combined_in_tree_order_equal_the_whole_tree_for_every_world_si
     assert not np.array_equal(fold, whole)
 
 
-def test_rank_order_switch_makes_the_sum_depend_on_the_split(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rank_order_switch_makes_the_sum_depend_on_the_split(rank_order_sums: Callable[[], None]) -> None:
     rng = np.random.default_rng(1)
     grads = [rng.standard_normal(1000) * 10.0 ** rng.integers(-8, 8) for _ in range(8)]
-    monkeypatch.setenv(RANK_ORDER_ENV, "1")
+    rank_order_sums()
     one_rank = tree_sum(grads)
     four_ranks = combine([tree_sum(grads[r * 2 : r * 2 + 2]) for r in range(4)])
     assert not np.array_equal(one_rank, four_ranks)
@@ -167,12 +169,12 @@ def test_zero_engine_at_world_size_one_equals_the_single_process_trainer(tmp_pat
     config = dist_config()
     plain = TrainingSession.fresh("r", LocalStore(tmp_path / "plain"), config)
     plain.run(12, checkpoint_every=4)
-    job = {"run_id": "r", "store": str(tmp_path / "zero"), "config": config.model_dump(mode="json")}
-    first = run_rank(SoloComm(), {**job, "target_step": 8, "checkpoint_every": 4}, tmp_path / "w")
-    second = run_rank(SoloComm(), {**job, "target_step": 12, "checkpoint_every": 4}, tmp_path / "w")
-    assert first["step"] == 8 and second["resumed_from_step"] == 8 and second["step"] == 12
-    assert plain.last_commit is not None and second["fingerprint"] == plain.last_commit.manifest.fingerprint
-    assert second["loss"] == plain.state.history["loss"][-1]
+    job = GangJob(run_id="r", store=str(tmp_path / "zero"), config=config, target_step=8, checkpoint_every=4)
+    first = run_rank(SoloComm(), job, tmp_path / "w")
+    second = run_rank(SoloComm(), job.model_copy(update={"target_step": 12}), tmp_path / "w")
+    assert first.step == 8 and second.resumed_from_step == 8 and second.step == 12
+    assert plain.last_commit is not None and second.fingerprint == plain.last_commit.manifest.fingerprint
+    assert second.loss == plain.state.history["loss"][-1]
 
 
 def test_one_microbatch_is_the_v1_arithmetic(tmp_path: Path) -> None:
@@ -251,12 +253,13 @@ def test_typed_errors_travel_between_processes_by_name() -> None:
 
 # -- the gang's process hygiene -------------------------------------------------------------------
 def test_gang_command_is_torchrun_without_restarts(tmp_path: Path) -> None:
-    one = Gang(GangSpec(nproc_per_node=2), {"x": 1}, tmp_path / "one").command()
+    job = GangJob(run_id="r", store=str(tmp_path), config=dist_config(), target_step=1, checkpoint_every=1)
+    one = Gang(GangSpec(nproc_per_node=2), job, tmp_path / "one").command()
     assert one[1:3] == ["-m", "cairn.gang.agent"] and "--standalone" in one and "--max-restarts=0" in one
     spec = GangSpec(
         nproc_per_node=2, nnodes=2, rendezvous="127.0.0.1:29500", rdzv_id="x", is_host=False, local_addr="10.0.0.7"
     )
-    two = Gang(spec, {"x": 1}, tmp_path / "two").command()
+    two = Gang(spec, job, tmp_path / "two").command()
     assert "--rdzv-backend=c10d" in two and "--rdzv-endpoint=127.0.0.1:29500" in two
     assert "--rdzv-conf=is_host=false,join_timeout=60" in two and "--local-addr=10.0.0.7" in two
     assert two[-4:-2] == ["--job", str(tmp_path / "two" / "job.json")]
@@ -299,12 +302,12 @@ def test_the_distributed_examples_validate_and_name_a_world_size_that_divides_th
 
 @pytest.mark.parametrize("rank_order", [False, True])
 def test_the_in_place_tree_over_rows_is_bit_equal_to_tree_sum(
-    rank_order: bool, monkeypatch: pytest.MonkeyPatch
+    rank_order: bool, rank_order_sums: Callable[[], None]
 ) -> None:
     from cairn.distributed.reduce import tree_sum_rows
 
     if rank_order:
-        monkeypatch.setenv(RANK_ORDER_ENV, "1")
+        rank_order_sums()
     rng = np.random.default_rng(2)
     for world in (1, 2, 4, 8):
         rows = rng.standard_normal((world, 257)) * 10.0 ** rng.integers(-8, 8, size=(world, 1))

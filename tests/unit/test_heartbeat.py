@@ -8,7 +8,7 @@ from typing import Any
 
 from temporalio.testing import ActivityEnvironment
 
-from activities.training import Heartbeater
+from activities.edge import Heartbeater
 
 
 def test_heartbeats_flow_while_the_activity_thread_blocks() -> None:

@@ -22,7 +22,7 @@ from temporalio.api.history.v1 import (
     WorkflowExecutionStartedEventAttributes,
 )
 
-from workers.cli.run import timeline_from_history
+from workers.reports.timeline import timeline_from_history
 
 
 class History:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from cairn.checkpoint.options import CheckpointOptions
 from cairn.checkpoint.reader import read_manifest
 from cairn.config import TrainConfig, parse_config
 from cairn.distributed.comm import SoloComm
-from cairn.distributed.reduce import RANK_ORDER_ENV, combine, tree_sum
+from cairn.distributed.reduce import combine, tree_sum
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore
 from cairn.trainers.loading import load_trainer
@@ -133,10 +133,10 @@ def test_reduction_gives_the_same_bits_for_every_world_size_signed_zeros_include
             assert not np.signbit(result[:4]).any()
 
 
-def test_rank_order_switch_makes_the_reduction_depend_on_world_size(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rank_order_switch_makes_the_reduction_depend_on_world_size(rank_order_sums: Callable[[], None]) -> None:
     rng = np.random.default_rng(8)
     vectors = [rng.standard_normal(1000) * 10.0 ** rng.integers(-8, 8, 1000) for _ in range(8)]
-    monkeypatch.setenv(RANK_ORDER_ENV, "1")
+    rank_order_sums()
     w1, w4 = reduce_in_threads(vectors, 1)[0], reduce_in_threads(vectors, 4)[0]
     assert w1.tobytes() != w4.tobytes()  # a left fold per rank, then across ranks: W shows
 
@@ -303,7 +303,7 @@ def test_dropout_draws_per_microbatch_and_leaves_the_run_streams_alone(tmp_path:
     assert len(seeds) == 12
 
 
-def test_tree_switch_reaches_the_torch_update(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tree_switch_reaches_the_torch_update(tmp_path: Path, rank_order_sums: Callable[[], None]) -> None:
     def run(store: str) -> str:
         engine = solo_engine(digits_dp_config(), LocalStore(tmp_path / store))
         engine.start_fresh()
@@ -311,7 +311,7 @@ def test_tree_switch_reaches_the_torch_update(tmp_path: Path, monkeypatch: pytes
         return engine.save().fingerprint
 
     tree = run("tree")
-    monkeypatch.setenv(RANK_ORDER_ENV, "1")
+    rank_order_sums()
     assert run("fold") != tree  # at W=1 a left fold over 8 microbatches is another sum
 
 

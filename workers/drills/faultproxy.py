@@ -1,20 +1,10 @@
 """A loopback HTTP proxy in front of an S3 server that injects storage faults on purpose.
 
-Used by ``cairn drill`` (storage brown-outs, SIGKILL timed inside a checkpoint upload) and by
-the S3 fault tests. Workers reach the store through it (``AWS_ENDPOINT_URL_S3`` = its URL);
-the drill itself reads the store directly.
-
-Faults, chosen per request by a seeded policy (``FaultPolicy``): ``503`` (a SlowDown error),
-``reset`` (the connection dropped without a response), ``cut`` (a response cut mid-body: the
-headers announce the full length, half the body arrives, then the connection closes; a request
-with a body is cut after reading half of it) and ``latency`` (the request is held up to
-``latency_s`` seconds before it is forwarded). When the upstream cannot be reached (an S3
-server being restarted) the proxy answers 503, as a load balancer would.
-
-``arm_manifest_kill(callback)`` makes the next PUT of a training checkpoint's manifest call
-``callback(peer_port)`` (the drill SIGKILLs the writing worker there, found by the port of its
-connection: its shards are written, the commit is not) and drop that request; the checkpoint
-never becomes visible.
+The drill's workers and the S3 fault tests reach the store through it. A seeded ``FaultPolicy``
+picks the requests that fail: ``503`` (SlowDown), ``reset`` (dropped without a response), ``cut``
+(half the body, then the connection closes) or ``latency`` (held up to ``latency_s``); an
+unreachable upstream is answered 503. ``arm_manifest_kill(callback)`` hands the next checkpoint
+manifest PUT's peer port to ``callback`` and drops the request: shards written, commit not.
 """
 
 from __future__ import annotations

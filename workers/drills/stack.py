@@ -30,7 +30,7 @@ from workers.stack.servers import (
 
 __all__ = ["DrillStack", "EmbeddedStack", "EnvStack", "Restart", "S3_BUCKET"]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 S3_BUCKET = "cairn-drill"
 SERVICE_CAPACITY = 100_000
 

@@ -1,22 +1,24 @@
 """A drill's verdict: what must hold after any schedule of faults, checked against the truth.
 
-- ``state``: the final checkpoint equals an uninterrupted in-process run of the same config and
-  steps, field by field (theta, m, v, t, RNG, cursor, history, config, lineage) — bit for bit;
-- ``effects``: by the reservation service's own records, the run holds exactly one reservation
-  of its units, released at the end, and the registry holds exactly one published entry, the
-  final checkpoint;
-- ``checkpoints``: every committed checkpoint of the run passes full validation;
-- ``uncommitted``: partial uploads the faults left (shards without a manifest, incomplete
-  multipart uploads) are collected, and none remain;
-- ``faults``: every planned fault fired and training resumed after it, and no fault cost more
-  recomputed steps than the checkpoint interval;
-- ``run``: the workflow completed.
+``run``: the workflow completed; ``state``: the final checkpoint equals an uninterrupted in-process
+run, field by field (bit for bit, or within the run's tolerance contract); ``effects``: by the
+service's own records, one reservation, released, and one published entry, the final checkpoint;
+``checkpoints``: every committed one validates; ``uncommitted``: partial uploads are collected and
+none remain; ``faults``: each fired and training resumed, no kill recomputed more than an interval.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from cairn.checkpoint import CheckpointKind, CheckpointRef, list_checkpoints, load_training
+from cairn.checkpoint.compare import compare_states
+from cairn.checkpoint.retention import RetentionPolicy, collect_garbage, plan_gc
+from cairn.config import TrainConfig
+from cairn.effects import ReservationClient, published_entries
+from cairn.session import TrainingSession
+from cairn.stores import MemoryStore, open_store
 
 __all__ = ["Check", "judge"]
 
@@ -57,12 +59,6 @@ def _run(result: Any) -> Check:
 
 
 def _state(result: Any) -> Check:
-    from cairn.checkpoint import CheckpointRef, load_training
-    from cairn.checkpoint.compare import compare_states
-    from cairn.config import TrainConfig
-    from cairn.session import TrainingSession
-    from cairn.stores import MemoryStore, open_store
-
     if not result.summary or not result.summary.get("checkpoint"):
         return Check("state", False, "no final checkpoint to compare")
     ref = CheckpointRef.parse(result.summary["checkpoint"])
@@ -96,9 +92,6 @@ def _state(result: Any) -> Check:
 
 
 def _effects(result: Any) -> Check | None:
-    from cairn.effects import ReservationClient, published_entries
-    from cairn.stores import open_store
-
     if not result.extra.get("effects"):
         return None
     service = ReservationClient(result.extra["service_url"])
@@ -125,9 +118,6 @@ def _effects(result: Any) -> Check | None:
 
 
 def _checkpoints(result: Any) -> Check:
-    from cairn.checkpoint import CheckpointKind, list_checkpoints, load_training
-    from cairn.stores import open_store
-
     store = open_store(result.store)
     refs = list_checkpoints(store, result.run_id, CheckpointKind.TRAINING)
     bad = []
@@ -152,9 +142,6 @@ def _checkpoints(result: Any) -> Check:
 
 
 def _uncommitted(result: Any) -> Check:
-    from cairn.checkpoint.retention import RetentionPolicy, collect_garbage, plan_gc
-    from cairn.stores import open_store
-
     store = open_store(result.store)
     keep_all = RetentionPolicy(keep_last=1_000_000, grace_seconds=0.0)
     plan = collect_garbage(store, result.run_id, keep_all)

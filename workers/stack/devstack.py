@@ -9,6 +9,7 @@ a no-op; ``down`` stops only what ``up`` started (it checks each pid's command l
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -30,6 +31,7 @@ from workers.stack.servers import (
 __all__ = ["register", "StackConfig", "stack_up", "stack_down", "stack_status", "stack_env", "default_state_dir"]
 
 STATE_DIR_ENV = "CAIRN_STATE_DIR"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def default_state_dir() -> Path:
@@ -151,8 +153,6 @@ def _services(cfg: StackConfig) -> list[tuple[str, list[str], Callable[[ServerPr
 
 
 def _has_reservation_service() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("workers.stack.reservation") is not None
 
 
@@ -160,13 +160,12 @@ def stack_up(cfg: StackConfig, echo: Callable[[str], None] = print) -> dict[str,
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
     (cfg.state_dir / "pids").mkdir(exist_ok=True)
     env = stack_env(cfg)
-    repo = Path(__file__).resolve().parents[1]
     for name, argv, ready, marker in _services(cfg):
         pid = _running(cfg, name)
         if pid is not None:
             echo(f"{name:<12} already running (pid {pid})")
             continue
-        proc = ServerProcess(name, argv, cfg.state_dir / "logs" / f"{name}.log", env=env, cwd=repo).start()
+        proc = ServerProcess(name, argv, cfg.state_dir / "logs" / f"{name}.log", env=env, cwd=REPO).start()
         try:
             ready(proc)
         except (TimeoutError, RuntimeError) as exc:

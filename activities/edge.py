@@ -1,0 +1,163 @@
+"""The activity edge: what every Cairn activity (training, gang, effects) does at its border
+with Temporal.
+
+It owns the heartbeats (``Heartbeater`` beats from a background thread, so a killed worker is
+noticed within the heartbeat timeout whatever phase it died in; ``heartbeat_interval``;
+``previous_reach``), the mapping of ``CairnError`` to a typed ``ApplicationError``
+(``activity_errors``), how a segment stopped on request reports it (``interruption``,
+``INTERRUPTED``), and opening the run's store with its checks (``open_run_store``,
+``require_numerics``).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
+
+from activities import metrics as m
+from activities.models import TrainSegmentResult
+from cairn.errors import CairnError, CheckpointConflictError, NumericsProfileError, one_line
+from cairn.numerics import process_numerics
+from cairn.runs.ownership import require_store_identity
+from cairn.stores import open_store
+from cairn.stores.base import Store
+
+__all__ = [
+    "as_application_error",
+    "activity_errors",
+    "open_run_store",
+    "Heartbeater",
+    "previous_reach",
+    "interruption",
+    "heartbeat_interval",
+    "require_numerics",
+    "INTERRUPTED",
+]
+
+log = logging.getLogger("cairn.activity")
+
+INTERRUPTED = "SegmentInterrupted"
+"""Error type of a segment that stopped early on request (pause, stop, checkpoint-now,
+cancel) after committing a checkpoint; its details carry the attempt and recomputed steps."""
+
+
+def as_application_error(exc: CairnError) -> ApplicationError:
+    """The concise typed failure Temporal shows (one line; the policy declared on the class).
+
+    Raised ``from None`` by ``activity_errors``: the cause chain (e.g. botocore's) stays in the
+    worker log, not in the failure, whose headline must stay readable in ``describe`` and the UI.
+    """
+    return ApplicationError(one_line(str(exc)), type=exc.type_name, non_retryable=not exc.retryable)
+
+
+@contextmanager
+def activity_errors() -> Iterator[None]:
+    try:
+        yield
+    except CairnError as exc:
+        info = activity.info()
+        m.ACTIVITY_FAILURES.labels(info.activity_type, exc.type_name).inc()
+        if isinstance(exc, CheckpointConflictError):
+            m.CONFLICTS.inc()
+        log.warning(
+            "%s attempt %d failed: %s: %s", info.activity_type, info.attempt, exc.type_name, exc, exc_info=exc.retryable
+        )
+        raise as_application_error(exc) from None
+
+
+class Heartbeater:
+    """Heartbeats ``details`` every ``interval`` seconds from a background thread, whatever the
+    activity's own thread is doing (a long restore or save included), and at once on ``beat``.
+
+    The SDK throttles what reaches the server (the worker's heartbeat throttle interval), so
+    the server's view is at most that stale.
+    """
+
+    def __init__(self, interval: float, **details: Any) -> None:
+        self.interval = interval
+        self._details = dict(details)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._context = contextvars.copy_context()  # the activity's context, for another thread
+        self._thread = threading.Thread(target=self._loop, name="cairn-heartbeat", daemon=True)
+
+    def update(self, **fields: Any) -> None:
+        with self._lock:
+            self._details.update(fields)
+
+    def details(self) -> dict[str, Any]:
+        with self._lock:
+            return dict(self._details)
+
+    def beat(self) -> None:
+        activity.heartbeat(self.details())
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._context.run(activity.heartbeat, self.details())
+
+    def __enter__(self) -> Heartbeater:
+        activity.heartbeat(self.details())
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def open_run_store(url: str, store_id: str | None) -> Store:
+    """Open the run's store and check it is the one the run started on."""
+    store = open_store(url)
+    require_store_identity(store, store_id)
+    return store
+
+
+def require_numerics(numerics_id: str | None) -> None:
+    """Refuse a segment of another numerics profile than this worker's (routing sends none here;
+    this is the check behind it): non-retryable, naming both."""
+    if numerics_id is None:
+        return
+    mine = process_numerics()
+    if mine.id != numerics_id:
+        raise NumericsProfileError(
+            f"this segment must be computed under numerics profile {numerics_id}, this worker runs {mine.id}",
+            field="numerics",
+        )
+
+
+def heartbeat_interval(default: float = 1.0) -> float:
+    """A quarter of this activity's heartbeat timeout, at most ``default``: a busy phase can
+    never outlast the timeout between two heartbeats."""
+    timeout = activity.info().heartbeat_timeout
+    return default if timeout is None else max(0.05, min(default, timeout.total_seconds() / 4))
+
+
+def previous_reach(info: activity.Info) -> int | None:
+    """The furthest step an earlier attempt reported, from its last heartbeat."""
+    details = info.heartbeat_details
+    if not details or not isinstance(details[0], dict):
+        return None
+    reached = [details[0].get(k) for k in ("step", "reached", "committed_step")]
+    steps = [int(s) for s in reached if isinstance(s, int) and not isinstance(s, bool)]
+    return max(steps) if steps else None
+
+
+def interruption(run_id: str, result: TrainSegmentResult, what: str) -> ApplicationError:
+    """How a segment (or a gang's node) that stopped on request, after committing, reports it:
+    non-retryable and benign; the workflow reads the attempt and recomputed steps from it."""
+    log.info("run %s: %s interrupted on request at step %d", run_id, what, result.step)
+    return ApplicationError(
+        f"{what} interrupted on request at step {result.step} after committing {result.checkpoint}",
+        {"attempt": result.attempt, "recomputed_steps": result.recomputed_steps, "step": result.step},
+        type=INTERRUPTED,
+        non_retryable=True,
+        category=ApplicationErrorCategory.BENIGN,
+    )

@@ -1,0 +1,189 @@
+"""A TrainingRun's state: how its carry changes, and what the run reports from it.
+
+The carry (``RunCarry``) is adopted from ``open_run``'s result, advanced by each segment's
+result or interruption report, and moved back by a rollback; the ``progress`` query and the
+run's ``RunSummary`` are read from it.
+
+Pure state transitions for ``workflows.training_run``: no workflow calls, no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from temporalio import workflow
+from temporalio.exceptions import ApplicationError
+
+from workflows.segments import run_total
+
+with workflow.unsafe.imports_passed_through():
+    from activities.models import (
+        LatestCheckpointResult,
+        OpenRunResult,
+        RunCarry,
+        RunInfo,
+        RunProgress,
+        RunSummary,
+        TrainingRunInput,
+        TrainSegmentResult,
+    )
+
+__all__ = [
+    "opened",
+    "adopt_length",
+    "record_result",
+    "record_interruption",
+    "interruption_report",
+    "rollback_detail",
+    "roll_back",
+    "info",
+    "progress",
+    "summary",
+]
+
+
+def opened(latest: OpenRunResult) -> RunCarry:
+    """The carry of a run that ``open_run`` just opened: its last durable cursor."""
+    return RunCarry(
+        step=latest.step,
+        checkpoint=latest.checkpoint,
+        fingerprint=latest.fingerprint,
+        store_id=latest.store_id,
+        steps_per_epoch=latest.steps_per_epoch,
+        reproducibility=latest.reproducibility,
+        numerics_id=latest.numerics_id,
+    )
+
+
+def adopt_length(carry: RunCarry, inp: TrainingRunInput, latest: OpenRunResult) -> None:
+    """Resolve the run's length (``total_epochs`` needs the trainer's epoch length) and refuse
+    a run whose committed checkpoints are already past it."""
+    if inp.total_epochs is not None:
+        if latest.steps_per_epoch is None:
+            raise ApplicationError(
+                "total_epochs: this worker's open_run did not report the epoch length; give total_steps",
+                type="ConfigError",
+                non_retryable=True,
+            )
+        carry.total_steps = inp.total_epochs * latest.steps_per_epoch
+    if latest.step > run_total(inp, carry):
+        raise ApplicationError(
+            f"run {inp.run_id} already has a committed checkpoint at step {latest.step}, "
+            f"past total_steps={run_total(inp, carry)}",
+            type="InvariantError",
+            non_retryable=True,
+        )
+
+
+def record_result(carry: RunCarry, result: TrainSegmentResult) -> None:
+    """A segment completed: its cursor, loss and evaluation become the run's."""
+    carry.record_segment(result.attempt)
+    carry.recomputed_steps += result.recomputed_steps
+    carry.step = result.step
+    carry.checkpoint = result.checkpoint
+    carry.fingerprint = result.fingerprint
+    carry.loss = result.loss
+    if result.val_loss is not None:
+        carry.val_loss = result.val_loss
+        carry.val_accuracy = result.val_accuracy
+
+
+def record_interruption(carry: RunCarry, latest: LatestCheckpointResult, cause: BaseException | None) -> None:
+    """A segment was interrupted after committing: the run goes on from the latest checkpoint."""
+    report = interruption_report(cause)
+    carry.record_segment(report.get("attempt", 1))
+    carry.recomputed_steps += report.get("recomputed_steps", 0)
+    carry.step = latest.step
+    carry.checkpoint = latest.checkpoint
+    carry.fingerprint = latest.fingerprint
+
+
+def interruption_report(cause: BaseException | None) -> dict[str, int]:
+    """What an interrupted segment reported (attempt, recomputed steps); empty when it was
+    cancelled before it could say."""
+    if not isinstance(cause, ApplicationError):
+        return {}
+    details = cause.details[0] if cause.details else None
+    if not isinstance(details, dict):
+        return {}
+    return {k: v for k, v in details.items() if k in ("attempt", "recomputed_steps") and isinstance(v, int)}
+
+
+def rollback_detail(carry: RunCarry, wanted: int, found: LatestCheckpointResult) -> dict[str, object]:
+    """What the journal records of a rollback to ``wanted``: where it went, or why it was
+    refused, and the external effects it does not undo."""
+    detail: dict[str, object] = {"from_step": carry.step, "requested_step": wanted}
+    if found.checkpoint is None:
+        detail["refused"] = f"no committed checkpoint at or before step {wanted} (retention may have removed it)"
+    else:
+        detail.update(to_step=found.step, checkpoint=found.checkpoint)
+        if carry.reservation is not None:
+            detail["reservation"] = carry.reservation.receipt
+            detail["note"] = (
+                f"training state restored to step {found.step}; reservation "
+                f"{carry.reservation.receipt} is NOT returned: restoring a checkpoint never undoes "
+                "an external effect"
+            )
+    return detail
+
+
+def roll_back(carry: RunCarry, found: LatestCheckpointResult) -> None:
+    """After the rollback is journaled: the next segment resumes from ``found`` (if any)."""
+    carry.rollbacks += 1
+    if found.checkpoint is not None:
+        carry.step = found.step
+        carry.checkpoint = found.checkpoint
+        carry.fingerprint = found.fingerprint
+        carry.resume_from = found.checkpoint
+
+
+def info(inp: TrainingRunInput | None) -> RunInfo:
+    """The ``info`` query's answer: where the run keeps its checkpoints and publishes."""
+    if inp is None:
+        return RunInfo(run_id="", store="")
+    registry = inp.effects.registry if inp.effects else None
+    return RunInfo(run_id=inp.run_id, store=inp.store, registry=registry)
+
+
+def progress(inp: TrainingRunInput | None, carry: RunCarry, phase: str) -> RunProgress:
+    """The ``progress`` query's answer."""
+    return RunProgress(
+        run_id=inp.run_id if inp else "",
+        phase=phase,  # type: ignore[arg-type]
+        step=carry.step,
+        total=run_total(inp, carry) if inp else 0,
+        loss=carry.loss,
+        checkpoint=carry.checkpoint,
+        attempts=list(carry.attempts),
+        segments=carry.segments,
+        retried_segments=carry.retried_segments,
+        recomputed_steps=carry.recomputed_steps,
+        continued_as_new=carry.continued_as_new,
+        epoch=carry.step / spe if (spe := carry.steps_per_epoch) else None,
+        steps_per_epoch=carry.steps_per_epoch,
+        val_loss=carry.val_loss,
+        val_accuracy=carry.val_accuracy,
+        reproducibility=carry.reproducibility,
+        world_size=carry.world_size or (inp.world_size if inp else 1),
+    )
+
+
+def summary(inp: TrainingRunInput, carry: RunCarry) -> RunSummary:
+    """The run's result."""
+    return RunSummary(
+        run_id=inp.run_id,
+        checkpoint=carry.checkpoint,
+        fingerprint=carry.fingerprint,
+        steps=carry.step,
+        total_steps=run_total(inp, carry),
+        stopped_early=carry.step < run_total(inp, carry),
+        attempts=list(carry.attempts),
+        segments=carry.segments,
+        retried_segments=carry.retried_segments,
+        recomputed_steps=carry.recomputed_steps,
+        continued_as_new=carry.continued_as_new,
+        loss=carry.loss,
+        effects=dict(carry.effects),
+        val_loss=carry.val_loss,
+        val_accuracy=carry.val_accuracy,
+        reproducibility=carry.reproducibility,
+        world_size=carry.world_size or (inp.world_size if inp else 1),
+    )

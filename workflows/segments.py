@@ -1,0 +1,118 @@
+"""How a TrainingRun plans its segments, and the retries and timeouts of its activities.
+
+The run's length in updates, where the next segment ends (``segment.steps`` on, or on an
+epoch boundary), what every segment activity is told and which task queue it goes to, and
+the retry policies and timeouts the workflow starts its activities with; and which
+activity failures are a segment that stopped on request rather than a failure.
+
+Pure decisions for ``workflows.training_run``: no workflow calls, no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.edge import INTERRUPTED
+    from cairn.numerics import profile_queue
+
+if TYPE_CHECKING:
+    from activities.models import RunCarry, TrainingRunInput
+
+__all__ = [
+    "SEGMENT_RETRY",
+    "SHORT_RETRY",
+    "BOOKKEEPING_TIMEOUT",
+    "bookkeeping",
+    "run_total",
+    "segment_end",
+    "segment_fields",
+    "training_queue",
+    "interrupted",
+]
+
+SEGMENT_RETRY = RetryPolicy(
+    # The first retry of a lost segment starts at once (a crash is already a heartbeat timeout
+    # late); repeated failures (storage trouble) back off to the 1 s below.
+    initial_interval=timedelta(milliseconds=200),
+    backoff_coefficient=2.0,
+    # A crashed segment is retried at most 1 s after its loss is detected, however often the
+    # same segment has crashed: a longer backoff would delay recovery after repeated kills by
+    # more than the restore itself takes. A retry costs one restore; storage trouble retries
+    # at the same pace.
+    maximum_interval=timedelta(seconds=1),
+    maximum_attempts=0,  # unlimited: storage trouble heals; corrupt state is non-retryable
+)
+SHORT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10))
+BOOKKEEPING_TIMEOUT = timedelta(minutes=10)
+"""Start-to-close bound of listing/GC/journal activities; a dead worker is noticed sooner, by
+their heartbeat timeout (they heartbeat from a background thread while they work)."""
+
+
+def bookkeeping(inp: TrainingRunInput) -> dict[str, object]:
+    """Timeouts and retries of the short activities (listing, GC, journal, open)."""
+    return {
+        "start_to_close_timeout": BOOKKEEPING_TIMEOUT,
+        "heartbeat_timeout": timedelta(seconds=inp.heartbeat_timeout_seconds),
+        "retry_policy": SHORT_RETRY,
+    }
+
+
+def run_total(inp: TrainingRunInput, carry: RunCarry) -> int:
+    """The run's length in updates (``total_epochs`` resolves once the trainer said how
+    many updates an epoch is; until then, 0)."""
+    if inp.total_steps is not None:
+        return inp.total_steps
+    return carry.total_steps or 0
+
+
+def segment_end(inp: TrainingRunInput, carry: RunCarry) -> int:
+    """Where the next segment stops: ``segment.steps`` on, or the end of the
+    ``segment.epochs``-th epoch boundary from here (an interrupted epoch is finished first)."""
+    step, spe, seg = carry.step, carry.steps_per_epoch, inp.segment
+    if seg is None:
+        return step + inp.steps_per_segment
+    if seg.steps is not None:
+        return step + seg.steps
+    assert seg.epochs is not None
+    if not spe:
+        raise ApplicationError(
+            "segment.epochs: this worker's open_run did not report the epoch length; use segment.steps",
+            type="ConfigError",
+            non_retryable=True,
+        )
+    return (step // spe + seg.epochs) * spe
+
+
+def segment_fields(inp: TrainingRunInput, carry: RunCarry, target: int, resume_from: str | None) -> dict[str, Any]:
+    """The ``SegmentInput`` fields of the next segment, in-process or as a gang."""
+    return {
+        "run_id": inp.run_id,
+        "config": inp.config,
+        "store": inp.store,
+        "store_id": carry.store_id,
+        "target_step": target,
+        "resume_from": resume_from,
+        "checkpoint_every": inp.checkpoint.every,
+        "throttle_seconds_per_step": inp.throttle_seconds_per_step,
+        "heartbeat_every_seconds": min(0.1, inp.heartbeat_timeout_seconds / 4),
+        "numerics_id": carry.numerics_id,
+    }
+
+
+def training_queue(base: str, numerics_id: str | None) -> str:
+    """Where training goes: the queue of the workers of the run's numerics profile (a run
+    opened by an older worker, with no profile id, stays on the run's own queue ``base``)."""
+    return base if numerics_id is None else profile_queue(base, numerics_id)
+
+
+def interrupted(err: ActivityError) -> bool:
+    """The segment (or a gang's node) was cancelled, or stopped on request after committing
+    (``INTERRUPTED``): not a failure."""
+    cause = err.cause
+    return isinstance(cause, CancelledError) or (isinstance(cause, ApplicationError) and cause.type == INTERRUPTED)
