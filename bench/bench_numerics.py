@@ -7,6 +7,7 @@ under ``native`` (no pins: the machine's own dispatch), ``x86-64-v3`` (the defau
 output: restore/initialise, the updates and the commits, not interpreter start-up), median of the
 reps, and its ratio to ``native`` measured in the same run. Profiles above this machine's level
 are skipped (it cannot run them).
+``section`` renders section 8 of ``BENCHMARKS.md`` from the results (it has no plot).
 Run: ``python bench/bench_numerics.py [--reps 5] [--quick]``.
 """
 
@@ -22,6 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import REPO, machine, stats, write_result  # noqa: E402
+from render import Targets  # noqa: E402
 
 from cairn.numerics import PROFILES, native_level, pinned_environment  # noqa: E402
 
@@ -45,6 +47,43 @@ def train_seconds(config: str, steps: int, profile: str, root: Path) -> float:
         capture_output=True, text=True, cwd=REPO, env=env, timeout=900, check=True,
     )  # fmt: skip
     return float(json.loads(out.stdout)["seconds"])
+
+
+# -- section 8 of BENCHMARKS.md -------------------------------------------------------------------
+
+
+def section(r: dict[str, Any], targets: Targets) -> list[str]:
+    """Section 8: the cost of pinning each profile, against native (no target)."""
+    lines = [
+        "## 8. Numerics profiles: the cost of pinning",
+        "",
+        f"`cairn train` in a fresh process per rep, the profiles interleaved rep by rep, on this "
+        f"{r['native_level']} machine; the command's own training time (initialise, updates, commits), median "
+        "and ratio to `native` (no pins) in the same run. A profile above the machine's level cannot run here.",
+        "",
+        "| model | steps | profile | median s | min-max s | vs native |",
+        "|---|---|---|---|---|---|",
+    ]
+    for model, m in r["models"].items():
+        for profile, st in m["profiles"].items():
+            lines.append(
+                f"| {model} | {m['steps']} | `{profile}` | {st['median']:.3f} | {st['min']:.3f}-{st['max']:.3f} | "
+                f"{st['ratio_to_native']:.2f}x |"
+            )
+    lines += [
+        "",
+        "`x86-64-v3` is the default: on an AVX2 machine it is the machine's own dispatch (numpy's AVX2 loops, "
+        "OpenBLAS's Haswell kernel), so it costs what one BLAS thread instead of all cores costs; on an AVX-512 "
+        "machine it gives up the AVX-512 loops in exchange for bits that every AVX2 machine reproduces. "
+        "`x86-64-v2` gives up AVX2 and FMA as well.",
+        "",
+    ]
+    return lines
+
+
+def plot(r: dict[str, Any], folder: Path) -> list[Path]:
+    """Section 8 has no plot."""
+    return []
 
 
 def main() -> int:

@@ -9,6 +9,7 @@ the loss/lr history that every training checkpoint carries.
    interpreter start included), N reps each; finally one real ``gc --keep-last 3``.
 2. History: the example state at step N (N = 0 ... 1,000,000) with its full history (16 bytes
    per step): checkpoint bytes, ``save_training`` and ``load_training`` seconds, interleaved.
+``section`` / ``plot`` render section 6 of ``BENCHMARKS.md`` and ``results/scale.png`` from the results.
 Run: ``python bench/bench_scale.py [--checkpoints 10000] [--reps 5] [--quick]``.
 """
 
@@ -29,6 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import REPO, UNSIGNED, interleaved, machine, stats, write_result  # noqa: E402
+from render import Targets, spread  # noqa: E402
 
 from cairn.checkpoint import latest_committed, list_checkpoints, load_training, save_training  # noqa: E402
 from cairn.checkpoint.retention import RetentionPolicy, collect_garbage  # noqa: E402
@@ -151,6 +153,87 @@ def bench_history(steps_list: list[int], reps: int, workdir: Path) -> dict[str, 
             flush=True,
         )
     return out
+
+
+# -- section 6 of BENCHMARKS.md and its plot ------------------------------------------------------
+
+
+def section(r: dict[str, Any], targets: Targets) -> list[str]:
+    """Section 6: listing, latest and gc by checkpoint count, and the history's cost (no target)."""
+    lst = r["listing"]
+    out = [
+        "## 6. Scale",
+        "",
+        "Real committed training checkpoints (shards + manifest through the commit protocol, each valid for "
+        "`load_training`: the example model at step k with k history entries), written into one run on local "
+        f"disk bypassing the trainer; {r['reps']} interleaved reps of each operation at 1,000 and at "
+        f"{r['checkpoints']:,} checkpoints. The CLI rows are fresh processes (`python -m workers.cli`), so they "
+        "include the interpreter and imports, shown on their own in the last row.",
+        "",
+        "| operation | " + " | ".join(f"{int(n):,} checkpoints" for n in lst["points"]) + " |",
+        "|---|" + "---|" * len(lst["points"]),
+    ]
+    names = list(next(iter(lst["points"].values()))["cases"])
+    for name in names:
+        cells = [spread(p["cases"][name], "ms", 1e3, 1) for p in lst["points"].values()]
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    gen = " / ".join(f"{p['generate_seconds']:.1f} s" for p in lst["points"].values())
+    out += [
+        "",
+        f"Writing them took {gen} (8 threads). Then one real `gc --keep-last 3`: deleted {lst['gc']['deleted']:,} "
+        f"checkpoints in {lst['gc']['seconds']:.2f} s, kept {lst['gc']['kept']}.",
+        "",
+        "### History in every checkpoint",
+        "",
+        "The loss/lr history (16 bytes per step) rides along in every training checkpoint. The example model's state "
+        f"at step N with its full history, {r['reps']} interleaved reps:",
+        "",
+        "| step N | history bytes | checkpoint bytes (tensors + manifest) | history share | save | load |",
+        "|---|---|---|---|---|---|",
+    ]
+    for n, x in r["history"].items():
+        total = x["total_bytes"] + x["manifest_bytes"]
+        out.append(
+            f"| {int(n):,} | {x['history_bytes']:,} | {total:,} | {x['history_bytes'] / total:.1%} | "
+            f"{spread(x['save'], 'ms', 1e3, 1)} | {spread(x['load'], 'ms', 1e3, 1)} |"
+        )
+    out += ["", "![scale](bench/results/scale.png)", ""]
+    return out
+
+
+def plot(r: dict[str, Any], folder: Path) -> list[Path]:
+    """``scale.png``: listing times by checkpoint count; history bytes and save time by step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    pts = r["listing"]["points"]
+    counts = [int(n) for n in pts]
+    for name in next(iter(pts.values()))["cases"]:
+        a.plot(counts, [pts[str(n)]["cases"][name]["median"] * 1e3 for n in counts], marker="o", label=name)
+    a.set_xscale("log")
+    a.set_yscale("log")
+    a.set_xlabel("checkpoints in the run")
+    a.set_ylabel("ms (median)")
+    a.set_title("listing, latest, gc")
+    a.legend(fontsize=7)
+    hist = r["history"]
+    steps = [max(1, int(n)) for n in hist]
+    b.plot(steps, [hist[n]["history_bytes"] / 1e6 for n in hist], marker="o", label="history MB per checkpoint")
+    b2 = b.twinx()
+    b2.plot(steps, [hist[n]["save"]["median"] * 1e3 for n in hist], marker="s", color="C1", label="save ms")
+    b.set_xscale("log")
+    b.set_xlabel("step (history entries)")
+    b.set_ylabel("MB of history per checkpoint")
+    b2.set_ylabel("save ms (median)")
+    b.set_title("history carried in every checkpoint")
+    fig.tight_layout()
+    path = folder / "scale.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
 
 
 def main() -> int:

@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (markdown table rows and sentences read better unbroken)
 """Save and restore vs the floor of the same store, for several state sizes, side by side.
 
 Floor: the same number of bytes moved by plain sequential I/O on the same store in the same
@@ -10,6 +11,7 @@ file's pages are evicted first (both sides).
 Reports per size and op: median and min-max seconds of N interleaved reps, MB/s, ratio =
 floor seconds / our seconds (>= 1.0: at least as fast as the floor), and the peak extra RSS
 of one (untimed) call of each, vs the state size.
+``section`` / ``plot`` render section 1 of ``BENCHMARKS.md`` and ``results/store.png`` from the results.
 Run: ``python bench/bench_store.py [--sizes 64,256,1024] [--reps 5] [--only local|s3] [--quick]``.
 """
 
@@ -30,6 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     UNSIGNED,
+    MiB,
     big_state,
     drop_cache,
     interleaved,
@@ -42,6 +45,7 @@ from common import (  # noqa: E402
     write_result,
 )
 from legacy import previous_reader  # noqa: E402
+from render import Targets, spread  # noqa: E402
 
 from cairn.checkpoint import latest_committed, load_training, save_training  # noqa: E402
 from cairn.state import TrainState  # noqa: E402
@@ -274,6 +278,96 @@ def report(store: str, mib: int, r: dict[str, Any]) -> None:
             f" cairn {r[op]['peak_extra_rss']['cairn'] / 2**20:6.0f} MiB",
             flush=True,
         )
+
+
+# -- section 1 of BENCHMARKS.md and its plot ------------------------------------------------------
+
+
+def section(r: dict[str, Any], targets: Targets) -> list[str]:
+    """Section 1: every store, size and op against the floor; one target per store."""
+    out = ["## 1. Save and restore vs the floor", ""]
+    out += [
+        "Floor = the same bytes moved by plain sequential I/O on the same store, measured in the same "
+        "run, interleaved rep by rep with Cairn: one file written + fsync / read into one fresh buffer "
+        "(local disk); one boto3 multipart upload / parallel ranged download with the same part size "
+        "(16 MiB) and concurrency (8) as Cairn's S3 store (SeaweedFS on loopback). Restores read from the "
+        "device on local disk (every file's pages evicted first, both sides). Cairn's save hashes every "
+        "byte (BLAKE3) and commits a manifest; its restore checks every checksum, finiteness, v ≥ 0 and "
+        "the invariants. Ratio = floor seconds / Cairn seconds (≥ 1: at least as fast as the floor). "
+        f"Median (min–max) of {r['reps']} interleaved reps. Peak extra RSS: one untimed call, sampled "
+        "every 2 ms, above the process's RSS before the call; a restore's includes the restored state "
+        "itself (1× is the minimum for any restore into fresh memory).",
+        "",
+        "| store | state | op | floor | floor MB/s | Cairn | Cairn MB/s | ratio | before the fix | peak extra RSS floor / Cairn |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    misses: list[str] = []
+    for store, sizes in r["results"].items():
+        for mib, res in sizes.items():
+            nbytes = res["bytes"]
+            for op in ("save", "restore"):
+                x = res[op]
+                f, c = x["floor"], x["cairn"]
+                before = f"{x['ratio_before_fix']:.2f}×" if "ratio_before_fix" in x else "–"
+                rss = x["peak_extra_rss"]
+                out.append(
+                    f"| {'local disk' if store == 'local' else 'SeaweedFS S3'} | {mib} MiB | {op} | {spread(f)} | "
+                    f"{nbytes / 1e6 / f['median']:.0f} | {spread(c)} | {nbytes / 1e6 / c['median']:.0f} | "
+                    f"**{x['ratio']:.2f}×** | {before} | {rss['floor'] / MiB:.0f} / {rss['cairn'] / MiB:.0f} MiB "
+                    f"({rss['cairn'] / nbytes:.2f}× state) |"
+                )
+                if x["ratio"] < 0.9:
+                    misses.append(f"{store} {mib} MiB {op} {x['ratio']:.2f}×")
+    for store, sizes in r["results"].items():
+        if not sizes:
+            continue
+        where = "local disk" if store == "local" else "S3"
+        ratios = [res[op]["ratio"] for res in sizes.values() for op in ("save", "restore")]
+        mine = [m.removeprefix(store + " ") for m in misses if m.startswith(store + " ")]
+        targets.add(
+            f"save and restore ≥ 0.9× the floor on {where}, {', '.join(f'{m} MiB' for m in sizes)}",
+            f"{min(ratios):.2f}×–{max(ratios):.2f}× over {len(ratios)} cases",
+            not mine,
+            ("missed in: " + ", ".join(mine)) if mine else "every size, save and restore",
+        )
+    out += ["", "![save/restore vs the floor](bench/results/store.png)", ""]
+    return out
+
+
+def plot(r: dict[str, Any], folder: Path) -> list[Path]:
+    """``store.png``: MB/s of the floor and of Cairn, per store, size and op."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    stores = [k for k in ("local", "s3") if r["results"].get(k)]
+    fig, axes = plt.subplots(1, len(stores), figsize=(6 * len(stores), 4), squeeze=False)
+    for ax, store in zip(axes[0], stores, strict=True):
+        sizes = list(r["results"][store])
+        labels, floor, ours = [], [], []
+        for mib in sizes:
+            res = r["results"][store][mib]
+            for op in ("save", "restore"):
+                labels.append(f"{mib} MiB\n{op}")
+                floor.append(res["bytes"] / 1e6 / res[op]["floor"]["median"])
+                ours.append(res["bytes"] / 1e6 / res[op]["cairn"]["median"])
+        x = np.arange(len(labels))
+        ax.bar(x - 0.2, floor, 0.4, label="floor (plain I/O)")
+        ax.bar(x + 0.2, ours, 0.4, label="Cairn (hashed, validated)")
+        for xi, f, o in zip(x, floor, ours, strict=True):
+            ax.text(xi + 0.2, o, f"{o / f:.2f}×", ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(x, labels, fontsize=8)
+        ax.set_ylabel("MB/s (median)")
+        ax.set_ylim(0, max(floor + ours) * 1.3)  # headroom for the legend
+        ax.set_title("local disk" if store == "local" else "SeaweedFS S3 (loopback)")
+        ax.legend(fontsize=8, loc="upper center", ncol=2)
+    fig.tight_layout()
+    path = folder / "store.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
 
 
 def main() -> int:

@@ -1,4 +1,5 @@
-"""The read path as it was before issue 13's fix, kept to measure the fix in the same run.
+"""The read path as it was before restores overlapped reading with checking, kept to measure
+the change in the same run.
 
 ``previous_reader()`` makes ``load_training`` use it: each tensor read whole, then hashed and
 value-checked after the read (tensors concurrently, 4 at a time). Bench-only; never imported by

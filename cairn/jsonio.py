@@ -15,11 +15,6 @@ Two steps, each usable alone:
 Each failure is a single ``error(...)`` (``ConfigError`` by default, ``ManifestError`` for
 manifests) whose message names the file or object; never ``RecursionError``, ``ValueError``,
 ``UnicodeDecodeError`` or ``MemoryError``.
-
-The depth check is a vectorised scan over the raw bytes: escaped backslashes and quotes are
-blanked (same length, so positions hold), quote parity marks what is inside a string, and a
-cumulative sum over the brackets outside strings gives the depth. It runs in 1 MiB blocks,
-so its memory is bounded too.
 """
 
 from __future__ import annotations
