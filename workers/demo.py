@@ -99,7 +99,7 @@ async def temporal_drill() -> tuple[bool, str]:
     from cairn.config import load_config
     from cairn.session import TrainingSession
     from cairn.stores import LocalStore, MemoryStore
-    from workers.cli.run import live_step
+    from workers.cli.temporal import live_step
     from workers.client import WORKFLOW_TASK_TIMEOUT, connect
     from workers.stack.devstack import StackConfig, stack_up
     from workflows.training_run import TrainingRun
@@ -343,7 +343,7 @@ def main() -> int:
     ok = asyncio.run(distributed_on_temporal(web_ui)) and ok
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0 if ok else 1)  # skip Temporal client teardown (temporalio/sdk-python#300)
+    os._exit(0 if ok else 1)  # skip interpreter teardown, which the Temporal client's native threads can abort
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from cairn.config import config_error_from
 from cairn.errors import ConfigError
 from cairn.jsonio import load_json_file
 from cairn.runs.ownership import resolve_store_url
-from cairn.trainers.base import check_trainer_options
+from cairn.trainers.loading import check_trainer_options
 
 __all__ = ["load_run_input"]
 

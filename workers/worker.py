@@ -189,8 +189,8 @@ def _start_metrics(port_text: str) -> MetricsEndpoint | None:
 
 def exit_now(code: int) -> None:
     """End the process without interpreter teardown: the Temporal client's native threads can
-    abort CPython's finalization (``Fatal Python error: PyGILState_Release``,
-    temporalio/sdk-python#300), which a supervisor would read as a crash."""
+    abort CPython's finalization (``Fatal Python error: PyGILState_Release``), which a
+    supervisor would read as a crash."""
     sys.stdout.flush()
     sys.stderr.flush()
     logging.shutdown()

@@ -1,16 +1,85 @@
-"""The ``--numerics`` option of the commands that compute (train, eval, worker, drill)."""
+"""The arguments the ``cairn`` commands share: the parser class and its usage errors, the
+options every command has, and the argument types (counts, run ids, stores, ``--numerics``)."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+from collections.abc import Callable
+from typing import NoReturn
 
+from cairn.checkpoint.layout import RUN_ID_PATTERN
+from cairn.errors import ConfigError, StoreNotFoundError
 from cairn.numerics import DEFAULT_PROFILE, ENV, NAMES
+from cairn.stores import open_store
+from cairn.stores.base import Store
 
-__all__ = ["add_numerics_arg"]
+__all__ = [
+    "CairnArgumentParser",
+    "Common",
+    "UsageError",
+    "add_numerics_arg",
+    "common_options",
+    "count",
+    "run_id_arg",
+    "store_arg",
+]
+
+Common = Callable[[argparse.ArgumentParser], None]
+"""What each command group's ``register`` is given to add the options every command has."""
+
+
+class CairnArgumentParser(argparse.ArgumentParser):
+    """Usage errors become a ``UsageError``: one line, exit 2, and a JSON object with --json."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}")
+
+
+class UsageError(ConfigError):
+    """The command line itself is wrong (an unknown flag, a missing or malformed argument)."""
+
+
+def common_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.add_argument(
+        "--endpoint-url",
+        help="S3 endpoint for s3:// stores (same as AWS_ENDPOINT_URL_S3; else boto3's chain)",
+    )
+
+
+def count(text: str) -> int:
+    """An integer argument in ASCII digits (``int()`` would also take other scripts' digits)."""
+    if not re.fullmatch(r"-?[0-9]+", text.strip()):
+        raise argparse.ArgumentTypeError(f"expected an integer in ASCII digits, found {text!r}")
+    return int(text)
+
+
+def run_id_arg(value: str | None, flag: str) -> str | None:
+    if value is not None and not RUN_ID_PATTERN.match(value):
+        raise ConfigError(flag, expected=f"a run id matching {RUN_ID_PATTERN.pattern}", found=value)
+    return value
+
+
+def store_arg(url: str, *, must_exist: bool) -> Store:
+    """Open a store named on the command line; reading commands refuse one that does not exist."""
+    expected = "a directory path or s3://bucket/prefix"
+    if not url or not url.strip():
+        raise ConfigError("--store", expected=expected, found=url)
+    if "://" in url and not url.startswith(("s3://", "file://", "memory://")):
+        raise ConfigError("store", expected=expected, found=f"{url} (unsupported scheme)")
+    store = open_store(url)
+    if must_exist and not store.root_exists():
+        raise StoreNotFoundError(
+            "store", expected="an existing store (a directory, or a bucket and prefix written by cairn)", found=url
+        )
+    return store
 
 
 def add_numerics_arg(p: argparse.ArgumentParser, what: str = "computes") -> None:
+    """The ``--numerics`` option of the commands that compute (train, eval, worker, drill)."""
     p.add_argument(
         "--numerics",
         choices=NAMES,

@@ -1,0 +1,282 @@
+"""``cairn ckpt``: a checkpoint's manifest (show), its integrity and validity (verify), two
+training states bit for bit (compare), and a store's checkpoints (list, gc, pin, unpin)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import Any
+
+from cairn.checkpoint import (
+    CheckpointKind,
+    CheckpointRef,
+    list_checkpoints,
+    load_training,
+    read_manifest,
+    verify_tensors,
+)
+from cairn.checkpoint.compare import compare_states
+from cairn.checkpoint.retention import RetentionPolicy, collect_garbage, pin, pinned_steps, unpin
+from cairn.checkpoint.validate import check_training_manifest, manifest_config
+from cairn.config import BUILTIN_TRAINER, TrainConfig, load_config
+from cairn.errors import ConfigError
+from cairn.numerics import NumericsRecord
+from cairn.runs.exposures import exposure_count
+from cairn.stores import open_store
+from cairn.trainers.base import Trainer, check_finite
+from cairn.trainers.loading import trainer_for_checkpoint
+from workers.cli.args import Common, run_id_arg, store_arg
+from workers.cli.output import CommandFailed, emit, to_json
+
+__all__ = ["register"]
+
+
+def register(sub: Any, common: Common) -> None:
+    ckpt = sub.add_parser("ckpt", help="inspect, verify, compare, list and collect checkpoints")
+    ckpt_sub = ckpt.add_subparsers(dest="ckpt_command", required=True)
+    p = ckpt_sub.add_parser("show", help="print a checkpoint's manifest")
+    common(p)
+    p.add_argument("checkpoint")
+    p.set_defaults(handler=cmd_ckpt_show)
+    p = ckpt_sub.add_parser("verify", help="exit 0 only when intact and valid")
+    common(p)
+    p.add_argument("checkpoint")
+    p.add_argument("--config", help="the run's config (trusts the trainer it names)")
+    p.add_argument(
+        "--format-only",
+        action="store_true",
+        help="check integrity only (checksums, fingerprint, signature, finiteness), not the model or the data",
+    )
+    p.set_defaults(handler=cmd_ckpt_verify)
+    p = ckpt_sub.add_parser("compare", help="compare two training states bit for bit")
+    common(p)
+    p.add_argument("a")
+    p.add_argument("b")
+    p.add_argument("--rtol", type=float, default=0.0, help="relative tolerance (default 0: bit for bit)")
+    p.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default 0: bit for bit)")
+    p.add_argument("--config", help="the runs' config (trusts the trainer it names)")
+    p.set_defaults(handler=cmd_ckpt_compare)
+    p = ckpt_sub.add_parser("list", help="list committed checkpoints")
+    common(p)
+    p.add_argument("store")
+    p.add_argument("--run", help="only this run id")
+    p.set_defaults(handler=cmd_ckpt_list)
+    p = ckpt_sub.add_parser("gc", help="apply retention: keep the last N and pinned, delete the rest")
+    common(p)
+    p.add_argument("store")
+    p.add_argument("--run", required=True, help="run id")
+    p.add_argument("--keep-last", type=int, default=3, help="committed checkpoints to keep (default 3)")
+    p.add_argument("--keep-every", type=int, help="also keep every M-th step")
+    p.add_argument("--grace-seconds", type=float, default=3600.0, help="age before orphans are collected")
+    p.add_argument("--dry-run", action="store_true", help="print the plan, delete nothing")
+    p.set_defaults(handler=cmd_ckpt_gc)
+    p = ckpt_sub.add_parser("pin", help="pin a checkpoint by name so gc keeps it")
+    common(p)
+    p.add_argument("checkpoint")
+    p.add_argument("--name", required=True)
+    p.set_defaults(handler=cmd_ckpt_pin)
+    p = ckpt_sub.add_parser("unpin", help="remove a named pin (gc may then collect the checkpoint)")
+    common(p)
+    p.add_argument("store")
+    p.add_argument("--run", required=True, help="run id")
+    p.add_argument("--name", required=True)
+    p.set_defaults(handler=cmd_ckpt_unpin)
+
+
+def cmd_ckpt_show(args: argparse.Namespace) -> int:
+    ref = CheckpointRef.parse(args.checkpoint)
+    store = open_store(ref.store_url)
+    manifest = read_manifest(store, ref, expect_kind=None)
+    body = manifest.model_dump(mode="json")
+    body["checkpoint"] = str(ref)
+    lineage = manifest.lineage
+    exposures = exposure_count(store, ref.run_id, lineage) if ref.kind == CheckpointKind.TRAINING else 0
+    body["final_test_exposures"] = exposures
+    if args.json:
+        print(to_json(body))
+        return 0
+    print(f"checkpoint   {ref}")
+    print(f"kind         {manifest.kind.value}   format v{manifest.format_version}")
+    print(f"run          {manifest.run_id}   step {manifest.step}   cursor {manifest.cursor}")
+    print(f"fingerprint  {manifest.fingerprint}  (an identifier, not a signature)")
+    print(f"signed       {'yes' if manifest.signature else 'no'}")
+    if manifest.parts is None:
+        print(f"bytes        {manifest.total_bytes} in {len(manifest.tensors)} tensors, {len(manifest.shards)} shards")
+    else:
+        print(
+            f"bytes        {manifest.total_bytes} in {len(manifest.parts)} tensors cut into {len(manifest.tensors)} "
+            f"blocks, {len(manifest.shards)} shards"
+        )
+    print(f"written by   {manifest.writer.ranks} rank(s)")
+    if lineage is not None:
+        print(f"dataset      {lineage.dataset_version} {lineage.dataset_hash}")
+        print(f"model        {lineage.model_version}   tokenizer {lineage.tokenizer_version}")
+        print(f"parent       {lineage.parent or '-'}")
+        print(f"trainer      {lineage.trainer or BUILTIN_TRAINER}   contract {lineage.reproducibility or 'bit-exact'}")
+        if lineage.model_hash:
+            print(f"architecture {lineage.model_hash}")
+        print(f"numerics     {_numerics_line(lineage.numerics)}")
+        print(f"stage        {lineage.stage_contract}   final-test exposures {exposures}")
+        if lineage.reference is not None:
+            r = lineage.reference
+            print(f"reference    {r.checkpoint} ({r.fingerprint[:19]}...)   may change: {', '.join(r.may_change)}")
+        if exposures >= 2:
+            print(
+                f"warning: the final test split has been evaluated {exposures} times in this lineage; "
+                "its score is no longer an unbiased estimate",
+                file=sys.stderr,
+            )
+    for t in manifest.tensors:
+        print(f"  {t.name:<24} {t.dtype} {t.shape!s:<14} {t.length:>12} B  {t.checksum[:19]}")
+    return 0
+
+
+def _numerics_line(record: NumericsRecord | None) -> str:
+    if record is None:
+        return "(not recorded: written before numerics profiles)"
+    libs = ", ".join(
+        f"{k} {v}" for k, v in record.libraries.items() if k in ("numpy", "openblas", "torch", "blas_kernel")
+    )
+    mixed = f"; MIXED with {', '.join(record.mixed)} (not bit-exact to either)" if record.mixed else ""
+    return f"{record.id}   on a {record.native} machine   ({libs}){mixed}"
+
+
+def cmd_ckpt_verify(args: argparse.Namespace) -> int:
+    """Every check of a validated import, streamed: no tensor is ever held whole in memory."""
+    ref = CheckpointRef.parse(args.checkpoint)
+    store = open_store(ref.store_url)
+    manifest = read_manifest(store, ref, expect_kind=ref.kind)
+    if ref.kind == CheckpointKind.TRAINING:
+        config = manifest_config(manifest)
+        trainer = None if args.format_only else _trainer_here(config, load_config(args.config) if args.config else None)
+        if trainer is not None:
+            check_training_manifest(manifest, trainer=trainer)
+            verify_tensors(store, ref, manifest, value_check=trainer.check_values)
+            data_note = "model and dataset hash checked"
+        else:
+            verify_tensors(store, ref, manifest, value_check=check_finite)
+            data_note = "--format-only: integrity and finiteness checked, not the model or the data"
+        detail = f"training state at step {manifest.step}, cursor {manifest.cursor}, {data_note}"
+    else:
+        verify_tensors(store, ref, manifest)
+        detail = f"{ref.kind.value} checkpoint"
+    emit(
+        args,
+        {"checkpoint": str(ref), "ok": True, "fingerprint": manifest.fingerprint, "step": manifest.step},
+        f"ok: {ref} ({detail}; {manifest.total_bytes} bytes, every checksum verified)",
+    )
+    return 0
+
+
+def _trainer_here(found: TrainConfig, given: TrainConfig | None) -> Trainer:
+    """The trainer that checks a checkpoint against its model; when its package or its data is
+    not on this machine, say so (exit 2) and point at ``--format-only``: a verify that could
+    not check the model must not exit 0."""
+    try:
+        return trainer_for_checkpoint(found, given)
+    except ConfigError as exc:
+        if "is not installed" in str(exc) or "data.path" in str(exc) or "dataset file" in str(exc):
+            raise ConfigError(
+                f"{exc} — the model and data cannot be checked on this machine; "
+                "`cairn ckpt verify --format-only` checks integrity alone"
+            ) from None
+        raise
+
+
+def cmd_ckpt_compare(args: argparse.Namespace) -> int:
+    ref_a, ref_b = CheckpointRef.parse(args.a), CheckpointRef.parse(args.b)
+    for flag, value in (("--rtol", args.rtol), ("--atol", args.atol)):
+        if not (math.isfinite(value) and 0 <= value <= 1):
+            raise ConfigError(flag, expected="a number in [0, 1]", found=value)
+    given = load_config(args.config) if args.config else None
+    state_a, man_a = load_training(open_store(ref_a.store_url), ref_a, run_config=given)
+    state_b, man_b = load_training(open_store(ref_b.store_url), ref_b, run_config=given)
+    diffs = compare_states(state_a, state_b, rtol=args.rtol, atol=args.atol)
+    tolerant = bool(args.rtol or args.atol)
+    profiles = [n.id if (n := s.lineage.numerics) else None for s in (state_a, state_b)]
+    payload = {
+        "numerics": profiles,
+        "a": str(ref_a),
+        "b": str(ref_b),
+        "identical": not diffs,
+        "contract": f"tolerance rtol={args.rtol:g} atol={args.atol:g}" if tolerant else "bit-exact",
+        "fingerprints": [man_a.fingerprint, man_b.fingerprint],
+        "differences": [d.to_json() for d in diffs],
+    }
+    if not diffs:
+        how = f"within rtol={args.rtol:g}, atol={args.atol:g}" if tolerant else "bit for bit"
+        emit(
+            args,
+            payload,
+            f"identical: every tensor, t, rng, cursor, trainer state, history, config and lineage match {how}",
+        )
+        return 0
+    lines = [f"DIFFERENT: {len(diffs)} field(s) differ"]
+    if profiles[0] != profiles[1]:
+        lines.append(
+            f"  computed under numerics profiles {profiles[0] or '(unrecorded)'} and {profiles[1] or '(unrecorded)'}: "
+            "states of different profiles are equal only within a tolerance"
+        )
+    for d in diffs:
+        extra = "" if d.max_abs_diff is None else f" (max abs diff {d.max_abs_diff:.6g})"
+        lines.append(f"  {d.field}: {d.detail}{extra}")
+    emit(args, payload, "\n".join(lines))
+    raise CommandFailed(1)
+
+
+def cmd_ckpt_gc(args: argparse.Namespace) -> int:
+    run_id = run_id_arg(args.run, "--run")
+    assert run_id is not None
+    store = store_arg(args.store, must_exist=True)
+    if not any(True for _ in store.list(f"{run_id}/")):
+        raise ConfigError("--run", expected=f"a run with objects in {store.url}", found=run_id)
+    policy = RetentionPolicy(keep_last=args.keep_last, keep_every=args.keep_every, grace_seconds=args.grace_seconds)
+    plan = collect_garbage(store, run_id, policy, dry_run=args.dry_run)
+    verb = "would delete" if args.dry_run else "deleted"
+    lines = [f"keep   {r}" for r in plan.keep] + [f"{verb} {r}" for r in plan.delete]
+    lines += [f"{verb} orphan {k}" for k in plan.orphans]
+    lines += [f"{'would abort' if args.dry_run else 'aborted'} incomplete upload {k}" for k in plan.aborted_uploads]
+    lines.append(
+        f"{verb} {len(plan.delete)} checkpoint(s), {len(plan.orphans)} orphan object(s), {plan.deleted_bytes} bytes"
+    )
+    emit(args, {"dry_run": args.dry_run, **plan.to_json()}, "\n".join(lines))
+    return 0
+
+
+def cmd_ckpt_pin(args: argparse.Namespace) -> int:
+    ref = CheckpointRef.parse(args.checkpoint)
+    store = open_store(ref.store_url)
+    read_manifest(store, ref, expect_kind=None)  # only committed checkpoints can be pinned
+    pin(store, ref, args.name)
+    emit(args, {"checkpoint": str(ref), "pin": args.name}, f"pinned {ref} as {args.name!r}")
+    return 0
+
+
+def cmd_ckpt_unpin(args: argparse.Namespace) -> int:
+    run_id = run_id_arg(args.run, "--run")
+    assert run_id is not None
+    store = store_arg(args.store, must_exist=True)
+    unpin(store, run_id, args.name)
+    emit(args, {"store": store.url, "run_id": run_id, "unpinned": args.name}, f"unpinned {args.name!r} of {run_id}")
+    return 0
+
+
+def cmd_ckpt_list(args: argparse.Namespace) -> int:
+    run_id = run_id_arg(args.run, "--run")
+    store = store_arg(args.store, must_exist=True)
+    refs = list_checkpoints(store, run_id)
+    if run_id is not None and not refs:
+        raise ConfigError("--run", expected=f"a run with committed checkpoints in {store.url}", found=run_id)
+    pins: dict[tuple[str, str, int], list[str]] = {}
+    for run in sorted({r.run_id for r in refs}):
+        for (kind, step), names in pinned_steps(store, run).items():
+            pins[(run, kind, step)] = sorted(names)
+    rows = []
+    lines = []
+    for r in refs:
+        names = pins.get((r.run_id, r.kind.value, r.step), [])
+        rows.append({"checkpoint": str(r), "run_id": r.run_id, "kind": r.kind.value, "step": r.step, "pins": names})
+        lines.append(str(r) + (f"   pinned: {', '.join(names)}" if names else ""))
+    emit(args, {"store": store.url, "checkpoints": rows}, "\n".join(lines) or "(no committed checkpoints)")
+    return 0

@@ -1,0 +1,61 @@
+"""``cairn eval``: a checkpoint's loss and accuracy on its validation or final test split; a
+final-test evaluation is an exposure, logged in the run's store."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from cairn.checkpoint import CheckpointKind, CheckpointRef
+from cairn.checkpoint.manager import load_training_with_trainer
+from cairn.config import load_config
+from cairn.errors import ConfigError
+from cairn.runs.exposures import record_test_exposure
+from cairn.stores import open_store
+from cairn.trainers.loading import load_trainer
+from workers.cli.args import Common, add_numerics_arg
+from workers.cli.output import emit
+
+__all__ = ["cmd_eval", "register"]
+
+
+def register(sub: Any, common: Common) -> None:
+    p = sub.add_parser("eval", help="evaluate a checkpoint on its validation or final test split")
+    common(p)
+    p.add_argument("checkpoint")
+    p.add_argument("--split", choices=["val", "test"], default="val")
+    p.add_argument("--config", help="the run's config (trusts the trainer it names)")
+    add_numerics_arg(p, "evaluates")
+    p.set_defaults(handler=cmd_eval)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Evaluate a checkpoint on a held-out split; a test-split evaluation is an exposure, logged."""
+    ref = CheckpointRef.parse(args.checkpoint)
+    if ref.kind != CheckpointKind.TRAINING:
+        raise ConfigError("checkpoint.kind", expected="training", found=ref.kind.value)
+    store = open_store(ref.store_url)
+    given = load_config(args.config) if args.config else None
+    trainer = load_trainer(given) if given is not None else None
+    state, manifest, trainer = load_training_with_trainer(store, ref, trainer=trainer)
+    metrics = trainer.evaluate(state, args.split)
+    if metrics is None:
+        raise ConfigError(
+            "--split", expected=f"a split this run holds out (set data.{args.split}_fraction)", found=args.split
+        )
+    payload: dict[str, Any] = {"checkpoint": str(ref), "split": args.split, "step": state.step, **metrics}
+    text = f"{args.split} at step {state.step}: loss {metrics['loss']:.6f}, accuracy {metrics['accuracy']:.4f}"
+    if args.split == "test":
+        count = record_test_exposure(store, ref, manifest.fingerprint, metrics, state.lineage)
+        payload["final_test_exposures"] = count
+        text += f"\nfinal-test exposures of this lineage: {count} (logged in {store.url}/{ref.run_id}/lifecycle/)"
+        if count >= 2:
+            payload["warning"] = "the final test split has been evaluated more than once"
+            print(
+                f"warning: the final test split has now been evaluated {count} times in this lineage; "
+                "its score is no longer an unbiased estimate",
+                file=sys.stderr,
+            )
+    emit(args, payload, text)
+    return 0
