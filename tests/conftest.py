@@ -19,13 +19,15 @@ from cairn.checkpoint import CheckpointRef, write_checkpoint
 from cairn.checkpoint.content import CheckpointContent
 from cairn.checkpoint.manifest import CheckpointKind
 from cairn.checkpoint.training import training_content, training_tensors
-from cairn.config import TrainConfig
+from cairn.config import TrainConfig, parse_config
 from cairn.distributed.reduce import summing_in
 from cairn.state import TrainState
 from cairn.stores import LocalStore, MemoryStore
 from cairn.stores.base import Store
 
 REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures"
+"""Inputs recorded by earlier code: a format-v1 checkpoint, workflow histories."""
 TOOL_CACHES = frozenset({".git", ".venv", "__pycache__", ".pytest_cache", ".hypothesis", ".mypy_cache", ".ruff_cache"})
 """Folders tools own (the VCS, the venv, caches): everything else in the checkout is the user's."""
 
@@ -56,6 +58,43 @@ def small_config(**overrides: Any) -> TrainConfig:
     return TrainConfig.model_validate(base)
 
 
+def epoch_config(**data: object) -> TrainConfig:
+    """The small config by epochs, with validation and test splits held out."""
+    base = small_config().model_dump(mode="json")
+    base["data"].update({"sampling": "epoch", "val_fraction": 0.2, "test_fraction": 0.1, **data})
+    return parse_config(base)
+
+
+def dist_config(microbatches: int = 8, block_bytes: int = 64, **overrides: object) -> TrainConfig:
+    """The small config, distributed: batches of 16 in ``microbatches`` microbatches."""
+    body = small_config().model_dump(mode="json")
+    body.update(batch_size=16, distributed={"microbatches": microbatches, "block_bytes": block_bytes})
+    body.update(overrides)
+    return TrainConfig.model_validate(body)
+
+
+def digits_config(**options: Any) -> TrainConfig:
+    """The digits example (a PyTorch CNN), small: 4 channels, 16 hidden units."""
+    body = json.loads((REPO / "examples" / "digits.json").read_text())
+    body["trainer"]["options"].update({"channels": 4, "hidden": 16, **options})
+    return parse_config(body)
+
+
+DP_MICROBATCHES = 8
+DP_BLOCK_BYTES = 256
+
+
+def digits_dp_config(microbatches: int = DP_MICROBATCHES, **options: Any) -> TrainConfig:
+    """The digits example, small: 4 channels, 16 hidden units, a 10% train split (5 updates
+    per epoch, so an evaluation comes early), batches of 32 in ``microbatches`` microbatches."""
+    body = json.loads((REPO / "examples" / "digits.json").read_text())
+    body["trainer"]["options"].update(
+        {"channels": 4, "hidden": 16, "val_fraction": 0.45, "test_fraction": 0.45, **options}
+    )
+    body["distributed"] = {"microbatches": microbatches, "block_bytes": DP_BLOCK_BYTES}
+    return parse_config(body)
+
+
 @pytest.fixture
 def config() -> TrainConfig:
     return small_config()
@@ -69,6 +108,13 @@ def local_store(tmp_path: Path) -> LocalStore:
 @pytest.fixture
 def memory_store() -> MemoryStore:
     return MemoryStore()
+
+
+@pytest.fixture
+def no_signing_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No signing key from the environment the suite runs in: a test signs only with a key it sets."""
+    monkeypatch.delenv("CAIRN_SIGNING_KEY", raising=False)
+    monkeypatch.delenv("CAIRN_SIGNING_KEY_FILE", raising=False)
 
 
 def write_broken(

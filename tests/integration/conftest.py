@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import os
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,6 +90,10 @@ def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[object
 
 
 # -- Temporal ---------------------------------------------------------------------------------
+TEMPORAL_STARTS = 3
+"""How many times the session's dev server is started with fresh ports before the fixture gives up."""
+
+
 @dataclass(frozen=True)
 class TemporalServer:
     address: str
@@ -99,15 +105,28 @@ def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tempor
     from workers.stack.servers import temporal_command, wait_for_tcp
 
     root = tmp_path_factory.mktemp("temporal")
-    port = free_port()
-    server = ServerProcess("temporal", temporal_command(port, None, root / "temporal.db"), root / "temporal.log")
-    server.start()
+    for attempt in range(1, TEMPORAL_STARTS + 1):
+        # A port free_port() saw free can be taken before the server binds it (the server picks
+        # its HTTP and metrics ports the same way): the server then exits; retry with new ports.
+        port = free_port()
+        argv = temporal_command(port, None, root / f"temporal-{attempt}.db")
+        server = ServerProcess("temporal", argv, root / f"temporal-{attempt}.log").start()
+        try:
+            wait_for_tcp("127.0.0.1", port, timeout=60, alive=server.alive)
+        except RuntimeError:  # it exited
+            server.stop()
+            if attempt == TEMPORAL_STARTS:
+                pytest.fail(
+                    f"the Temporal dev server did not start {TEMPORAL_STARTS} times; last log:\n{server.log_tail()}"
+                )
+            continue
+        except Exception:
+            server.stop()
+            print(server.log_tail())
+            raise
+        break
     try:
-        wait_for_tcp("127.0.0.1", port, timeout=60, alive=server.alive)
         yield TemporalServer(address=f"127.0.0.1:{port}", process=server)
-    except Exception:
-        print(server.log_tail())
-        raise
     finally:
         server.stop(grace=5.0)
 
@@ -200,7 +219,9 @@ async def wait_progress(handle: WorkflowHandle[Any, Any], predicate: Any, timeou
 def cairn(
     *args: str, env: dict[str, str] | None = None, check: bool = True, timeout: float = 180
 ) -> subprocess.CompletedProcess[str]:
-    """The `cairn` command in a fresh process, as a user runs it."""
+    """The `cairn` command in a fresh process, as a user runs it. For what only a process shows:
+    signals, a worker, a re-exec under a numerics profile, a fresh interpreter's environment;
+    else :func:`cli` (the same command in this process, without 1-2 s of interpreter start)."""
     return subprocess.run(
         [sys.executable, "-m", "workers.cli", *args],
         capture_output=True,
@@ -210,3 +231,61 @@ def cairn(
         check=check,
         timeout=timeout,
     )
+
+
+@contextlib.contextmanager
+def _environment(extra: Mapping[str, str]) -> Iterator[None]:
+    """``extra`` laid over os.environ, then every change (the command's too) undone key by key:
+    never a moment with the environment cleared, which a worker thread of the test could see."""
+    before = dict(os.environ)
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for key in set(os.environ) - set(before):
+            del os.environ[key]
+        for key, value in before.items():
+            if os.environ.get(key) != value:
+                os.environ[key] = value
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What a `cairn` command run by :func:`cli` did: its exit code and what it printed."""
+
+    args: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def cli(*args: str, env: dict[str, str] | None = None, check: bool = True) -> CommandResult:
+    """The `cairn` command called in this process, ``workers.cli.main.main(argv)``: its exit code,
+    stdout and stderr, with ``env`` laid over the environment for the call (and whatever the
+    command itself sets there, e.g. ``--endpoint-url``, undone after it).
+
+    For short commands whose process does not matter. Commands that talk to Temporal run their
+    own event loop (``asyncio.run``): from an async test, ``await asyncio.to_thread(cli, ...)``.
+    ``train`` sets signal handlers, so it needs the main thread (a sync test)."""
+    from workers.cli.main import main
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass  # no loop in this thread: the command may run its own
+    else:
+        raise AssertionError("cli() inside a running event loop: use `await asyncio.to_thread(cli, ...)`")
+    out, err = io.StringIO(), io.StringIO()
+    with (
+        _environment(env or {}),
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+    ):
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse's --help, or a command that exits
+            code = exc.code if isinstance(exc.code, int) else 1
+    result = CommandResult(args, code, out.getvalue(), err.getvalue())
+    if check and code != 0:
+        raise AssertionError(f"cairn {' '.join(args)} exited {code}\nstdout: {result.stdout}\nstderr: {result.stderr}")
+    return result

@@ -3,6 +3,7 @@ Temporal down, Ctrl-C of a worker and of `run watch`, and what a worker logs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ from typing import IO
 import pytest
 
 from tests.conftest import REPO
-from tests.integration.conftest import TemporalServer, cairn
+from tests.integration.conftest import TemporalServer, cairn, cli
 from workers.stack.servers import free_port
 
 pytestmark = pytest.mark.integration
@@ -31,7 +32,8 @@ def run_file(tmp_path: Path, **changes: object) -> Path:
 
 
 def cli_worker(task_queue: str, env: dict[str, str], out: IO[str] | None = None) -> subprocess.Popen[str]:
-    """`cairn worker` in its own process, its output to ``out`` (default: discarded)."""
+    """`cairn worker` in its own process, its output to ``out`` (default: discarded). A process,
+    not :func:`cli`: it is signalled and killed, serves metrics and sets up its own logging."""
     return subprocess.Popen(
         [sys.executable, "-m", "workers.cli", "worker", "--task-queue", task_queue],
         cwd=REPO,
@@ -42,48 +44,76 @@ def cli_worker(task_queue: str, env: dict[str, str], out: IO[str] | None = None)
     )
 
 
+def connected_to(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds an established TCP connection to local port ``port``."""
+    inodes = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "01" and int(fields[2].rsplit(":", 1)[1], 16) == port:  # 01: ESTABLISHED
+                inodes.add(f"socket:[{fields[9]}]")
+    links = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):  # closed meanwhile
+            links.add(os.readlink(fd))
+    return bool(inodes & links)
+
+
 def test_status_without_a_worker_and_a_duplicate_start(
     temporal_server: TemporalServer, tmp_path: Path, task_queue: str
 ) -> None:
     env = {"TEMPORAL_ADDRESS": temporal_server.address}
     path = run_file(tmp_path)
     rid = json.loads(path.read_text())["run_id"]
-    started = json.loads(cairn("run", "start", str(path), "--task-queue", task_queue, "--json", env=env).stdout)
+    started = json.loads(cli("run", "start", str(path), "--task-queue", task_queue, "--json", env=env).stdout)
     assert started["workflow_id"] == rid and started["store"] == str(tmp_path / "store")
-    status = cairn("run", "status", rid, env=env, timeout=30)  # no worker polls this queue
+    asked = time.monotonic()
+    status = cli("run", "status", rid, env=env)  # no worker polls this queue
+    assert time.monotonic() - asked < 30  # answers without a worker, instead of waiting for one
     assert status.returncode == 0 and f"{rid}: RUNNING" in status.stdout
     assert "no worker is polling" in status.stdout and "None" not in status.stdout
-    as_json = json.loads(cairn("run", "status", rid, "--json", env=env).stdout)
+    as_json = json.loads(cli("run", "status", rid, "--json", env=env).stdout)
     assert as_json["status"] == "RUNNING" and as_json["workers_polling"] == 0
-    again = cairn("run", "start", str(path), "--task-queue", task_queue, env=env, check=False)
+    again = cli("run", "start", str(path), "--task-queue", task_queue, env=env, check=False)
     assert again.returncode == 5 and "already running" in again.stderr and "Traceback" not in again.stderr
     assert len(again.stderr.strip().splitlines()) == 1
-    # Ctrl-C of `run watch` stops watching, not the run.
+    # Ctrl-C of `run watch` stops watching, not the run. A process of its own: the signal is the point.
     watch = subprocess.Popen(
         [sys.executable, "-m", "workers.cli", "run", "watch", rid],
         cwd=REPO, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    time.sleep(3)
-    watch.send_signal(signal.SIGINT)
-    _, err = watch.communicate(timeout=30)
+    try:
+        port = int(temporal_server.address.rsplit(":", 1)[1])
+        deadline = time.monotonic() + 60
+        while not connected_to(watch.pid, port):  # watching: past the interpreter's start, talking to Temporal
+            assert watch.poll() is None, watch.communicate()
+            assert time.monotonic() < deadline, "`cairn run watch` did not connect to Temporal"
+            time.sleep(0.05)
+        watch.send_signal(signal.SIGINT)
+        _, err = watch.communicate(timeout=30)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait()
     assert watch.returncode == 130 and "the run keeps going" in err and "Traceback" not in err, err
-    assert json.loads(cairn("run", "status", rid, "--json", env=env).stdout)["status"] == "RUNNING"
+    assert json.loads(cli("run", "status", rid, "--json", env=env).stdout)["status"] == "RUNNING"
     worker = cli_worker(task_queue, env)
     try:
-        assert cairn("run", "cancel", rid, env=env).returncode == 0
+        assert cli("run", "cancel", rid, env=env).returncode == 0
         deadline = time.monotonic() + 60
-        while (closed := json.loads(cairn("run", "status", rid, "--json", env=env).stdout))["status"] == "RUNNING":
+        while (closed := json.loads(cli("run", "status", rid, "--json", env=env).stdout))["status"] == "RUNNING":
             assert time.monotonic() < deadline
-            time.sleep(0.5)
+            time.sleep(0.1)
     finally:
         worker.terminate()
         worker.wait(timeout=60)
     assert closed["status"] == "CANCELED"
-    text = cairn("run", "status", rid, env=env).stdout
+    text = cli("run", "status", rid, env=env).stdout
     assert "CANCELED" in text and "failed" not in text.lower(), text
 
 
 def test_worker_with_temporal_down_is_one_line() -> None:
+    # A process: `cairn worker` sets up logging, signal handlers and a metrics endpoint for its own.
     down = cairn("worker", "--address", f"127.0.0.1:{free_port()}", check=False, timeout=60)
     assert down.returncode == 5, down.stderr
     lines = [line for line in down.stderr.strip().splitlines() if "cairn: error" in line]
@@ -103,7 +133,7 @@ def test_worker_stops_cleanly_and_logs_what_training_does(
     with log.open("w") as out:
         worker = cli_worker(task_queue, env, out)
         try:
-            cairn("run", "start", str(path), "--task-queue", task_queue, env=env)
+            cli("run", "start", str(path), "--task-queue", task_queue, env=env)
             deadline = time.monotonic() + 60
             while "committed step 20" not in log.read_text():
                 assert time.monotonic() < deadline, log.read_text()
@@ -113,7 +143,7 @@ def test_worker_stops_cleanly_and_logs_what_training_does(
         finally:
             if worker.poll() is None:
                 worker.kill()
-            cairn("run", "cancel", rid, env=env, check=False)
+            cli("run", "cancel", rid, env=env, check=False)
     text = log.read_text()
     assert worker.returncode == 0, text
     for line in ("segment to step 200, attempt 1", "resumed from step 0", "committed step 10", "handed back at step"):
@@ -152,7 +182,7 @@ def test_metrics_endpoint_and_json_logs(temporal_server: TemporalServer, tmp_pat
     with log.open("w") as out:
         worker = cli_worker(task_queue, env, out)
         try:
-            cairn("run", "start", str(path), "--task-queue", task_queue, env=env)
+            cli("run", "start", str(path), "--task-queue", task_queue, env=env)
             deadline = time.monotonic() + 60
             while True:  # scraped during the run: steps climb before the run is over
                 try:
@@ -163,7 +193,7 @@ def test_metrics_endpoint_and_json_logs(temporal_server: TemporalServer, tmp_pat
                     break
                 assert time.monotonic() < deadline and during < 30, during
                 time.sleep(0.1)
-            done = json.loads(cairn("run", "result", rid, "--json", env=env).stdout)
+            done = json.loads(cli("run", "result", rid, "--json", env=env).stdout)
             assert done["status"] == "completed" and done["steps"] == 30
             metrics = _scrape(url)
         finally:
@@ -197,23 +227,23 @@ def test_run_report_and_list(temporal_server: TemporalServer, tmp_path: Path, ta
     rid = json.loads(path.read_text())["run_id"]
     worker = cli_worker(task_queue, env)
     try:
-        cairn("run", "start", str(path), "--task-queue", task_queue, env=env)
+        cli("run", "start", str(path), "--task-queue", task_queue, env=env)
         first_commit = tmp_path / "store" / rid / "training" / f"{10:012d}" / "manifest.json"
         deadline = time.monotonic() + 60
         while not first_commit.exists():  # the first segment is underway, 2.5 s of it left
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        cairn("run", "checkpoint", rid, env=env)  # an interruption: checkpoint now, carry on
-        done = json.loads(cairn("run", "result", rid, "--json", env=env).stdout)
+        cli("run", "checkpoint", rid, env=env)  # an interruption: checkpoint now, carry on
+        done = json.loads(cli("run", "result", rid, "--json", env=env).stdout)
         assert done["status"] == "completed"
     finally:
         worker.terminate()
         worker.wait(timeout=60)
     out = tmp_path / "report"
-    report = json.loads(cairn("run", "report", rid, "--out", str(out), "--json", env=env).stdout)
+    report = json.loads(cli("run", "report", rid, "--out", str(out), "--json", env=env).stdout)
     assert report["steps"] == 90 and report["interruptions"] == 1 and report["failures"] == 0
     assert all((out / name).stat().st_size > 5000 for name in ("loss_lr.png", "timeline.png", "throughput.png"))
-    listed = json.loads(cairn("run", "list", "--json", env=env).stdout)["runs"]
+    listed = json.loads(cli("run", "list", "--json", env=env).stdout)["runs"]
     mine = [r for r in listed if r["workflow_id"] == rid]
     assert len(mine) == 1 and mine[0]["status"] == "COMPLETED" and mine[0]["step"] == mine[0]["total"] == 90
-    assert rid in cairn("run", "list", env=env).stdout
+    assert rid in cli("run", "list", env=env).stdout

@@ -40,9 +40,8 @@ from cairn.gang.launch import Gang, GangSpec, gang_processes
 from cairn.gang.rank import run_rank
 from cairn.stores import open_store
 from cairn.stores.base import Store
-from tests.conftest import REPO
+from tests.conftest import REPO, dist_config
 from tests.integration.conftest import S3Server, TemporalServer, start_worker_process, wait_progress
-from tests.unit.test_distributed_core import dist_config
 from workers.reports.timeline import run_events
 from workers.stack.servers import ServerProcess
 from workflows.training_run import TrainingRun
@@ -138,6 +137,8 @@ def test_ctrl_c_of_cairn_train_checkpoints_every_rank_together(tmp_path: Path, s
     argv = [sys.executable, "-m", "workers.cli", "train", "--config", str(config), "--store", str(store)]
     argv += ["--run-id", "dist", "--steps", "200000", "--checkpoint-every", "100000", "--world-size", "2"]
     env = {**os.environ, "TMPDIR": str(tmp_path)}
+    # Processes, not workers.cli.main in this one: the signals are the point, and the gang's job
+    # folder goes where the command's own TMPDIR says (this process has cached its temp dir).
     cli = subprocess.Popen(argv, cwd=REPO, env=env, start_new_session=True, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 90
@@ -174,7 +175,7 @@ def test_ctrl_c_of_cairn_train_checkpoints_every_rank_together(tmp_path: Path, s
     assert read_manifest(local, latest_committed(local, "dist"), expect_kind=None).writer.ranks == 2  # type: ignore[arg-type]
     if sig == "SIGTERM":
         return
-    relative = f"store/dist/training/{step:012d}"  # as a user in tmp_path types it
+    relative = f"store/dist/training/{step:012d}"  # as a user in tmp_path types it (a process: its own cwd)
     argv = [sys.executable, "-m", "workers.cli", "train", "--resume", relative, "--store", "store"]
     argv += ["--steps", "2", "--world-size", "2", "--json"]
     resumed = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)

@@ -19,7 +19,7 @@ from cairn.gang.job import GangJob, RankResult
 from cairn.gang.launch import Gang, GangSpec
 from cairn.gang.rank import run_rank
 from cairn.stores import LocalStore
-from tests.unit.test_torch_dp import digits_dp_config
+from tests.conftest import digits_dp_config
 
 pytestmark = pytest.mark.integration
 

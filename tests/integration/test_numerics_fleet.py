@@ -12,10 +12,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import Client, WorkflowHandle
 
 from activities.models import RunSummary
@@ -24,6 +26,7 @@ from cairn.numerics import PROFILES
 from cairn.stores import LocalStore
 from tests.conftest import REPO
 from tests.integration.conftest import TemporalServer, run_input, start_worker_process
+from workers.cli.temporal import segment_view
 from workers.stack.servers import ServerProcess
 from workflows.training_run import TrainingRun
 
@@ -39,15 +42,39 @@ def machine_env(**extra: str) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if k not in CONTROLS}, **extra}
 
 
-def reference_fingerprint(tmp_path: Path, config: dict[str, object], numerics: str, env: dict[str, str]) -> str:
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(config))
-    out = subprocess.run(
-        [sys.executable, "-m", "workers.cli", "train", "--config", str(path), "--steps", str(STEPS),
-         "--store", str(tmp_path / f"reference-{numerics}"), "--numerics", numerics, "--json"],
-        capture_output=True, text=True, cwd=REPO, env=env, timeout=180, check=True,
-    )  # fmt: skip
-    return str(json.loads(out.stdout)["fingerprint"])
+Reference = Callable[[dict[str, object], str, dict[str, str]], Callable[[], str]]
+
+
+@pytest.fixture
+def reference_fingerprint(tmp_path: Path) -> Iterator[Reference]:
+    """Start the uninterrupted reference run (`cairn train`) and get a function that returns its
+    fingerprint: it computes while the test's run waits on its workers. A process, not in this
+    one: it computes under ``env`` (a host's environment without the test's pins, or a
+    restricted CPU), and ``--numerics`` re-execs it under the profile."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(config: dict[str, object], numerics: str, env: dict[str, str]) -> Callable[[], str]:
+        path = tmp_path / f"config-{numerics}.json"
+        path.write_text(json.dumps(config))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "workers.cli", "train", "--config", str(path), "--steps", str(STEPS),
+             "--store", str(tmp_path / f"reference-{numerics}"), "--numerics", numerics, "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env,
+        )  # fmt: skip
+        started.append(proc)
+
+        def fingerprint() -> str:
+            out, err = proc.communicate(timeout=180)
+            assert proc.returncode == 0, err
+            return str(json.loads(out)["fingerprint"])
+
+        return fingerprint
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:  # the test failed before it read the result
+            proc.kill()
+        proc.communicate()
 
 
 async def wait_commit(store: LocalStore, run_id: str, at_least: int, proc: ServerProcess) -> int:
@@ -82,10 +109,16 @@ async def hand_over(
 
 @pytest.mark.parametrize("numerics", ["x86-64-v2", "x86-64-v3"])
 async def test_a_mixed_fleet_ends_bit_identical_under_the_runs_profile(
-    client: Client, temporal_server: TemporalServer, task_queue: str, tmp_path: Path, numerics: str
+    client: Client,
+    temporal_server: TemporalServer,
+    task_queue: str,
+    tmp_path: Path,
+    numerics: str,
+    reference_fingerprint: Reference,
 ) -> None:
     inp = run_input(tmp_path, total_steps=STEPS, steps_per_segment=STEPS, throttle_seconds_per_step=0.04,
                     numerics=numerics)  # fmt: skip
+    expected = reference_fingerprint(inp.config.model_dump(mode="json"), numerics, machine_env(**RESTRICTED))
     store = LocalStore(inp.store)
     procs: list[ServerProcess] = []
     try:
@@ -96,8 +129,7 @@ async def test_a_mixed_fleet_ends_bit_identical_under_the_runs_profile(
             proc.stop()
     assert summary.retried_segments == 1 and summary.steps == STEPS
     assert "resumed from step" in (tmp_path / "b.log").read_text()  # the restricted worker finished it
-    expected = reference_fingerprint(tmp_path, inp.config.model_dump(mode="json"), numerics, machine_env(**RESTRICTED))
-    assert summary.fingerprint == expected
+    assert summary.fingerprint == expected()
     assert summary.checkpoint is not None
     state, _ = load_training(store, latest_committed(store, inp.run_id))  # type: ignore[arg-type]
     assert state.lineage.numerics is not None and state.lineage.numerics.profile == numerics
@@ -105,21 +137,30 @@ async def test_a_mixed_fleet_ends_bit_identical_under_the_runs_profile(
 
 
 async def test_unpinned_segments_wait_for_a_worker_of_their_own_kind(
-    client: Client, temporal_server: TemporalServer, task_queue: str, tmp_path: Path
+    client: Client, temporal_server: TemporalServer, task_queue: str, tmp_path: Path, reference_fingerprint: Reference
 ) -> None:
     """Pinning switched off: the two kinds of worker compute different bits (shown in the unit
     tests), so the restricted one must never take the run over — the run waits until a worker of
     the kind that computed it returns, then ends bit-identical to that kind's reference."""
     inp = run_input(tmp_path, total_steps=STEPS, steps_per_segment=STEPS, throttle_seconds_per_step=0.04,
                     numerics="native")  # fmt: skip
+    expected = reference_fingerprint(inp.config.model_dump(mode="json"), "native", machine_env())
     store = LocalStore(inp.store)
     procs: list[ServerProcess] = []
     try:
         handle = await hand_over(client, temporal_server, task_queue, tmp_path, inp, procs)
         stalled_at = latest_committed(store, inp.run_id)
-        await asyncio.sleep(6)  # a heartbeat timeout (3 s) and retries: the restricted worker is idle
+        # The loss is noticed (a heartbeat timeout, 3 s) and the segment's retry is up for grabs...
+        deadline = time.monotonic() + 60
+        while (view := segment_view(await handle.describe())) is None or view["attempt"] < 2:
+            assert time.monotonic() < deadline, view
+            await asyncio.sleep(0.05)
+        # ... and stays there: the restricted worker, polling all along, is handed nothing.
+        await asyncio.sleep(1.5)  # deliberate: the window in which a misrouted retry would be taken
         assert latest_committed(store, inp.run_id) == stalled_at
         assert "segment to step" not in (tmp_path / "b.log").read_text()
+        view = segment_view(await handle.describe())
+        assert view is not None and view["state"] != PendingActivityState.PENDING_ACTIVITY_STATE_STARTED, view
         procs.append(
             start_worker_process(
                 temporal_server.address, task_queue, tmp_path / "c.log", machine_env(), extra=("--numerics", "native")
@@ -130,5 +171,4 @@ async def test_unpinned_segments_wait_for_a_worker_of_their_own_kind(
         for proc in procs:
             proc.stop()
     assert "resumed from step" in (tmp_path / "c.log").read_text()
-    assert summary.fingerprint == reference_fingerprint(tmp_path, inp.config.model_dump(mode="json"), "native",
-                                                        machine_env())  # fmt: skip
+    assert summary.fingerprint == expected()

@@ -21,7 +21,7 @@ from tests.integration.conftest import (
     S3Server,
     TemporalServer,
     assert_matches_reference,
-    cairn,
+    cli,
     run_input,
     start_worker_process,
     wait_progress,
@@ -153,7 +153,7 @@ async def test_recomputed_steps_count_the_steps_really_redone(
     try:
         handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
         await wait_committed(store, inp.run_id, every)
-        await asyncio.sleep(0.6)
+        await asyncio.sleep(0.6)  # deliberate: the kill lands ~12 steps past the commit at 20, before 40's
         seen = live_step(await handle.describe()) or 0
         os.killpg(first.pid, signal.SIGKILL)
         durable = latest_committed(store, inp.run_id)
@@ -212,7 +212,11 @@ async def test_a_store_that_does_not_exist_fails_the_run_at_once(
     cause = innermost(failed.value)
     assert getattr(cause, "type", None) == "StoreNotFoundError" and "no such bucket" in str(cause), cause
     env = {"AWS_ENDPOINT_URL_S3": seaweedfs.endpoint}
-    missing_bucket = cairn("ckpt", "list", "s3://no-such-bucket-cairn/runs", env=env, check=False)
+    missing_bucket = await asyncio.to_thread(
+        cli, "ckpt", "list", "s3://no-such-bucket-cairn/runs", env=env, check=False
+    )
     assert missing_bucket.returncode == 2 and "StoreNotFoundError" in missing_bucket.stderr
-    missing_prefix = cairn("ckpt", "list", f"s3://{seaweedfs.bucket}/no-such-prefix", env=env, check=False)
+    missing_prefix = await asyncio.to_thread(
+        cli, "ckpt", "list", f"s3://{seaweedfs.bucket}/no-such-prefix", env=env, check=False
+    )
     assert missing_prefix.returncode == 2 and "no-such-prefix" in missing_prefix.stderr

@@ -20,13 +20,20 @@ from cairn.checkpoint import CheckpointRef, latest_committed, load_training
 from cairn.checkpoint.compare import compare_states
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore, MemoryStore
+from tests.conftest import digits_config
 from tests.integration.conftest import TemporalServer, start_worker_process, wait_progress
-from tests.unit.test_torch_adapter import digits_config
 from workers.stack.servers import ServerProcess
 from workers.worker import serving
 from workflows.training_run import TrainingRun
 
 pytestmark = pytest.mark.integration
+
+
+def train_reference(inp: TrainingRunInput, steps: int) -> TrainingSession:
+    """The uninterrupted run, in this process."""
+    reference = TrainingSession.fresh("reference", MemoryStore(f"ref-{uuid.uuid4().hex}"), inp.config)
+    reference.run(steps)
+    return reference
 
 
 def torch_run_input(tmp_path: Path, **overrides: Any) -> TrainingRunInput:
@@ -64,6 +71,8 @@ async def test_torch_run_by_epochs_survives_sigkill_bit_identical(
         os.killpg(first.pid, signal.SIGKILL)
         first.proc.wait(timeout=10)  # type: ignore[union-attr]
         second = start_worker_process(temporal_server.address, task_queue, tmp_path / "worker-b.log")
+        # The reference trains in a thread meanwhile: the run waits out a heartbeat timeout now.
+        reference_run = asyncio.create_task(asyncio.to_thread(train_reference, inp, 78))
         progress = await wait_progress(handle, lambda p: p["val_loss"] is not None, timeout=120)
         assert progress["steps_per_epoch"] == 39 and progress["epoch"] >= 1.0
         summary = RunSummary.model_validate(await asyncio.wait_for(handle.result(), timeout=180))
@@ -79,8 +88,7 @@ async def test_torch_run_by_epochs_survives_sigkill_bit_identical(
     assert summary.checkpoint is not None
     ref = CheckpointRef.parse(summary.checkpoint)
     state, manifest = load_training(LocalStore(ref.store_url), ref)
-    reference = TrainingSession.fresh("reference", MemoryStore(f"ref-{uuid.uuid4().hex}"), inp.config)
-    reference.run(78)
+    reference = await reference_run
     assert compare_states(state, reference.state) == []
     assert reference.last_commit is not None and manifest.fingerprint == reference.last_commit.manifest.fingerprint
     assert state.history["val_step"] == [39.0, 78.0]

@@ -28,12 +28,13 @@ from tests.conftest import REPO
 from tests.integration.conftest import (
     TemporalServer,
     assert_matches_reference,
-    cairn,
+    cli,
     reference,
     run_input,
     start_worker_process,
     wait_progress,
 )
+from workers.cli.temporal import live_step
 from workers.stack.servers import ServerProcess
 from workers.worker import WORKFLOWS, serving
 from workflows.training_run import TrainingRun
@@ -173,8 +174,9 @@ async def test_bad_input_fails_the_run_at_once(
             await asyncio.wait_for(handle.result(), timeout=20)
         # With a worker polling, status and journal ask the run, which cannot answer: its input
         # never decoded. They say so in a line (was: the SDK's 60-line traceback).
-        status = await asyncio.to_thread(cairn, "run", "status", workflow_id, env=env, check=False)
-        journal = await asyncio.to_thread(cairn, "run", "journal", workflow_id, env=env, check=False)
+        # In a thread: the commands run their own event loop, and this one serves the worker.
+        status = await asyncio.to_thread(cli, "run", "status", workflow_id, env=env, check=False)
+        journal = await asyncio.to_thread(cli, "run", "journal", workflow_id, env=env, check=False)
     assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
     assert f"{workflow_id}: FAILED" in status.stdout and needle in status.stdout, status.stdout
     assert journal.returncode == 5 and "cannot answer queries (its input never decoded" in journal.stderr, (
@@ -189,13 +191,13 @@ async def test_bad_input_fails_the_run_at_once(
     assert not (tmp_path / "store").exists()  # nothing was trained or written
 
 
-async def segment_underway(store: LocalStore, run_id: str, seconds: float = 1.0) -> None:
-    """Wait until the first segment has started (its step-0 checkpoint exists), then a bit."""
+async def segment_underway(handle: WorkflowHandle[Any, Any], step: int = 10) -> None:
+    """Wait until a segment is underway: the server has a heartbeat from it at ``step`` or later,
+    so a control signal sent now lands mid-segment, after step 0."""
     deadline = time.monotonic() + 60
-    while latest_committed(store, run_id) is None:
-        assert time.monotonic() < deadline
+    while (seen := live_step(await handle.describe()) or 0) < step:
+        assert time.monotonic() < deadline, seen
         await asyncio.sleep(0.05)
-    await asyncio.sleep(seconds)
 
 
 def control_input(tmp_path: Path, **kw: Any) -> TrainingRunInput:
@@ -216,14 +218,15 @@ async def test_pause_checkpoints_and_resume_completes(client: Client, task_queue
     store = LocalStore(inp.store)
     async with serving(client, task_queue):
         handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
-        await segment_underway(LocalStore(inp.store), inp.run_id)
+        await segment_underway(handle)
         await handle.signal(TrainingRun.pause)
         paused = await wait_progress(handle, lambda p: p["phase"] == "paused")
         step = paused["step"]
         assert 0 < step < 50  # checkpointed mid-segment
         assert latest_committed(store, inp.run_id).step == step  # type: ignore[union-attr]
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # deliberate: a window in which a run that did not pause would move on
         assert (await handle.query(TrainingRun.progress)).step == step  # really paused
+        assert live_step(await handle.describe()) is None  # and no segment is running (heartbeating)
         await handle.signal(TrainingRun.resume)
         summary = RunSummary.model_validate(await handle.result())
     assert summary.steps == 100 and not summary.stopped_early
@@ -235,7 +238,7 @@ async def test_checkpoint_now_then_carry_on(client: Client, task_queue: str, tmp
     store = LocalStore(inp.store)
     async with serving(client, task_queue):
         handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
-        await segment_underway(LocalStore(inp.store), inp.run_id)
+        await segment_underway(handle)
         await handle.signal(TrainingRun.checkpoint_now)
         summary = RunSummary.model_validate(await handle.result())
     steps = [r.step for r in list_checkpoints(store, inp.run_id)]
@@ -248,7 +251,7 @@ async def test_stop_is_graceful(client: Client, task_queue: str, tmp_path: Path)
     inp = control_input(tmp_path)
     async with serving(client, task_queue):
         handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
-        await segment_underway(LocalStore(inp.store), inp.run_id)
+        await segment_underway(handle)
         await handle.signal(TrainingRun.stop)
         summary = RunSummary.model_validate(await handle.result())
     assert summary.stopped_early and 0 < summary.steps < 50
@@ -261,7 +264,7 @@ async def test_cancel_checkpoints_before_stopping(client: Client, task_queue: st
     store = LocalStore(inp.store)
     async with serving(client, task_queue):
         handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
-        await segment_underway(LocalStore(inp.store), inp.run_id)
+        await segment_underway(handle)
         await handle.cancel()
         with pytest.raises(WorkflowFailureError):
             await handle.result()
@@ -304,7 +307,7 @@ async def test_replay_recorded_histories(client: Client, task_queue: str, tmp_pa
     inp = control_input(tmp_path, steps_per_segment=20, total_steps=40, segments_per_run=1)
     async with serving(client, task_queue):
         handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
-        await asyncio.sleep(0.6)
+        await segment_underway(handle, step=3)  # the signals land in the first segment's history
         await handle.signal(TrainingRun.checkpoint_now)
         await handle.signal(TrainingRun.pause)
         await wait_progress(handle, lambda p: p["phase"] == "paused")
@@ -334,8 +337,7 @@ async def test_sigterm_worker_checkpoints_and_hands_back(
     second: ServerProcess | None = None
     try:
         handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
-        await wait_progress(handle, lambda p: p["phase"] == "training")
-        await asyncio.sleep(1.5)
+        await segment_underway(handle)  # training, past step 0
         os.kill(first.pid, signal.SIGTERM)
         assert first.proc is not None
         await asyncio.get_running_loop().run_in_executor(None, first.proc.wait, 60)

@@ -27,6 +27,7 @@ from cairn.numerics import (
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore
 from tests.conftest import REPO
+from workers.cli.main import main
 
 CONTROLS = tuple(PROFILES[DEFAULT_PROFILE].environment())
 RESTRICTED = "X86_V3 X86_V4 AVX512_ICL AVX512_SPR"
@@ -66,6 +67,8 @@ def test_this_test_process_computes_under_the_default_profile() -> None:
         process_numerics("x86-64-v2")  # pinned to v3 at import: v2's bits are not what this process computes
 
 
+# A fresh interpreter: what is under test is a process whose libraries were imported under an
+# environment other than this one (unpinned, or numpy restricted to another machine's dispatch).
 def _python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
 
@@ -85,6 +88,8 @@ def test_a_process_whose_libraries_were_imported_unpinned_is_refused() -> None:
     assert "numpy dispatches to x86-64-v2" in out.stderr
 
 
+# `cairn train` in a fresh process: its environment is the machine under test, and a profile other
+# than this process's re-executes the command under it.
 def _train(store: Path, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "workers.cli", "train", "--config", str(REPO / "examples" / "config.json"),
@@ -107,7 +112,9 @@ def test_pinned_bits_do_not_depend_on_the_machines_dispatch_and_unpinned_ones_do
     assert fingerprints["native", "here"] != fingerprints["native", "restricted"]
 
 
-def test_a_bit_exact_resume_under_another_profile_is_refused_and_leaves_the_run_untouched(tmp_path: Path) -> None:
+def test_a_bit_exact_resume_under_another_profile_is_refused_and_leaves_the_run_untouched(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     store = tmp_path / "store"
     first = _train(store, _unpinned(), "--numerics", "x86-64-v2")
     assert first.returncode == 0, first.stderr
@@ -122,12 +129,11 @@ def test_a_bit_exact_resume_under_another_profile_is_refused_and_leaves_the_run_
     message = str(info.value)
     assert recorded.id in message and process_numerics().id in message and "--tolerance" in message
 
-    refused = subprocess.run(
-        [sys.executable, "-m", "workers.cli", "train", "--resume", str(ref), "--steps", "5", "--store", str(store)],
-        capture_output=True, text=True, cwd=REPO, timeout=120,
-    )  # fmt: skip
-    assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
-    assert refused.stderr.startswith("cairn: error: ProfileMismatchError: lineage.numerics: ")
+    capsys.readouterr()
+    code = main(["train", "--resume", str(ref), "--steps", "5", "--store", str(store)])  # this process: x86-64-v3
+    refused = capsys.readouterr()
+    assert code == 1 and refused.err.count("\n") == 1, refused.err
+    assert refused.err.startswith("cairn: error: ProfileMismatchError: lineage.numerics: ")
     assert list_checkpoints(LocalStore(store), ref.run_id) == before  # nothing written
 
     session = TrainingSession.from_checkpoint(ref, tolerate_numerics=True)
@@ -136,11 +142,9 @@ def test_a_bit_exact_resume_under_another_profile_is_refused_and_leaves_the_run_
     assert latest is not None and latest.step == ref.step + 5
     mixed, _ = load_training(LocalStore(store), latest)
     assert mixed.lineage.numerics is not None and mixed.lineage.numerics.mixed == [recorded.id]
-    shown = subprocess.run(
-        [sys.executable, "-m", "workers.cli", "ckpt", "show", str(latest)],
-        capture_output=True, text=True, cwd=REPO, timeout=60,
-    )  # fmt: skip
-    assert f"MIXED with {recorded.id}" in shown.stdout, shown.stdout
+    main(["ckpt", "show", str(latest)])
+    shown = capsys.readouterr()
+    assert f"MIXED with {recorded.id}" in shown.out, shown.out
 
 
 def test_resumed_numerics_rules() -> None:

@@ -1,0 +1,115 @@
+"""``cairn ckpt``: show, verify, list, compare, gc, pin and unpin, in text and --json; a missing or
+corrupt checkpoint and a bad reference are one line and a non-zero exit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.unit.workers.cli.conftest import CONFIG, run
+
+
+def test_train_json_and_ckpt_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = str(tmp_path / "s")
+    code, out, _ = run(
+        capsys,
+        "train",
+        "--config",
+        CONFIG,
+        "--steps",
+        "6",
+        "--store",
+        store,
+        "--checkpoint-every",
+        "3",
+        "--run-id",
+        "cli",
+        "--json",
+    )
+    assert code == 0
+    result = json.loads(out)
+    assert {"checkpoint", "step", "cursor", "fingerprint"} <= set(result)
+    assert result["step"] == 6 and result["cursor"] == 12
+    ref = result["checkpoint"]
+
+    code, out, _ = run(capsys, "ckpt", "show", ref, "--json")
+    shown = json.loads(out)
+    assert code == 0 and shown["step"] == 6 and shown["cursor"] == 12
+    assert shown["fingerprint"] == result["fingerprint"] and shown["checkpoint"] == ref
+
+    code, out, _ = run(capsys, "ckpt", "verify", ref, "--json")
+    assert code == 0 and json.loads(out)["ok"] is True
+
+    code, out, _ = run(capsys, "ckpt", "list", store, "--run", "cli", "--json")
+    assert [c["step"] for c in json.loads(out)["checkpoints"]] == [3, 6]
+
+    code, out, _ = run(capsys, "ckpt", "compare", ref, ref.replace("000000000006", "000000000003"), "--json")
+    verdict = json.loads(out)
+    assert code == 1 and verdict["identical"] is False
+    assert {"t", "cursor", "rng"} <= {d["field"] for d in verdict["differences"]}
+
+
+def test_missing_files_and_refs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(
+        capsys, "train", "--config", str(tmp_path / "nope.json"), "--steps", "1", "--store", str(tmp_path)
+    )
+    assert code == 2 and "config file not found" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run(capsys, "ckpt", "verify", str(tmp_path / "run" / "training" / "000000000001"))
+    assert code == 1 and "CheckpointNotFoundError" in err
+    code, _, err = run(capsys, "ckpt", "show", "not-a-reference")
+    assert code == 2 and "ReferenceSyntaxError" in err and "STORE/RUN_ID/KIND/STEP" in err
+
+
+def test_corrupt_checkpoint_verify_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = tmp_path / "s"
+    code, out, _ = run(capsys, "train", "--config", CONFIG, "--steps", "2", "--store", str(store), "--json")
+    ref = json.loads(out)["checkpoint"]
+    shard = next(p for p in store.rglob("*.bin"))
+    shard.write_bytes(b"\0" * shard.stat().st_size)
+    code, _, err = run(capsys, "ckpt", "verify", ref)
+    assert code == 1 and "IntegrityError" in err and "checksum" in err
+
+
+def test_list_and_gc_of_a_missing_run_fail(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = str(tmp_path / "s")
+    assert run(capsys, "train", "--config", CONFIG, "--steps", "2", "--store", store, "--run-id", "r")[0] == 0
+    code, _, err = run(capsys, "ckpt", "list", store, "--run", "other")
+    assert code == 2 and "other" in err
+    code, _, err = run(capsys, "ckpt", "gc", store, "--run", "other")
+    assert code == 2 and "other" in err
+    code, _, err = run(capsys, "ckpt", "gc", str(tmp_path / "typo"), "--run", "r")
+    assert code == 2 and "typo" in err
+
+
+def test_pins_are_listed_and_can_be_removed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = str(tmp_path / "s")
+    code, out, _ = run(
+        capsys,
+        "train",
+        "--config",
+        CONFIG,
+        "--steps",
+        "4",
+        "--store",
+        store,
+        "--run-id",
+        "r",
+        "--checkpoint-every",
+        "2",
+        "--json",
+    )
+    ref = json.loads(out)["checkpoint"]
+    first = ref.replace("000000000004", "000000000002")
+    assert run(capsys, "ckpt", "pin", first, "--name", "best")[0] == 0
+    code, out, _ = run(capsys, "ckpt", "list", store, "--run", "r", "--json")
+    rows = {c["step"]: c["pins"] for c in json.loads(out)["checkpoints"]}
+    assert rows == {2: ["best"], 4: []}
+    code, out, _ = run(capsys, "ckpt", "list", store, "--run", "r")
+    assert "pinned: best" in out
+    assert run(capsys, "ckpt", "unpin", store, "--run", "r", "--name", "best")[0] == 0
+    code, out, _ = run(capsys, "ckpt", "list", store, "--run", "r", "--json")
+    assert all(c["pins"] == [] for c in json.loads(out)["checkpoints"])
+    code, _, err = run(capsys, "ckpt", "unpin", store, "--run", "r", "--name", "best")
+    assert code == 2 and "best" in err
