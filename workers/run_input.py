@@ -14,7 +14,7 @@ from cairn.jsonio import load_json_file
 from cairn.runs.ownership import resolve_store_url
 from cairn.trainers.loading import check_trainer_options
 
-__all__ = ["load_run_input"]
+__all__ = ["load_run_input", "sent_input"]
 
 
 def load_run_input(
@@ -40,3 +40,16 @@ def load_run_input(
     except ConfigError as exc:
         raise ConfigError(f"{path}: config.{exc}") from None
     return inp
+
+
+def sent_input(inp: TrainingRunInput) -> dict[str, Any]:
+    """What ``cairn run start`` sends for a validated run input: the fields the run file and the
+    flags set (``exclude_unset``: nested sections too), as resolved here (the absolute store
+    path), and none of the defaults; the workflow's data converter validates it into the same
+    ``TrainingRunInput``, defaults filled in there. So the Web UI's Input panel and ``describe``
+    show the user's own file, not the built-in MLP's sections under a torch trainer. Should the
+    payload ever validate into another input than ``inp``, the full input is sent instead."""
+    payload = inp.model_dump(mode="json", exclude_unset=True)
+    if TrainingRunInput.model_validate(payload) != inp:
+        return inp.model_dump(mode="json")
+    return payload

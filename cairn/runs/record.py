@@ -1,9 +1,11 @@
-"""What a run's store says about it: the loss/lr history and the committed checkpoints.
+"""What a run's store says about it: the per-step history and the committed checkpoints; and
+what Temporal's history adds (segment attempts, failures, restores), for reports.
 
 ``run_record(store, run_id)`` reads the latest committed training checkpoint (validated, as any
-import) for the full per-step history, and every committed checkpoint's manifest for its step,
-size and commit time. ``cairn report`` draws it; ``cairn run report`` adds what Temporal knows
-(segments, attempts, failures, restores: ``TimelineEvent``).
+import) for the full history: every step's loss and lr from step 0, whatever retention deleted
+since, and every evaluation (``val_step``, ``val_loss``, other ``val_*`` metrics). Every kept
+checkpoint's manifest gives its step, size and commit time. ``cairn report`` draws it;
+``cairn run report`` adds what Temporal knows (``TimelineEvent``, ``SegmentAttempt``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from cairn.checkpoint import CheckpointKind, list_checkpoints, load_training, re
 from cairn.errors import ConfigError
 from cairn.stores.base import Store
 
-__all__ = ["CommitPoint", "TimelineEvent", "RunRecord", "run_record"]
+__all__ = ["CommitPoint", "TimelineEvent", "SegmentAttempt", "RunRecord", "run_record"]
 
 
 @dataclass(frozen=True)
@@ -28,13 +30,48 @@ class CommitPoint:
 
 @dataclass(frozen=True)
 class TimelineEvent:
-    """Something that happened to a run at a time: a segment's start/end, a failure, a restore."""
+    """Something that happened to a run at a time: a segment's end, a failure, a restore.
+
+    A failure's ``at`` is the lost attempt's last sign of life (its last heartbeat the server
+    received, or the failure it reported) and its ``step`` the step that heartbeat reported;
+    ``detected_at`` is when the server failed the attempt (a heartbeat timeout later)."""
 
     kind: str
-    """segment-start | segment-end | failure | restore | interrupted"""
+    """segment-end | failure | restore | interrupted"""
     at: datetime
     step: int | None = None
     detail: str = ""
+    detected_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class SegmentAttempt:
+    """One attempt of a training segment (one gang attempt for a gang), from Temporal's history:
+    from ``started_at`` at ``from_step`` to ``ended_at`` at ``end_step``. A lost attempt ends at
+    its last sign of life (``ended_at``; ``end_step`` from its last heartbeat), and the server
+    noticed at ``detected_at``."""
+
+    attempt: int
+    started_at: datetime | None
+    from_step: int | None
+    ended_at: datetime | None
+    end_step: int | None
+    outcome: str
+    """completed | lost (heartbeat timeout) | failed (reported an error) | interrupted"""
+    detected_at: datetime | None = None
+    world_size: int | None = None
+
+    @property
+    def seconds(self) -> float | None:
+        if self.started_at is None or self.ended_at is None:
+            return None
+        return (self.ended_at - self.started_at).total_seconds()
+
+    @property
+    def steps(self) -> int | None:
+        if self.from_step is None or self.end_step is None:
+            return None
+        return max(0, self.end_step - self.from_step)
 
 
 @dataclass
@@ -46,6 +83,14 @@ class RunRecord:
     commits: list[CommitPoint]
     latest: str
     events: list[TimelineEvent] = field(default_factory=list)
+    val_step: list[float] = field(default_factory=list)
+    val_loss: list[float] = field(default_factory=list)
+    metrics: dict[str, list[float]] = field(default_factory=dict)
+    """Other evaluation metrics by name (``val_accuracy`` ...), one value per ``val_step``."""
+    batch_size: int | None = None
+    """Samples per step (the global batch), for samples per second."""
+    attempts: list[SegmentAttempt] = field(default_factory=list)
+    heartbeat_timeout_seconds: float | None = None
 
     @property
     def steps(self) -> int:
@@ -69,11 +114,22 @@ def run_record(store: Store, run_id: str) -> RunRecord:
     for ref in refs:
         manifest = read_manifest(store, ref, expect_kind=CheckpointKind.TRAINING)
         commits.append(CommitPoint(ref.step, _parse_time(manifest.writer.created_at), manifest.total_bytes, str(ref)))
+    history = state.history
+    val_step = [float(s) for s in history.get("val_step", [])]
+    metrics = {
+        k: [float(v) for v in values]
+        for k, values in sorted(history.items())
+        if k.startswith("val_") and k not in ("val_step", "val_loss") and len(values) == len(val_step)
+    }
     return RunRecord(
         run_id=run_id,
         store=store.url,
-        loss=list(state.history["loss"]),
-        lr=list(state.history["lr"]),
+        loss=[float(v) for v in history["loss"]],
+        lr=[float(v) for v in history["lr"]],
         commits=commits,
         latest=str(refs[-1]),
+        val_step=val_step,
+        val_loss=[float(v) for v in history.get("val_loss", [])][: len(val_step)],
+        metrics=metrics,
+        batch_size=int(state.config.batch_size),
     )

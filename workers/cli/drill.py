@@ -39,6 +39,11 @@ def register(sub: Any, common: Common) -> None:
     p.add_argument("--worker-module", help="python module run as each worker (default workers.worker)")
     p.add_argument("--out", metavar="DIR", help="report folder (default ./cairn-report-drill)")
     p.add_argument("--no-ui", action="store_true", help="embedded Temporal without its Web UI")
+    p.add_argument(
+        "--keep-stack",
+        action="store_true",
+        help="leave the embedded stack running after the drill; prints its Web UI link and how to stop it",
+    )
     p.add_argument("--no-progress", action="store_true", help="no live progress bar")
     add_numerics_arg(p, "drills (its workers and its reference)")
     p.set_defaults(handler=cmd_drill, exit_hard=True)
@@ -85,6 +90,8 @@ def cmd_drill(args: argparse.Namespace) -> int:
         data["targets"] = _targets(args.targets)
     if args.no_ui:
         data["web_ui"] = False
+    if args.keep_stack:
+        data["keep_stack"] = True
     if data.get("config") and data.get("run"):
         raise ConfigError(
             "--run", expected="either --config or --run, not both", found=f"{data['config']} and {data['run']}"

@@ -4,41 +4,33 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 from collections.abc import Callable
 from typing import Any
 
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
-from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
-from temporalio.service import RPCError
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.exceptions import ApplicationError
 
-from activities.models import DEFAULT_TASK_QUEUE, WORKFLOW_TYPE, RunProgress, TrainingRunInput
+from activities.models import DEFAULT_TASK_QUEUE, WORKFLOW_TYPE
 from cairn.effects import load_journal
-from cairn.errors import ConfigError, TemporalRefusedError
+from cairn.errors import ConfigError
 from cairn.numerics import DEFAULT_PROFILE, NAMES
 from cairn.runs.record import run_record
 from cairn.stores import open_store
 from workers.cli.args import Common
 from workers.cli.output import emit, report_dir
+from workers.cli.run_start import load_start_input, start
+from workers.cli.run_status import status, watch
 from workers.cli.temporal import (
-    attempts_text,
-    closed_word,
-    count_pollers,
-    failure_message,
     live_step,
     query_run,
-    run_progress,
-    segment_view,
     show_result,
-    summary_text,
     temporal_command,
 )
-from workers.client import WORKFLOW_TASK_TIMEOUT, add_connection_args
-from workers.reports.run import write_report
-from workers.reports.timeline import place_on_steps, run_events
-from workers.run_input import load_run_input
+from workers.client import add_connection_args
+from workers.reports.run import attach_history, write_report
+from workers.reports.timeline import run_history
 from workflows.training_run import TrainingRun
 
 __all__ = ["register"]
@@ -62,7 +54,7 @@ def register(sub: Any, common: Common) -> None:
 
     p = leaf("list", "list runs: status, start time, current step", _list)
     p.add_argument("--limit", type=int, default=50, help="at most this many (newest first)")
-    p = leaf("start", "start a run from a run file (see examples/run.json)", _start, _load_start_input)
+    p = leaf("start", "start a run from a run file (see examples/run.json)", start, load_start_input)
     p.add_argument("run_file", metavar="RUN.json")
     p.add_argument("--wait", action="store_true", help="wait for the result and print it")
     p.add_argument("--workflow-id", help="default: the run_id")
@@ -85,8 +77,8 @@ def register(sub: Any, common: Common) -> None:
         "only to workers of that profile",
     )
     for name, help_text, fn in (
-        ("status", "print a run's status and progress", _status),
-        ("watch", "a live progress bar until the run closes", _watch),
+        ("status", "print a run's status and progress (a closed run: why, and its latest checkpoint)", status),
+        ("watch", "a live progress bar until the run closes (Ctrl-C stops watching, exit 130; the run goes on)", watch),
         ("result", "wait for and print a run's summary", _result),
         ("pause", "checkpoint and pause", _signal(TrainingRun.pause)),
         ("resume", "resume a paused run", _signal(TrainingRun.resume)),
@@ -111,157 +103,17 @@ def register(sub: Any, common: Common) -> None:
             )
 
 
-def _load_start_input(args: argparse.Namespace) -> None:
-    overrides: dict[str, Any] = {}
-    if args.world_size is not None:
-        overrides["world_size"] = args.world_size
-    if args.nodes is not None:
-        # "" clears the file's nodes (one node, any worker); an empty name in a list is refused, not dropped.
-        overrides["nodes"] = args.nodes.split(",") if args.nodes.strip() else []
-    if args.total_steps is not None:
-        overrides.update(total_steps=args.total_steps, total_epochs=None)
-    if args.run_numerics is not None:
-        overrides["numerics"] = args.run_numerics
-    args.run_input = load_run_input(args.run_file, overrides=overrides)  # bad input: exit 2 even with Temporal down
-
-
-async def _start(args: argparse.Namespace, client: Client) -> int:
-    inp: TrainingRunInput = args.run_input
-    workflow_id = args.workflow_id or inp.run_id
-    try:
-        handle = await client.start_workflow(
-            TrainingRun.run, inp, id=workflow_id, task_queue=args.task_queue, task_timeout=WORKFLOW_TASK_TIMEOUT
-        )
-    except WorkflowAlreadyStartedError:
-        raise TemporalRefusedError(
-            f"a workflow with id {workflow_id!r} is already running: watch it with `cairn run watch {workflow_id}`, "
-            "or start this run under another --workflow-id",
-            field="workflow_id",
-        ) from None
-    if not args.wait:
-        emit(
-            args,
-            {
-                "workflow_id": workflow_id,
-                "run_id": handle.result_run_id,
-                "task_queue": args.task_queue,
-                "store": inp.store,
-            },
-            f"started {WORKFLOW_TYPE} {workflow_id} on task queue {args.task_queue!r} (store {inp.store}, numerics "
-            f"{inp.numerics})\n"
-            f"  watch:  cairn run watch {workflow_id}\n  result: cairn run result {workflow_id}",
-        )
-        return 0
-    return await show_result(args, client, workflow_id)
-
-
 async def _result(args: argparse.Namespace, client: Client) -> int:
     return await show_result(args, client, args.workflow_id)
 
 
-async def _status(args: argparse.Namespace, client: Client) -> int:
-    """Works without a worker: the query needs one, describe and the result do not."""
-    handle = client.get_workflow_handle_for(TrainingRun.run, args.workflow_id)
-    desc = await handle.describe()
-    status = desc.status.name if desc.status else "UNKNOWN"
-    pollers = await count_pollers(client, desc.task_queue)
-    progress: RunProgress | None = None
-    if pollers:
-        with contextlib.suppress(RPCError, TemporalRefusedError):  # no answer: describe and result below
-            progress = await run_progress(client, args.workflow_id)
-    payload: dict[str, Any] = {"workflow_id": args.workflow_id, "status": status, "workers_polling": pollers}
-    lines: list[str] = []
-    if progress is not None:
-        payload.update(progress.model_dump())
-        lines.append(
-            f"{args.workflow_id}: {status} - {progress.phase}, step {progress.step}/{progress.total}"
-            + (f", epoch {progress.epoch:.2f}" if progress.epoch is not None else "")
-            + (f", loss {progress.loss:.4f}" if progress.loss is not None else "")
-            + (f", {progress.world_size} ranks" if progress.world_size > 1 else "")
-        )
-        if progress.val_loss is not None:
-            accuracy = progress.val_accuracy or 0.0
-            lines.append(f"  validation  loss {progress.val_loss:.4f}, accuracy {accuracy:.4f} (last epoch end)")
-        running = segment_view(desc) if desc.status == WorkflowExecutionStatus.RUNNING else None
-        # The running segment's heartbeat knows its own commits before the workflow does.
-        latest = (running or {}).get("checkpoint") or progress.checkpoint
-        payload["checkpoint"] = latest
-        lines.append(f"  checkpoint  {latest or '- (none committed yet)'}")
-        lines.append(
-            f"  segments    {attempts_text(progress.attempts, progress.segments, progress.retried_segments)}; "
-            f"recomputed {progress.recomputed_steps} step(s); continued-as-new {progress.continued_as_new}x"
-        )
-    elif desc.status == WorkflowExecutionStatus.COMPLETED:
-        summary = await handle.result()  # from history: no worker needed
-        payload.update(summary.model_dump())
-        lines.append(f"{args.workflow_id}: COMPLETED")
-        lines += ["  " + line for line in summary_text(summary).splitlines()]
-    else:
-        lines.append(f"{args.workflow_id}: {status}")
-        if desc.status not in (None, WorkflowExecutionStatus.RUNNING):
-            try:
-                await handle.result()
-            except WorkflowFailureError as exc:
-                payload["error"] = failure_message(exc)
-                lines.append(f"  {closed_word(desc.status)}: {payload['error']}")
-    if desc.status == WorkflowExecutionStatus.RUNNING:
-        segment = segment_view(desc)
-        if segment is not None:
-            payload["segment"] = segment
-            seen = f" (last heartbeat {segment['last_heartbeat']})" if "last_heartbeat" in segment else ""
-            lines.append(
-                f"  segment     attempt {segment['attempt']}, step {segment.get('step', '-')}{seen}"
-                + (f"; last failure: {segment['last_failure']}" if segment.get("last_failure") else "")
-            )
-        if not pollers:
-            lines.append(
-                f"  worker      no worker is polling task queue {desc.task_queue!r}: progress shown is the last "
-                "the server saw; start one with `cairn worker`"
-            )
-    emit(args, payload, "\n".join(lines))
-    return 0
-
-
-async def _watch(args: argparse.Namespace, client: Client) -> int:
-    from tqdm import tqdm
-
-    handle = client.get_workflow_handle_for(TrainingRun.run, args.workflow_id)
-    bar: tqdm[Any] | None = None
-    while True:
-        desc = await handle.describe()
-        if desc.status != WorkflowExecutionStatus.RUNNING:
-            if bar is not None:
-                bar.close()
-            break
-        try:
-            progress: RunProgress | None = await run_progress(client, args.workflow_id)
-        except (RPCError, TemporalRefusedError):
-            progress = None  # no worker right now (or no answer yet): show the last heartbeat, keep watching
-        total = progress.total if progress else None
-        if bar is None and total is not None:
-            bar = tqdm(total=total, desc=args.workflow_id, unit="step")
-        if bar is not None:
-            bar.n = max(progress.step if progress else 0, live_step(desc) or 0)
-            bar.set_postfix(
-                phase=progress.phase if progress else "no worker",
-                loss="-" if progress is None or progress.loss is None else f"{progress.loss:.4f}",
-                val_acc="-" if progress is None or progress.val_accuracy is None else f"{progress.val_accuracy:.3f}",
-                retried=progress.retried_segments if progress else "-",
-                refresh=False,
-            )
-            bar.refresh()
-        await asyncio.sleep(args.interval)
-    return await show_result(args, client, args.workflow_id)
-
-
 async def _report(args: argparse.Namespace, client: Client) -> int:
-    inp, events = await run_events(client, args.workflow_id)
+    facts = await run_history(client, args.workflow_id)
+    inp = facts.input
     store_url, run_id = inp.get("store"), inp.get("run_id")
     if not isinstance(store_url, str) or not isinstance(run_id, str):
         raise ConfigError("workflow input", expected="a TrainingRun input with store and run_id", found=inp)
-    record = run_record(open_store(store_url), run_id)
-    record.events = events
-    place_on_steps(record)
+    record = attach_history(run_record(open_store(store_url), run_id), facts)
     result, text, files = write_report(record, report_dir(args.out, run_id))
     emit(args, {"workflow_id": args.workflow_id, **result, "files": [str(f) for f in files]}, text)
     return 0

@@ -34,11 +34,13 @@ __all__ = [
     "closed_word",
     "count_pollers",
     "failure_message",
+    "heartbeat_progress",
     "live_step",
     "query_run",
     "run_progress",
     "segment_view",
     "show_result",
+    "start_input",
     "summary_text",
     "temporal_command",
 ]
@@ -203,6 +205,41 @@ def segment_view(desc: WorkflowExecutionDescription) -> dict[str, Any] | None:
             view["last_failure"] = pending.last_failure.message
         return view
     return None
+
+
+def heartbeat_progress(desc: Any) -> tuple[int, float | None] | None:
+    """The furthest step a running segment's last heartbeat reported, with the loss that same
+    heartbeat carried (the loss *of* that step: the activity updates both together). A gang's
+    nodes heartbeat each; the furthest wins. None: no segment has heartbeat a step yet."""
+    best: tuple[int, float | None] | None = None
+    for pending in desc.raw_description.pending_activities:
+        if pending.activity_type.name not in SEGMENT_ACTIVITIES:
+            continue
+        for payload in pending.heartbeat_details.payloads:
+            try:
+                value = json.loads(payload.data)
+            except ValueError:
+                continue
+            step = value.get("step") if isinstance(value, dict) else None
+            if not isinstance(step, int) or isinstance(step, bool) or (best is not None and step < best[0]):
+                continue
+            loss = value.get("loss")
+            best = (step, float(loss) if isinstance(loss, int | float) and not isinstance(loss, bool) else None)
+    return best
+
+
+async def start_input(client: Client, workflow_id: str) -> dict[str, Any]:
+    """The input the workflow id's latest execution was started with, as Temporal recorded it
+    (its first history event; no worker needed). {} when it is not a JSON object."""
+    handle = client.get_workflow_handle(workflow_id)
+    async for event in handle.fetch_history_events():
+        payloads = event.workflow_execution_started_event_attributes.input.payloads
+        try:
+            value = json.loads(payloads[0].data) if payloads else {}
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
+    return {}
 
 
 def live_step(desc: Any) -> int | None:

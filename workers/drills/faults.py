@@ -82,10 +82,14 @@ class FaultRecord:
 
     @property
     def recomputed(self) -> int | None:
+        """Steps redone, measured: the step the lost attempt reached (its last heartbeat, as the
+        retry read it and logged it) minus the step the retry resumed from, as the run's own
+        ``recomputed_steps`` counts (no step reported: nothing past the resume point); None when
+        no retry resumed. ``estimated_reach``, the drill's clock-based guess, is reported beside
+        it and never used for it."""
         if self.resumed_from is None:
             return None
-        reached = max(self.reached or 0, self.estimated_reach or 0, self.committed_at_fault or 0)
-        return max(0, reached - self.resumed_from)
+        return max(0, (self.reached if self.reached is not None else self.resumed_from) - self.resumed_from)
 
     def to_json(self, t0: float) -> dict[str, Any]:
         def rel(t: float | None) -> float | None:

@@ -66,6 +66,9 @@ class DrillResult:
     restarts: list[Restart]
     worker_starts: list[tuple[float, int]]
     web_ui: str | None
+    """The run's Web UI link, only where it outlives the drill (``keep_stack``, or the env's stack)."""
+    heartbeat_timeout_seconds: float | None = None
+    """The heartbeat timeout the drilled run used (its input's, not the spec's default)."""
     checks: list[Any] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -86,6 +89,8 @@ class Drill:
         self.proxy: FaultProxy | None = None
         self.client: Any = None
         self.handle: Any = None
+        self.ui_lasts = True
+        """Whether the stack outlives the drill (else no Web UI link is printed or reported)."""
 
     # -- setup ----------------------------------------------------------------------------------
     def _store_url(self) -> str:
@@ -97,13 +102,16 @@ class Drill:
 
     def _run_input(self, run_id: str, store: str) -> Any:
         spec = self.spec
+        base = load_run_input(spec.run).model_dump(mode="json") if spec.run else {}
+        if spec.run and "heartbeat_timeout_seconds" in spec.model_fields_set:
+            base["heartbeat_timeout_seconds"] = spec.heartbeat_timeout_seconds  # --heartbeat-timeout given
+        heartbeat = float(base.get("heartbeat_timeout_seconds", spec.heartbeat_timeout_seconds))
         effects = (
-            {"service_url": self.stack.service_url, "timeout_seconds": max(2.0, spec.heartbeat_timeout_seconds)}
+            {"service_url": self.stack.service_url, "timeout_seconds": max(2.0, heartbeat)}
             if self.stack.service_url
             else None
         )
         if spec.run:
-            base = load_run_input(spec.run).model_dump(mode="json")
             base.update(run_id=run_id, store=store, effects=effects, carry=None, numerics=process_profile_name())
             if base.get("retention") is not None:
                 base["retention"]["grace_seconds"] = min(base["retention"]["grace_seconds"], 5.0)
@@ -247,6 +255,7 @@ class Drill:
             restarts=injector.restarts,
             worker_starts=pool.starts,
             web_ui=self._web_ui_link(run_id),
+            heartbeat_timeout_seconds=inp.heartbeat_timeout_seconds,
             extra={
                 "config": inp.config.model_dump(mode="json"),
                 "effects": inp.effects is not None,
@@ -256,7 +265,7 @@ class Drill:
         )
 
     def _web_ui_link(self, run_id: str) -> str | None:
-        if not self.stack.web_ui:
+        if not self.stack.web_ui or not self.ui_lasts:
             return None
         return f"{self.stack.web_ui}/namespaces/{self.stack.namespace}/workflows/{run_id}"
 
@@ -273,6 +282,7 @@ def run_drill(
     Returns the result and the report (what ``--json`` prints)."""
     out.mkdir(parents=True, exist_ok=True)
     own = stack is None
+    keep = own and spec.keep_stack and spec.stack == "embedded"
     if stack is None and spec.stack == "env":
         stack = EnvStack.from_env()
     if stack is None:  # what the embedded stack will offer, checked before it starts
@@ -288,15 +298,33 @@ def run_drill(
         if stack is None:
             stack = EmbeddedStack.start(state_dir / "stack", web_ui=spec.web_ui, echo=echo)
         drill = Drill(spec, stack, state_dir, echo=echo, progress=progress)
+        drill.ui_lasts = keep or not own
         result = asyncio.run(drill.run())
         result.checks = judge(result)
+        if keep and isinstance(stack, EmbeddedStack):
+            result.extra["kept_stack"] = kept_stack(stack, state_dir)
         report = write_report(result, out)
     finally:
-        if own and stack is not None:
+        if own and stack is not None and not keep:
             stack.close()
-        # The logs stay with the report; the servers' data goes.
+        # The logs stay with the report; the servers' data goes (unless the stack is kept).
         (out / "logs").mkdir(exist_ok=True)
         for log in [*(state_dir / "logs").glob("*.log"), *(state_dir / "stack" / "logs").glob("*.log")]:
             shutil.copy2(log, out / "logs" / log.name)
-        shutil.rmtree(state_dir, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(state_dir, ignore_errors=True)
     return result, report
+
+
+def kept_stack(stack: EmbeddedStack, state_dir: Path) -> dict[str, Any]:
+    """What a kept stack is and how to stop it (each server leads its own process group)."""
+    groups = " ".join(f"-{s.proc.pid}" for s in stack.servers.values() if s.proc.alive())
+    return {
+        "temporal": stack.temporal_address,
+        "s3": stack.s3_endpoint,
+        "service": stack.service_url,
+        "web_ui": stack.web_ui,
+        "state_dir": str(state_dir),
+        "pids": {name: s.proc.pid for name, s in stack.servers.items() if s.proc.alive()},
+        "stop": f"kill -TERM -- {groups} && rm -rf {state_dir}",
+    }

@@ -83,7 +83,11 @@ class DrillSpec(BaseModel):
     worker_module: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")] = "workers.worker"
     """The Python module the drill runs as each worker (``python -m MODULE``)."""
     web_ui: bool = True
-    """Start the embedded Temporal server with its Web UI (and print the run's link)."""
+    """Start the embedded Temporal server with its Web UI (its link is printed with ``keep_stack``)."""
+    keep_stack: bool = False
+    """Leave the embedded stack running after the drill (its servers, their data, the Web UI),
+    and print its Web UI link and how to stop it; otherwise it is deleted on exit and no link
+    to it is printed."""
 
     @field_validator("targets")
     @classmethod

@@ -2,8 +2,11 @@
 
 The timeline is the run's step over wall time (the server's view of the running segment), with
 each fault marked where it fired, server outages shaded, commits dotted and worker starts
-ticked. The report also measures what the faults cost (wall-time overhead, steps recomputed)
-and sets it beside the Young/Daly prediction for the same save cost and failure rate.
+ticked (data: ``timeline_figure``; drawn by ``workers.reports.plots``, as the run report is).
+The report also measures what the faults cost (wall-time overhead, steps recomputed: per fault
+the step the lost attempt reached minus the step its retry resumed from) and sets it beside the
+Young/Daly prediction for the same save cost and failure rate. The header names the heartbeat
+timeout the run used; a Web UI link is printed only for a stack that outlives the drill.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from cairn.interval import IntervalAdvice, advise
+from workers.reports.plots import Figure, Panel, Series, Span, VLine, draw
 
-__all__ = ["write_report", "recovery_stats", "interval_advice"]
+__all__ = ["write_report", "recovery_stats", "interval_advice", "timeline_figure", "heartbeat_timeout"]
 
 _COLORS = {
     "worker-kill": "tab:red",
@@ -111,95 +115,83 @@ def _fmt(x: float | None, spec: str = ".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def heartbeat_timeout(result: Any) -> float:
+    """The heartbeat timeout the drilled run used: its input's (a run file's own), not the
+    spec's default."""
+    used = getattr(result, "heartbeat_timeout_seconds", None)
+    return float(used if used is not None else result.spec.heartbeat_timeout_seconds)
+
+
 def _table(result: Any) -> list[str]:
+    """One line per fault. ``recomputed`` is measured: the step the lost attempt reached minus
+    the step its retry resumed from (both columns beside it), as ``drill.json`` records them."""
     head = (
         f"{'#':>2}  {'fault':<18}{'at s':>7}{'step':>7}{'detect s':>10}{'resume s':>10}{'after det.':>11}"
-        f"{'recomputed':>12}  note"
+        f"{'reached':>9}{'resumed':>9}{'recomputed':>12}  note"
     )
     lines = [head, "-" * len(head)]
     for f in result.faults:
         at = None if f.fired_at is None else f.fired_at - result.t0
-        rec = "-" if f.recomputed is None else f"{f.recomputed}/{result.checkpoint_every}"
+        rec = "-" if f.recomputed is None else str(f.recomputed)
         kind = f.kind + (f"({f.param})" if f.param and f.kind == "kill-after-effect" else "")
         note = f.note
         if f.restart is not None:
             note = (f"down {f.restart.seconds:.1f} s" + ("; " + note if note else "")).strip()
+        reached = "-" if f.reached is None else str(f.reached)
+        resumed = "-" if f.resumed_from is None else str(f.resumed_from)
         lines.append(
             f"{f.index:>2}  {kind:<18}{_fmt(at, '.1f'):>7}{f.step_at_fault if f.step_at_fault is not None else '-':>7}"
-            f"{_fmt(f.detection_s):>10}{_fmt(f.recovery_s):>10}{_fmt(f.after_detection_s):>11}{rec:>12}  {note}"
+            f"{_fmt(f.detection_s):>10}{_fmt(f.recovery_s):>10}{_fmt(f.after_detection_s):>11}"
+            f"{reached:>9}{resumed:>9}{rec:>12}  {note}"
         )
     return lines
 
 
-def _timeline(result: Any, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def timeline_figure(result: Any) -> Figure:
+    """The drill's timeline as data: the running segment's step over wall time, restores and
+    commits, each fault's line and its fault -> progress span, server outages shaded."""
     t0 = result.t0
-    fig, ax = plt.subplots(figsize=(10, 4.8))
     resumes = [(r.at, r.step) for r in result.logs.resumes]
     committed = [(c.at, c.step) for c in result.logs.commits]
     progress = sorted([*result.samples, *resumes, *committed])  # heartbeats lag; commits and restores do not
+    series = []
     if progress:
-        ax.plot(
-            [t - t0 for t, _ in progress],
-            [s for _, s in progress],
-            "-",
-            color="tab:gray",
-            lw=1.2,
-            label="step (running segment)",
-            drawstyle="steps-post",
-        )
+        xs, ys = tuple(t - t0 for t, _ in progress), tuple(float(s) for _, s in progress)
+        series.append(Series("step (running segment)", xs, ys, style="steps", color="tab:gray"))
     if resumes:
-        ax.plot(
-            [t - t0 for t, _ in resumes],
-            [s for _, s in resumes],
-            "^",
-            ms=5,
-            color="tab:green",
-            mfc="none",
-            label="segment resumed (restore)",
-        )
+        xs, ys = tuple(t - t0 for t, _ in resumes), tuple(float(s) for _, s in resumes)
+        series.append(Series("segment resumed (restore)", xs, ys, style="points", color="tab:green", marker="^"))
     commits = [c for c in result.logs.commits if c.created]
     if commits:
-        ax.plot(
-            [c.at - t0 for c in commits],
-            [c.step for c in commits],
-            "o",
-            ms=3,
-            color="tab:green",
-            label="checkpoint committed",
-        )
-    for r in result.restarts:
-        ax.axvspan(r.down_at - t0, r.up_at - t0, color="tab:blue", alpha=0.12)
-    seen: set[str] = set()
+        xs, ys = tuple(c.at - t0 for c in commits), tuple(float(c.step) for c in commits)
+        series.append(Series("checkpoint committed", xs, ys, style="points", color="tab:green", size=3))
+    spans = [Span(r.down_at - t0, r.up_at - t0, "server down", "tab:blue", 0.12) for r in result.restarts]
+    vlines = []
     for f in result.faults:
         if f.fired_at is None:
             continue
         color = _COLORS.get(f.kind, "black")
-        label = f.kind if f.kind not in seen else None
-        seen.add(f.kind)
-        ax.axvline(f.fired_at - t0, color=color, lw=1.5, ls="--", label=label)
+        vlines.append(VLine(f.fired_at - t0, f.kind, color, "--", str(f.index)))
         if f.resumed_at is not None:
-            ax.axvspan(f.fired_at - t0, f.resumed_at - t0, color=color, alpha=0.08)
-        ax.annotate(
-            str(f.index), (f.fired_at - t0, 0), xytext=(2, 2), textcoords="offset points", color=color, fontsize=8
-        )
-    starts = [t - t0 for t, _ in result.worker_starts if t - t0 > 0.5]
+            spans.append(Span(f.fired_at - t0, f.resumed_at - t0, "fault -> progress", color, 0.08))
+    starts = tuple(t - t0 for t, _ in result.worker_starts if t - t0 > 0.5)
     if starts:
-        ax.plot(starts, [0] * len(starts), "|", ms=14, color="black", label="worker started")
-    ax.set_xlabel("wall time since the run started (s)")
-    ax.set_ylabel("step")
-    ax.set_title(
-        f"drill {result.run_id}: seed {result.spec.seed}, {len(result.faults)} faults "
-        "(shaded: fault -> progress; blue: server down)"
+        series.append(
+            Series("worker started", starts, (0.0,) * len(starts), style="points", color="black", marker="|", size=14)
+        )
+    title = (
+        f"drill {result.run_id}: seed {result.spec.seed}, {len(result.faults)} faults, "
+        f"heartbeat timeout {heartbeat_timeout(result):g} s\n(shaded: fault -> progress; blue: server down)"
     )
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    panel = Panel(
+        "wall time since the run started (s)",
+        "step (optimizer updates)",
+        tuple(series),
+        tuple(spans),
+        vlines=tuple(vlines),
+        legend="lower right",
+    )
+    return Figure(title, (panel,), panel_height=4.8)
 
 
 def write_report(result: Any, out: Path) -> dict[str, Any]:
@@ -209,16 +201,13 @@ def write_report(result: Any, out: Path) -> dict[str, Any]:
     passed = all(c.passed for c in checks)
     stats = recovery_stats(result)
     advice, measured = interval_advice(result)
-    png = out / "timeline.png"
-    _timeline(result, png)
+    png = draw(timeline_figure(result), out / "timeline.png")
     wall = result.finished_at - result.t0
     lines = [
         f"cairn drill — seed {result.spec.seed}, {len(result.faults)} fault(s), {result.spec.workers} worker(s); "
         f"run {result.run_id}: {result.total_steps} steps, checkpoint every {result.checkpoint_every}, "
-        f"heartbeat timeout {result.spec.heartbeat_timeout_seconds:g} s; {wall:.1f} s",
+        f"heartbeat timeout {heartbeat_timeout(result):g} s; {wall:.1f} s",
     ]
-    if result.web_ui:
-        lines.append(f"Web UI: {result.web_ui}")
     lines += ["", *_table(result), ""]
     d, r, a = stats["detection_s"], stats["recovery_s"], stats["resumed_after_detection_s"]
     lines.append(
@@ -247,6 +236,17 @@ def write_report(result: Any, out: Path) -> dict[str, Any]:
     reason = "" if passed else " — " + "; ".join(f"{c.name}: {c.detail}" for c in failed)
     lines.append(f"VERDICT: {verdict}{reason}")
     lines.append(f"report: {out / 'drill.json'}, {png}")
+    kept = result.extra.get("kept_stack")
+    if kept:
+        lines.append(
+            f"stack kept running (--keep-stack): Temporal {kept['temporal']}, S3 {kept['s3']}, "
+            f"service {kept['service']}"
+        )
+        if result.web_ui:
+            lines.append(f"Web UI: {result.web_ui}")
+        lines.append(f"stop it with: {kept['stop']}")
+    elif result.web_ui:
+        lines.append(f"Web UI: {result.web_ui}")
     text = "\n".join(lines)
     report: dict[str, Any] = {
         "passed": passed,
@@ -259,6 +259,7 @@ def write_report(result: Any, out: Path) -> dict[str, Any]:
         "schedule": [f.to_json() for f in result.schedule],
         "total_steps": result.total_steps,
         "checkpoint_every": result.checkpoint_every,
+        "heartbeat_timeout_seconds": heartbeat_timeout(result),
         "wall_seconds": round(wall, 3),
         "faults": [f.to_json(result.t0) for f in result.faults],
         "checks": [c.to_json() for c in checks],
@@ -266,6 +267,7 @@ def write_report(result: Any, out: Path) -> dict[str, Any]:
         "interval": {"advice": advice.to_json() if advice else None, "measured": measured},
         "summary": result.summary,
         "web_ui": result.web_ui,
+        "kept_stack": result.extra.get("kept_stack"),
         "unanswered_polls": result.extra.get("unanswered_polls"),
         "files": [str(out / "drill.json"), str(png), str(out / "report.txt")],
     }

@@ -1,9 +1,14 @@
 """Run reports: PNG plots and a short text summary of a run (``cairn report``, ``cairn run report``).
 
-Writes into ``OUT``: ``loss_lr.png`` (training loss and learning rate per step),
-``timeline.png`` (committed checkpoints as step over wall time, with segment failures, restores
-and interruptions marked when Temporal's history is known), ``throughput.png`` (steps per second
-between commits) and ``summary.txt`` (also printed, or returned as JSON).
+Writes into ``OUT``: ``loss_lr.png`` (training loss per step from step 0 with its moving mean
+and the validation loss, on a log scale when it spans more than a decade; validation metrics;
+learning rate), ``timeline.png`` (step over wall time: every segment attempt, the commits
+retention kept, failures at the lost attempt's last heartbeat, detections, restores,
+interruptions, stalls shaded), ``throughput.png`` (steps/s and samples/s of every segment
+attempt over wall time, stalls shaded) and ``summary.txt`` (also printed, or returned as JSON).
+Without Temporal's history (``cairn report``) the timeline and throughput come from the kept
+commits alone. The figures are data first (``workers.reports.figures``), drawn by
+``workers.reports.plots``.
 """
 
 from __future__ import annotations
@@ -13,37 +18,30 @@ from pathlib import Path
 from typing import Any
 
 from cairn.runs.record import RunRecord
+from workers.reports.figures import loss_figure, origin, rates, stalls, throughput_figure, timeline_figure
+from workers.reports.plots import draw
+from workers.reports.timeline import HistoryFacts, place_on_steps
 
-__all__ = ["write_report", "summary"]
-
-_MARKS = {"failure": ("x", "tab:red"), "restore": ("^", "tab:green"), "interrupted": ("s", "tab:orange")}
-
-
-def _smooth(values: list[float], window: int) -> list[float]:
-    out, total = [], 0.0
-    for i, v in enumerate(values):
-        total += v
-        if i >= window:
-            total -= values[i - window]
-        out.append(total / min(i + 1, window))
-    return out
+__all__ = ["write_report", "summary", "attach_history"]
 
 
-def _rates(record: RunRecord) -> list[tuple[int, float]]:
-    """(step, steps per second) between consecutive timed commits."""
-    timed = [c for c in record.commits if c.at is not None]
-    out = []
-    for a, b in zip(timed, timed[1:], strict=False):
-        assert a.at is not None and b.at is not None
-        seconds = (b.at - a.at).total_seconds()
-        if seconds > 0 and b.step > a.step:
-            out.append((b.step, (b.step - a.step) / seconds))
-    return out
+def attach_history(record: RunRecord, facts: HistoryFacts) -> RunRecord:
+    """Add what Temporal's history says (events, attempts, the heartbeat timeout) to ``record``."""
+    record.events = list(facts.events)
+    record.attempts = list(facts.attempts)
+    hb = facts.heartbeat_timeout_seconds or facts.input.get("heartbeat_timeout_seconds")
+    record.heartbeat_timeout_seconds = float(hb) if isinstance(hb, int | float) else None
+    place_on_steps(record)
+    return record
 
 
 def summary(record: RunRecord) -> dict[str, Any]:
-    rates = [r for _, r in _rates(record)]
     kinds = [e.kind for e in record.events]
+    t0 = origin(record)
+    found = rates(record, t0) if t0 is not None else []
+    per_step = [r.steps_per_second for r in found]
+    per_sample = [r.samples_per_second for r in found if r.samples_per_second is not None]
+    stalled = [x1 - x0 for _, x0, x1 in stalls(record, t0)] if t0 is not None else []
     return {
         "run_id": record.run_id,
         "store": record.store,
@@ -52,9 +50,15 @@ def summary(record: RunRecord) -> dict[str, Any]:
         "final_loss": record.loss[-1] if record.loss else None,
         "min_loss": min(record.loss) if record.loss else None,
         "final_lr": record.lr[-1] if record.lr else None,
+        "evaluations": len(record.val_loss),
+        "final_val_loss": record.val_loss[-1] if record.val_loss else None,
         "committed_checkpoints": len(record.commits),
         "checkpoint_bytes": record.commits[-1].bytes if record.commits else 0,
-        "median_steps_per_second": statistics.median(rates) if rates else None,
+        "median_steps_per_second": statistics.median(per_step) if per_step else None,
+        "median_samples_per_second": statistics.median(per_sample) if per_sample else None,
+        "segment_attempts": len(record.attempts),
+        "stalled_seconds": round(sum(stalled), 3),
+        "heartbeat_timeout_seconds": record.heartbeat_timeout_seconds,
         "failures": kinds.count("failure"),
         "restores": kinds.count("restore"),
         "interruptions": kinds.count("interrupted"),
@@ -65,13 +69,17 @@ def _summary_text(s: dict[str, Any], files: list[Path]) -> str:
     def num(v: Any, fmt: str) -> str:
         return "-" if v is None else format(v, fmt)
 
+    where = "per segment attempt" if s["segment_attempts"] else "between kept commits"
     lines = [
         f"run {s['run_id']} in {s['store']}: {s['steps']} steps, latest checkpoint {s['latest_checkpoint']}",
         f"loss      final {num(s['final_loss'], '.6f')}, min {num(s['min_loss'], '.6f')}; "
-        f"lr final {num(s['final_lr'], '.3g')}",
+        f"lr final {num(s['final_lr'], '.3g')}; {s['evaluations']} evaluation(s), "
+        f"final validation loss {num(s['final_val_loss'], '.6f')}",
         f"commits   {s['committed_checkpoints']} kept in the store, {s['checkpoint_bytes']} bytes each (latest)",
-        f"speed     median {num(s['median_steps_per_second'], '.1f')} steps/s between commits",
-        f"events    {s['failures']} failure(s), {s['restores']} restore(s), {s['interruptions']} interruption(s)",
+        f"speed     median {num(s['median_steps_per_second'], '.1f')} steps/s, "
+        f"{num(s['median_samples_per_second'], '.1f')} samples/s {where}",
+        f"events    {s['segment_attempts']} segment attempt(s), {s['failures']} failure(s) "
+        f"({s['stalled_seconds']:.1f} s stalled), {s['restores']} restore(s), {s['interruptions']} interruption(s)",
         "plots     " + ", ".join(str(f) for f in files),
     ]
     return "\n".join(lines)
@@ -79,64 +87,12 @@ def _summary_text(s: dict[str, Any], files: list[Path]) -> str:
 
 def write_report(record: RunRecord, out: Path) -> tuple[dict[str, Any], str, list[Path]]:
     """Draw the PNGs and write summary.txt into ``out``; returns (summary, its text, files)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     out.mkdir(parents=True, exist_ok=True)
-    files = [out / "loss_lr.png", out / "timeline.png", out / "throughput.png"]
-
-    fig, (ax_loss, ax_lr) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    steps = list(range(1, record.steps + 1))
-    ax_loss.plot(steps, record.loss, lw=0.6, alpha=0.4, label="loss (per step)")
-    ax_loss.plot(steps, _smooth(record.loss, max(1, record.steps // 50)), lw=1.5, label="loss (moving mean)")
-    ax_loss.set_ylabel("training loss")
-    ax_loss.legend(loc="upper right")
-    ax_loss.set_title(f"run {record.run_id}: loss and learning rate")
-    ax_lr.plot(steps, record.lr, color="tab:purple")
-    ax_lr.set_ylabel("learning rate")
-    ax_lr.set_xlabel("step")
-    fig.tight_layout()
-    fig.savefig(files[0], dpi=110)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(8, 4))
-    progress = sorted(
-        [(c.at, c.step) for c in record.commits if c.at is not None]
-        + [(e.at, e.step) for e in record.events if e.kind in ("segment-end", "restore") and e.step is not None]
-    )
-    if progress:
-        ax.plot([t for t, _ in progress], [s for _, s in progress], "-", color="tab:gray", lw=1, label="progress")
-    timed = [c for c in record.commits if c.at is not None]
-    ax.plot([c.at for c in timed], [c.step for c in timed], "o", ms=4, label="committed checkpoint (kept)")
-    for kind, (marker, color) in _MARKS.items():
-        events = [e for e in record.events if e.kind == kind]
-        if events:
-            ys = [e.step if e.step is not None else 0 for e in events]
-            ax.scatter([e.at for e in events], ys, marker=marker, color=color, s=60, label=kind, zorder=3)
-    ax.set_xlabel("wall time (UTC)")
-    ax.set_ylabel("step")
-    ax.set_title(f"run {record.run_id}: progress, commits, failures and restores")
-    ax.legend(loc="upper left")
-    fig.autofmt_xdate()
-    fig.tight_layout()
-    fig.savefig(files[1], dpi=110)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(8, 3))
-    rates = _rates(record)
-    if rates:
-        ax.step([s for s, _ in rates], [r for _, r in rates], where="pre")
-    else:
-        ax.text(0.5, 0.5, "not enough timed commits", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlabel("step")
-    ax.set_ylabel("steps / second")
-    ax.set_title(f"run {record.run_id}: throughput between commits")
-    fig.tight_layout()
-    fig.savefig(files[2], dpi=110)
-    plt.close(fig)
-
+    files = [
+        draw(loss_figure(record), out / "loss_lr.png"),
+        draw(timeline_figure(record), out / "timeline.png"),
+        draw(throughput_figure(record), out / "throughput.png"),
+    ]
     result = summary(record)
     text = _summary_text(result, files)
     (out / "summary.txt").write_text(text + "\n")
