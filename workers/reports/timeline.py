@@ -138,6 +138,29 @@ def _last_sign(failure: Any, detected: datetime, heartbeat_timeout: float) -> da
     return detected
 
 
+def _reach_from_retry(
+    events: list[TimelineEvent], attempts: list[SegmentAttempt], resumed: Any, recomputed: Any
+) -> None:
+    """The server's record of a lost attempt carries no heartbeat details; its retry measured
+    how far the lost attempt got (``resumed_from_step + recomputed_steps``): fill in the lost
+    attempt's last step, and its failure's, where the history alone did not say."""
+    if not isinstance(resumed, int) or not isinstance(recomputed, int) or isinstance(recomputed, bool):
+        return
+    reached = resumed + max(0, recomputed)
+    for i in range(len(attempts) - 2, -1, -1):  # before the retry itself, the last one on the list
+        a = attempts[i]
+        if a.outcome in ("lost", "failed") and a.end_step is None:
+            attempts[i] = replace(a, end_step=reached)
+            for j in range(len(events) - 1, -1, -1):
+                e = events[j]
+                if e.kind == "failure" and e.at == a.ended_at and e.step is None:
+                    events[j] = replace(e, step=reached)
+                    break
+            return
+        if a.outcome == "completed":
+            return
+
+
 def read_history(history: list[Any], *, durable_step: int | None = None) -> HistoryFacts:
     """One execution's history events (``temporalio.api.history.v1.HistoryEvent``) as the
     run's input, timeline and segment attempts.
@@ -226,6 +249,7 @@ def read_history(history: list[Any], *, durable_step: int | None = None) -> Hist
             if n > 1:  # the retry resumed from its last durable checkpoint
                 detail = f"attempt {result['attempt']}" + (f" at world size {world}" if world else "")
                 events.append(TimelineEvent("restore", began, resumed, detail))
+                _reach_from_retry(events, attempts, resumed, result.get("recomputed_steps"))
         elif kind in (EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED, EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT):
             timed_out = kind == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT
             attrs_f = (

@@ -88,7 +88,9 @@ DETECTED = KILL_AT + HEARTBEAT_TIMEOUT
 RETRY_AT = DETECTED + RETRY_INITIAL
 
 
-def killed_in_first_epoch() -> list[HistoryEvent]:
+def killed_in_first_epoch(details: bool = True) -> list[HistoryEvent]:
+    """``details``: whether the lost attempt's failure carries its last heartbeat's details (a real
+    server's retry start does not: then only the retry's result says how far it got)."""
     h = History()
     h.add(
         0.0,
@@ -105,7 +107,9 @@ def killed_in_first_epoch() -> list[HistoryEvent]:
         message="activity Heartbeat timeout",
         timeout_failure_info=TimeoutFailureInfo(
             timeout_type=TimeoutType.TIMEOUT_TYPE_HEARTBEAT,
-            last_heartbeat_details=_payloads({"step": REACHED, "reached": REACHED, "committed_step": RESUMED}),
+            last_heartbeat_details=_payloads({"step": REACHED, "reached": REACHED, "committed_step": RESUMED})
+            if details
+            else None,
         ),
     )
     h.start(RETRY_AT, first, attempt=2, last_failure=lost)  # the only start the history keeps
@@ -223,3 +227,13 @@ def test_the_report_writes_its_pngs(tmp_path: Path) -> None:
     assert "3 segment attempt(s)" in text
     bare = RunRecord("r", "/s", [1.0, 0.5], [0.1] * 2, [CommitPoint(2, at(1.0), 10, "c")], "c")
     assert write_report(bare, tmp_path / "bare")[0]["segment_attempts"] == 0  # `cairn report`: no history
+
+
+def test_a_lost_attempt_without_heartbeat_details_ends_where_its_retry_measured() -> None:
+    """The server's record of the retry's start has no heartbeat details: the lost attempt's last
+    step is its retry's ``resumed_from_step + recomputed_steps`` (what the retry measured)."""
+    facts = read_history(killed_in_first_epoch(details=False))
+    lost = [a for a in facts.attempts if a.outcome == "lost"]
+    assert [(a.from_step, a.end_step) for a in lost] == [(0, REACHED)]
+    failures = [e for e in facts.events if e.kind == "failure"]
+    assert [e.step for e in failures] == [REACHED]
