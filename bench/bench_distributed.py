@@ -3,7 +3,7 @@
 
 W real rank processes (``torch.multiprocessing``, spawned; gloo over loopback, as
 ``cairn.distributed.comm.init_torch_comm`` joins it) hold a large MLP training state ZeRO-1
-sharded by ``cairn.distributed.zero.ZeroMLP``: every rank owns the block-aligned slice
+sharded by ``cairn.trainers.mlp.zero.ZeroMLP``: every rank owns the block-aligned slice
 ``flat_layout(...).slices(W)[rank]`` of theta, Adam's m and v (random, non-trivial moments).
 One gang per W; within it every case is timed on rank 0 between two barriers (all ranks start
 together; the time ends when the last rank is done), the cases interleaved rep by rep:

@@ -3,9 +3,9 @@
 ::
 
     STORE/
-      .cairn/store-id.json                  the store's identity            (cairn.runs)
+      .cairn/store-id.json                  the store's identity            (cairn.runs.ownership)
       .cairn/registry/RUN/ENTRY.json        published models                (cairn.effects.registry)
-      RUN/owners/SEQ.json                   claims: the latest names the run's trainer (cairn.runs)
+      RUN/owners/SEQ.json                   claims: the latest names the run's trainer (cairn.runs.ownership)
       RUN/pins/NAME.json                    named pins                      (cairn.checkpoint.retention)
       RUN/lifecycle/SEQ.json                the run's lifecycle log: final-test exposures (cairn.runs.exposures)
       RUN/KIND/STEP/manifest.json           a committed checkpoint: the commit marker

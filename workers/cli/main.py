@@ -91,9 +91,10 @@ def _dispatch(args: argparse.Namespace, *, reexec: bool = False) -> int:
     except CairnError as exc:
         return report_error(args, exc)
     except KeyboardInterrupt:
-        note = getattr(args, "interrupt_note", None)
-        what = note.format_map(vars(args)) if note else "interrupted"
-        return report_error(args, CommandInterrupted(what))
+        stopped = getattr(args, "on_interrupt", None)
+        if stopped is not None:  # the command's own way of stopping (watch: a note, the run goes on)
+            return int(stopped(args))
+        return report_error(args, CommandInterrupted("interrupted"))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from cairn.stores import open_store
 from workers.cli.args import Common
 from workers.cli.output import emit, report_dir
 from workers.cli.run_start import load_start_input, start
-from workers.cli.run_status import status, watch
+from workers.cli.run_status import status, stopped_watching, watch
 from workers.cli.temporal import (
     live_step,
     query_run,
@@ -97,10 +97,7 @@ def register(sub: Any, common: Common) -> None:
             p.add_argument("--out", metavar="DIR", help="where the PNGs go (default ./cairn-report-RUN_ID)")
         if name == "watch":
             p.add_argument("--interval", type=float, default=0.5, help="seconds between progress queries")
-            p.set_defaults(
-                interrupt_note="stopped watching {workflow_id}; the run keeps going on its workers "
-                "(watch again: cairn run watch {workflow_id}; stop it: cairn run stop {workflow_id})"
-            )
+            p.set_defaults(on_interrupt=stopped_watching)
 
 
 async def _result(args: argparse.Namespace, client: Client) -> int:

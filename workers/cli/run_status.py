@@ -50,7 +50,7 @@ from workers.cli.temporal import (
 )
 from workflows.training_run import TrainingRun
 
-__all__ = ["WATCH_INTERRUPTED_EXIT", "LiveView", "live_view", "off_loop", "status", "watch"]
+__all__ = ["WATCH_INTERRUPTED_EXIT", "LiveView", "live_view", "off_loop", "status", "stopped_watching", "watch"]
 
 WATCH_INTERRUPTED_EXIT = 130
 """Exit status of ``cairn run watch`` stopped by Ctrl-C (the run goes on): the CLI's SIGINT code."""
@@ -258,13 +258,15 @@ async def watch(args: argparse.Namespace, client: Client) -> int:
     except (asyncio.CancelledError, KeyboardInterrupt):  # Ctrl-C (asyncio.run cancels the command)
         if bar is not None:
             bar.close()
-        return _stopped_watching(args)
+        return stopped_watching(args)
     if bar is not None:
         bar.close()
     return await show_result(args, client, wf)
 
 
-def _stopped_watching(args: argparse.Namespace) -> int:
+def stopped_watching(args: argparse.Namespace) -> int:
+    """Ctrl-C of ``watch``, wherever it lands (connecting, polling, showing the result): a note,
+    not an error; the run keeps going."""
     wf = args.workflow_id
     print(
         f"stopped watching {wf}; the run keeps going on its workers (watch again: cairn run watch {wf}; "

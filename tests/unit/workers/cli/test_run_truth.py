@@ -28,7 +28,7 @@ from cairn.trainers.loading import normalized_config
 from tests.conftest import REPO, small_config
 from workers.cli import run_status
 from workers.cli.main import main
-from workers.cli.run_status import WATCH_INTERRUPTED_EXIT, live_view
+from workers.cli.run_status import WATCH_INTERRUPTED_EXIT, live_view, stopped_watching
 from workers.run_input import load_run_input, sent_input
 
 RUNNING, FAILED = WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.FAILED
@@ -293,3 +293,21 @@ def test_nested_defaults_are_not_sent_and_what_the_user_set_is_kept(tmp_path: Pa
     assert sent["retention"] is None and "steps_per_segment" not in sent and "numerics" not in sent
     assert sent["effects"] == {"service_url": "http://127.0.0.1:1", "registry": str((tmp_path / "reg").resolve())}
     assert sent["store"] == str((tmp_path / "s").resolve())
+
+
+def test_ctrl_c_of_watch_before_it_polls_is_a_note_not_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """A Ctrl-C that lands while ``watch`` is still connecting reaches the dispatch: the same note
+    and exit code as one inside the polling loop, no error line."""
+    import argparse
+
+    from workers.cli.main import _dispatch
+
+    def interrupted(_args: argparse.Namespace) -> int:
+        raise KeyboardInterrupt
+
+    args = argparse.Namespace(
+        handler=interrupted, on_interrupt=stopped_watching, workflow_id="wf-1", json=False, numerics=None
+    )
+    assert _dispatch(args) == WATCH_INTERRUPTED_EXIT
+    err = capsys.readouterr().err
+    assert "stopped watching wf-1; the run keeps going" in err and "error" not in err
