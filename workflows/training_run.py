@@ -62,6 +62,10 @@ with workflow.unsafe.imports_passed_through():
 __all__ = ["TrainingRun"]
 
 
+SIGNALS_DURING_OPEN = "keep-pause-and-stop-signalled-while-opening"
+"""The patch marker under which a pause or stop signalled before ``open_run`` returned is kept."""
+
+
 @workflow.defn(name="TrainingRun")
 class TrainingRun:
     def __init__(self) -> None:
@@ -246,7 +250,10 @@ class TrainingRun:
             activity_id="open-run",
             **segments.bookkeeping(inp),
         )
+        requested = self._carry
         self._carry = run_state.opened(latest)
+        if workflow.patched(SIGNALS_DURING_OPEN):  # histories recorded before it: the requests were dropped
+            self._carry.paused, self._carry.stop_requested = requested.paused, requested.stop_requested
         run_state.adopt_length(self._carry, inp, latest)
 
     def _continue_as_new(self, inp: TrainingRunInput) -> None:

@@ -233,6 +233,22 @@ async def test_pause_checkpoints_and_resume_completes(client: Client, task_queue
     assert_matches_reference(summary, inp.config)
 
 
+async def test_a_pause_signalled_before_the_run_opened_is_kept(client: Client, task_queue: str, tmp_path: Path) -> None:
+    """Signalled before any worker ran the workflow (so before ``open_run`` returned): the run
+    opens, pauses before its first segment, and completes after ``resume``."""
+    inp = control_input(tmp_path)
+    handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
+    await handle.signal(TrainingRun.pause)  # nobody polls the task queue yet
+    async with serving(client, task_queue):
+        opened = await wait_progress(handle, lambda p: p["phase"] != "starting")
+        assert (opened["phase"], opened["step"]) == ("paused", 0)  # a dropped pause shows "training" here
+        assert live_step(await handle.describe()) is None  # no segment was started
+        await handle.signal(TrainingRun.resume)
+        summary = RunSummary.model_validate(await handle.result())
+    assert summary.steps == 100 and not summary.stopped_early
+    assert_matches_reference(summary, inp.config)
+
+
 async def test_checkpoint_now_then_carry_on(client: Client, task_queue: str, tmp_path: Path) -> None:
     inp = control_input(tmp_path)
     store = LocalStore(inp.store)
