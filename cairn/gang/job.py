@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer
 
@@ -69,4 +69,4 @@ class RankResult(_Boundary):
     resumed_from_step: int
     interrupted: bool = False
     world_size: int
-    reduction: Literal["tree", "rank-order"] = "tree"
+    reduction: ReductionOrder = "tree"
