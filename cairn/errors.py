@@ -192,6 +192,9 @@ class TrainerCodeError(CairnError):
     Deterministic code given the same state: a retry would raise again, so it fails the run."""
 
     exit_code = 1
+    trained: Any = None
+    """The last whole state trained before the failure, when the trainer kept one (an
+    evaluation raised after its update): the session commits it before the error surfaces."""
 
 
 class GangFailedError(CairnError):

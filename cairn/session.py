@@ -13,8 +13,6 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from cairn.checkpoint.async_save import AsyncCheckpointer, SaveHandle
 from cairn.checkpoint.commit import CommitResult
 from cairn.checkpoint.layout import RUN_ID_PATTERN
@@ -22,13 +20,13 @@ from cairn.checkpoint.manager import latest_committed, load_training, load_train
 from cairn.checkpoint.options import CheckpointOptions, resolve_options
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.config import TrainConfig
-from cairn.errors import ConfigError, TrainingDivergedError
+from cairn.errors import ConfigError, NonFiniteError, TrainerCodeError, TrainingDivergedError
 from cairn.numerics import process_numerics, resumed_numerics
 from cairn.runs.stages import initial_state
 from cairn.state import Lineage, StepCallback, TrainState
 from cairn.stores import open_store
 from cairn.stores.base import Store
-from cairn.trainers.base import Trainer
+from cairn.trainers.base import Trainer, check_finite
 from cairn.trainers.loading import load_trainer
 
 __all__ = ["TrainingSession", "default_run_id", "MAX_STEPS", "require_finite", "with_process_numerics"]
@@ -64,9 +62,9 @@ def require_finite(state: TrainState, last_commit: CommitResult | None = None, *
     bad = None if math.isfinite(loss) else "loss"
     if bad is None and arrays:
         for name, arr in state.tensors.items():
-            with np.errstate(all="ignore"):
-                diverged = arr.dtype.kind == "f" and not np.isfinite(arr.sum()) and not np.isfinite(arr).all()
-            if diverged:
+            try:
+                check_finite(name, arr)  # every float dtype, bfloat16 included
+            except NonFiniteError:
                 bad = name
                 break
     if bad is not None:
@@ -192,6 +190,20 @@ class TrainingSession:
         state.lineage = state.lineage.model_copy(update={"parent": result.manifest.fingerprint})
         self.last_commit = result
 
+    def _commit_trained(self, exc: TrainerCodeError, on_checkpoint: CheckpointHook | None) -> None:
+        """The trainer's code failed after whole updates it kept (an evaluation raised): commit
+        them, so the failure costs no training, and say so in the error."""
+        trained = exc.trained
+        committed = self.last_commit.manifest.step if self.last_commit is not None else self.state.step
+        if not isinstance(trained, TrainState) or trained.step <= committed:
+            return
+        require_finite(trained, self.last_commit)
+        self.state = trained
+        result = self.checkpoint()
+        if on_checkpoint:
+            on_checkpoint(result)
+        exc.args = (f"{exc.args[0] if exc.args else exc}; the updates before it were committed at step {trained.step}",)
+
     # -- training -----------------------------------------------------------------------
     def run(
         self,
@@ -243,6 +255,12 @@ class TrainingSession:
         try:
             self.state = self.trainer.train(self.state, steps, on_step=step_hook)
             settle(self.state)
+        except TrainerCodeError as exc:
+            if saver is not None:
+                saver.close()
+                saver = None
+            self._commit_trained(exc, on_checkpoint)
+            raise
         finally:
             if saver is not None:
                 saver.close()

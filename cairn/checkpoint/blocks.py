@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from cairn.checkpoint.manifest import Manifest, PartSpec
-from cairn.checkpoint.tensors import require_shape
+from cairn.checkpoint.tensors import dtype_from_tag, require_shape
 from cairn.errors import TensorSpecError
 
 __all__ = [
@@ -52,7 +52,9 @@ def base_name(entry: str) -> str:
 
 
 def block_elems_for(dtype: np.dtype[Any] | str, block_bytes: int) -> int:
-    return max(1, block_bytes // np.dtype(dtype).itemsize)
+    """Elements of ``dtype`` (a numpy dtype, or a manifest's dtype tag) in a block of ``block_bytes``."""
+    itemsize = (dtype_from_tag(dtype) if isinstance(dtype, str) else np.dtype(dtype)).itemsize
+    return max(1, block_bytes // itemsize)
 
 
 def _count(n_elems: int, block_elems: int) -> int:
@@ -158,7 +160,7 @@ def check_parts(manifest: Manifest) -> None:
 
 
 def logical_specs(manifest: Manifest) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """Logical tensor name -> (dtype, shape), for v1 (the entries) and v2 (the parts) alike."""
+    """Logical tensor name -> (dtype tag, shape), for v1 (the entries) and v2 (the parts) alike."""
     if manifest.parts is None:
         return {t.name: (t.dtype, tuple(t.shape)) for t in manifest.tensors}
     dtype_of = {base_name(t.name): t.dtype for t in manifest.tensors}

@@ -29,7 +29,7 @@ from cairn.checkpoint.options import CheckpointOptions, resolve_options
 from cairn.checkpoint.reader import parse_manifest
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.shards import RankShards, new_save_nonce, write_shards
-from cairn.checkpoint.tensors import as_le_contiguous, tensor_checksum
+from cairn.checkpoint.tensors import as_le_contiguous, dtype_tag, tensor_checksum
 from cairn.errors import CairnError, CheckpointConflictError, SizeLimitError, TensorSpecError
 from cairn.stores.base import Store
 
@@ -126,7 +126,7 @@ def write_checkpoint(
         # A retry (or a stale writer) of a committed step: compare, don't rewrite.
         check_content(content, tensors, options.limits)  # (write_shards checks it on the other path)
         arrays = {name: as_le_contiguous(a) for name, a in tensors.items()}
-        index = [(n, a.dtype.str, list(a.shape), tensor_checksum(a)) for n, a in sorted(arrays.items())]
+        index = [(n, dtype_tag(a.dtype), list(a.shape), tensor_checksum(a)) for n, a in sorted(arrays.items())]
         fingerprint = content.fingerprint(index, parts_json(parts))
         result = _converge(store, ref, fingerprint, orphan_keys=[], options=options)
     else:

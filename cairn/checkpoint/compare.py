@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cairn.checkpoint.tensors import is_floating
 from cairn.state import Lineage, TrainState
 
 __all__ = ["FieldDiff", "compare_states", "LINEAGE_COMPARED"]
@@ -41,7 +42,7 @@ def _array_diff(name: str, a: np.ndarray, b: np.ndarray, rtol: float = 0.0, atol
     # Compare bit patterns, so -0.0 vs 0.0 and NaN payloads count as differences too.
     if a.tobytes() == b.tobytes():
         return None
-    exact = a.dtype.kind not in "fc"
+    exact = not (is_floating(a.dtype) or a.dtype.kind == "c")
     fa, fb = (a, b) if exact else (a.astype(np.float64), b.astype(np.float64))
     diff = float(np.max(np.abs(fa.astype(np.float64) - fb.astype(np.float64)))) if a.size else 0.0
     if (rtol or atol) and not exact and np.allclose(fa, fb, rtol=rtol, atol=atol, equal_nan=False):

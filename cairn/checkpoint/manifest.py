@@ -86,7 +86,7 @@ class _Model(BaseModel):
 
 class TensorEntry(_Model):
     name: str = Field(min_length=1, max_length=256)
-    dtype: str = Field(description="numpy dtype string, little-endian, e.g. '<f8'")
+    dtype: str = Field(description="dtype tag (cairn.checkpoint.tensors.dtype_tag): '<f8', '<f2', 'bfloat16', ...")
     shape: list[int]
     shard: ShardKey = Field(description="shard key relative to the checkpoint prefix")
     offset: int = Field(ge=0)

@@ -31,7 +31,7 @@ from cairn.checkpoint.layout import manifest_key
 from cairn.checkpoint.manifest import FORMAT_NAME, SUPPORTED_VERSIONS, CheckpointKind, Manifest, TensorEntry
 from cairn.checkpoint.options import DEFAULT_LIMITS, CheckpointOptions, Limits, resolve_options
 from cairn.checkpoint.ref import CheckpointRef
-from cairn.checkpoint.tensors import ALLOWED_DTYPES, CHECK_CHUNK, byte_view, require_checksum, require_shape
+from cairn.checkpoint.tensors import CHECK_CHUNK, byte_view, dtype_from_tag, require_checksum, require_shape
 from cairn.errors import (
     CheckpointNotFoundError,
     FormatVersionError,
@@ -88,10 +88,9 @@ def _check_structure(manifest: Manifest, limits: Limits) -> None:
         if t.name in seen:
             raise TensorSpecError("duplicate tensor name", field=where)
         seen.add(t.name)
-        if t.dtype not in ALLOWED_DTYPES:
-            raise TensorSpecError(field=f"{where}.dtype", expected=sorted(ALLOWED_DTYPES), found=t.dtype)
+        itemsize = dtype_from_tag(t.dtype, f"{where}.dtype").itemsize
         require_shape(t.shape, f"{where}.shape", max_ndim=limits.max_ndim)
-        want = math.prod(t.shape) * np.dtype(t.dtype).itemsize  # Python ints: cannot overflow
+        want = math.prod(t.shape) * itemsize  # Python ints: cannot overflow
         if want > limits.max_total_bytes:
             raise SizeLimitError(field=f"{where}.shape", expected=f"<= {limits.max_total_bytes} bytes", found=want)
         if t.length != want:
@@ -208,7 +207,7 @@ def verify_tensors(
     buffer = np.empty(max(chunk_bytes, 8) // 8 * 8, dtype=np.uint8)  # whole elements of any dtype
     view = byte_view(buffer)
     for entry in sorted(manifest.tensors, key=lambda t: (t.shard, t.offset, t.name)):
-        dtype = np.dtype(entry.dtype)
+        dtype = dtype_from_tag(entry.dtype)
         step = buffer.size // dtype.itemsize * dtype.itemsize
         h = blake3()
         for start in range(0, entry.length, step):
@@ -234,7 +233,7 @@ def _pools(workers: int, pid: int) -> tuple[ThreadPoolExecutor, ThreadPoolExecut
 
 def _pieces(entry: TensorEntry, piece_bytes: int) -> list[tuple[int, int]]:
     """Byte ranges ``[start, end)`` of one tensor, each a whole number of its elements."""
-    itemsize = np.dtype(entry.dtype).itemsize
+    itemsize = dtype_from_tag(entry.dtype).itemsize
     step = max(itemsize, piece_bytes // itemsize * itemsize)
     return [(start, min(entry.length, start + step)) for start in range(0, entry.length, step)]
 
@@ -275,9 +274,10 @@ def read_tensors(
     arrays: dict[str, np.ndarray] = {}
     for e in wanted:
         target = None if out is None else out.get(e.name)
+        dtype = dtype_from_tag(e.dtype)
         if target is None:
-            target = np.empty(e.shape, dtype=np.dtype(e.dtype))
-        elif target.dtype != np.dtype(e.dtype) or target.size != math.prod(e.shape) or not target.flags.c_contiguous:
+            target = np.empty(e.shape, dtype=dtype)
+        elif target.dtype != dtype or target.size != math.prod(e.shape) or not target.flags.c_contiguous:
             raise TensorSpecError(
                 field=f"tensors[{e.name}]", expected=f"{e.dtype} x {e.shape}", found=f"{target.dtype} x {target.shape}"
             )
@@ -345,7 +345,7 @@ def read_logical(
     tensor is allocated once and its blocks are read straight into their places."""
     if manifest.parts is None:
         return read_tensors(store, ref, manifest, max_workers=max_workers, value_check=value_check, only=names)
-    dtype_of = {base_name(t.name): np.dtype(t.dtype) for t in manifest.tensors}
+    dtype_of = {base_name(t.name): dtype_from_tag(t.dtype) for t in manifest.tensors}
     logical = {
         name: np.empty(spec.shape, dtype=dtype_of[name])
         for name, spec in manifest.parts.items()

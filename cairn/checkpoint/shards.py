@@ -24,7 +24,7 @@ from cairn.checkpoint.content import CheckpointContent, check_content
 from cairn.checkpoint.layout import checkpoint_prefix, shard_key
 from cairn.checkpoint.manifest import ShardEntry, TensorEntry
 from cairn.checkpoint.options import CheckpointOptions
-from cairn.checkpoint.tensors import CHECKSUM_PREFIX, HASH_CHUNK, as_le_contiguous, byte_view
+from cairn.checkpoint.tensors import CHECKSUM_PREFIX, HASH_CHUNK, as_le_contiguous, byte_view, dtype_tag
 from cairn.stores.base import Store
 
 __all__ = ["RankShards", "new_save_nonce", "write_shards"]
@@ -90,7 +90,7 @@ def _write_shard(
             entries.append(
                 TensorEntry(
                     name=name,
-                    dtype=arr.dtype.str,
+                    dtype=dtype_tag(arr.dtype),
                     shape=list(arr.shape),
                     shard=plan.key,
                     offset=offset,

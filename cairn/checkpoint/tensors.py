@@ -2,19 +2,31 @@
 
 Tensors are raw C-order little-endian bytes. Each has a BLAKE3 checksum (``blake3:<hex>``),
 computed while its bytes stream out on save and while they stream in on load.
+
+A manifest names each tensor's dtype by its tag (``dtype_tag``/``dtype_from_tag``, the one
+mapping): numpy's little-endian string (``<f4``, ``<f2``, ``|u1``, ...), and ``bfloat16`` for
+bfloat16 (``ml_dtypes``), whose numpy string ``<V2`` would not say what its bytes are.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
+import ml_dtypes
 import numpy as np
 from blake3 import blake3
+from numpy.typing import DTypeLike
 
 from cairn.errors import IntegrityError, TensorSpecError
 
 __all__ = [
     "ALLOWED_DTYPES",
+    "BFLOAT16",
+    "BFLOAT16_TAG",
+    "dtype_tag",
+    "dtype_from_tag",
+    "is_floating",
     "CHECKSUM_PREFIX",
     "HASH_CHUNK",
     "CHECK_CHUNK",
@@ -27,7 +39,11 @@ __all__ = [
     "require_checksum",
 ]
 
-ALLOWED_DTYPES = frozenset({"<f8", "<f4", "<f2", "<i8", "<i4", "<i2", "|i1", "<u8", "<u4", "|u1", "|b1"})
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16).newbyteorder("<")
+"""bfloat16, little-endian: stored natively, 2 bytes an element."""
+BFLOAT16_TAG = "bfloat16"
+ALLOWED_DTYPES = frozenset({"<f8", "<f4", "<f2", BFLOAT16_TAG, "<i8", "<i4", "<i2", "|i1", "<u8", "<u4", "|u1", "|b1"})
+"""The dtype tags a checkpoint may hold."""
 CHECKSUM_PREFIX = "blake3:"
 HASH_CHUNK = 8 << 20
 CHECK_CHUNK = 1 << 20  # verify in cache-sized chunks
@@ -36,6 +52,27 @@ MAX_DIM = 1 << 40
 MAX_ELEMENTS = 1 << 48
 """No tensor may have more elements than this — counting its non-zero dimensions, so a shape like
 ``[2**40, 2**40, 0]`` (0 elements, but past what numpy can index) is refused too."""
+
+
+def dtype_tag(dtype: DTypeLike) -> str:
+    """The manifest's tag for ``dtype``: ``bfloat16`` for little-endian bfloat16, numpy's dtype
+    string (``<f4``, ``<f2``, ...) for any other dtype (which may not be an allowed one)."""
+    dt = np.dtype(dtype)
+    return BFLOAT16_TAG if dt == BFLOAT16 else dt.str
+
+
+def dtype_from_tag(tag: str, field: str = "dtype") -> np.dtype[Any]:
+    """The numpy dtype a manifest's tag names; a tag outside ``ALLOWED_DTYPES`` (unknown, or a
+    dtype a checkpoint may not hold) is refused with ``TensorSpecError`` naming ``field``."""
+    if tag not in ALLOWED_DTYPES:
+        raise TensorSpecError(field=field, expected=sorted(ALLOWED_DTYPES), found=tag)
+    return BFLOAT16 if tag == BFLOAT16_TAG else np.dtype(tag)
+
+
+def is_floating(dtype: DTypeLike) -> bool:
+    """Whether values of ``dtype`` are floating point (numpy's floats, and bfloat16)."""
+    dt = np.dtype(dtype)
+    return dt.kind == "f" or dt.type is ml_dtypes.bfloat16
 
 
 def require_shape(shape: list[int], field: str, *, max_ndim: int, max_elements: int = MAX_ELEMENTS) -> None:
@@ -55,10 +92,10 @@ def require_shape(shape: list[int], field: str, *, max_ndim: int, max_elements: 
 def as_le_contiguous(arr: np.ndarray) -> np.ndarray:
     """``arr`` itself when it is already C-contiguous little-endian (no copy), else a copy."""
     out = arr if arr.flags.c_contiguous else arr.copy(order="C")  # keeps 0-d arrays 0-d
-    if out.dtype.byteorder == ">":
-        out = out.astype(out.dtype.newbyteorder("<"))
-    if out.dtype.str not in ALLOWED_DTYPES:
-        raise TensorSpecError(field="dtype", expected=sorted(ALLOWED_DTYPES), found=out.dtype.str)
+    little = out.dtype.newbyteorder("<")
+    if out.dtype != little:
+        out = out.astype(little)
+    dtype_from_tag(dtype_tag(out.dtype))  # refuses a dtype a checkpoint may not hold
     return out
 
 

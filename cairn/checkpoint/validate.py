@@ -12,8 +12,8 @@ fingerprint) live in ``cairn.checkpoint.reader``; this module adds what makes th
   run's data;
 - tensor set: exactly the trainer's ``tensor_specs`` (names, dtypes, shapes — asked of the
   model, not a hard-coded list) plus the history: ``loss``/``lr`` with one value per step and,
-  for trainers with a validation split, ``val_step``/``val_loss``/``val_accuracy`` with one value
-  per epoch end passed (``step // steps_per_epoch``);
+  for trainers with a validation split, ``val_step``/``val_loss`` and one ``val_<metric>`` per
+  ``trainer.eval_metrics`` with one value per evaluation passed (``trainer.evaluations(step)``);
 - values: finite everywhere, and the trainer's own value rules (the MLP's Adam v >= 0);
 - invariants: the trainer's ``check_state`` (cursor vs step, RNG form, data position, ...).
 """
@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from cairn.checkpoint.blocks import logical_specs
 from cairn.checkpoint.manifest import Manifest
+from cairn.checkpoint.tensors import dtype_tag
 from cairn.checkpoint.training import history_name, is_history
 from cairn.config import TrainConfig, config_error_from
 from cairn.errors import (
@@ -36,7 +37,6 @@ from cairn.errors import (
     TensorSpecError,
 )
 from cairn.trainers.base import (
-    EVAL_HISTORY,
     STEP_HISTORY,
     TensorSpec,
     Trainer,
@@ -52,16 +52,17 @@ __all__ = [
 ]
 
 IDENTITY_FIELDS = ("trainer", "seed", "batch_size", "model", "data", "tokenizer_version", "init_from", "distributed")
-F8 = np.dtype("<f8").str
+F8 = dtype_tag(np.float64)
 
 
 def expected_tensors(trainer: Trainer, manifest: Manifest) -> dict[str, TensorSpec]:
     """Tensor name -> spec that a training checkpoint of ``trainer`` at the manifest's step must hold."""
     out = dict(trainer.tensor_specs(manifest.step, manifest.meta))
     out.update({history_name(k): TensorSpec(F8, (manifest.step,)) for k in STEP_HISTORY})
-    if trainer.eval_history:  # one evaluation at every epoch end
-        n = manifest.step // trainer.steps_per_epoch
-        out.update({history_name(k): TensorSpec(F8, (n,)) for k in EVAL_HISTORY})
+    if trainer.eval_history:
+        n = trainer.evaluations(manifest.step)
+        keys = ("val_step", "val_loss", *(f"val_{m}" for m in trainer.eval_metrics(manifest.meta)))
+        out.update({history_name(k): TensorSpec(F8, (n,)) for k in keys})
     return out
 
 
@@ -156,7 +157,7 @@ def check_training_manifest(
             raise TensorSpecError(field=f"tensors[{name}].dtype", expected=spec.dtype, found=got_dtype)
         if got_shape != spec.shape and is_history(name):
             raise InvariantError(
-                "len(history) must equal step" if name[8:] in STEP_HISTORY else "one evaluation per epoch end",
+                "len(history) must equal step" if name[8:] in STEP_HISTORY else "one value per evaluation",
                 field=f"tensors[{name}].shape",
                 expected=list(spec.shape),
                 found=list(got_shape),

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+import ml_dtypes
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
@@ -43,12 +44,14 @@ __all__ = [
 STEP_HISTORY = HISTORY_KEYS
 """History kept per update: one value per step (``loss``, ``lr``)."""
 EVAL_HISTORY = ("val_step", "val_loss", "val_accuracy")
-"""History kept per evaluation on the validation split (at each epoch end)."""
+"""History kept per evaluation on the validation split (at each epoch end) by the built-in MLP;
+another trainer keeps ``val_step``, ``val_loss`` and one ``val_<name>`` per ``eval_metrics``."""
 
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """What one state tensor must be: numpy dtype string (little-endian) and shape."""
+    """What one state tensor must be: its dtype tag (``cairn.checkpoint.tensors.dtype_tag``:
+    numpy's little-endian string such as ``<f4``, or ``bfloat16``) and shape."""
 
     dtype: str
     shape: tuple[int, ...]
@@ -178,9 +181,18 @@ class Trainer(ABC):
         return fresh
 
     def evaluate(self, state: TrainState, split: str) -> dict[str, float] | None:
-        """Loss and accuracy of ``state`` on ``split`` (``val`` or ``test``); None if the
-        trainer has no such split."""
+        """Loss and metrics (accuracy, ...) of ``state`` on ``split`` (``val`` or ``test``);
+        None if the trainer has no such split."""
         return None
+
+    def evaluations(self, step: int) -> int:
+        """How many evaluations a state at ``step`` has recorded (one at every epoch end)."""
+        return step // self.steps_per_epoch if self.eval_history else 0
+
+    def eval_metrics(self, meta: Mapping[str, Any]) -> tuple[str, ...]:
+        """The metrics besides ``val_loss`` recorded at every evaluation of a state whose JSON
+        part is ``meta`` (history ``val_<name>``)."""
+        return ("accuracy",)
 
     def check_values(self, name: str, values: np.ndarray) -> None:
         """Value rules for (a chunk of) one tensor: floats must be finite everywhere."""
@@ -191,14 +203,40 @@ class Trainer(ABC):
         raise ConfigError("trainer.factory", expected="the built-in MLP or a PyTorch adapter trainer", found=self.path)
 
 
+_INFINITY_BITS = {
+    dt: int(np.array(np.inf, dtype=dt).view(np.uint16)) for dt in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+}
+"""The bits of +infinity of each 16-bit float: a value is finite iff its magnitude's bits are below them."""
+_BITS_BLOCK = 1 << 15
+"""16-bit values tested at a time: a scratch of 64 KiB, which the allocator reuses."""
+
+
+def _non_finite_16(values: np.ndarray, infinity: int) -> int:
+    """How many values of a 16-bit float array are NaN or infinite: exact, on their bits."""
+    bits = values.reshape(-1).view(np.uint16)
+    bad = 0
+    for start in range(0, bits.size, _BITS_BLOCK):
+        magnitude = np.bitwise_and(bits[start : start + _BITS_BLOCK], 0x7FFF)
+        if int(magnitude.max()) >= infinity:
+            bad += int(np.count_nonzero(magnitude >= infinity))
+    return bad
+
+
 def check_finite(name: str, values: np.ndarray) -> None:
-    """Floating-point values must be finite: one cheap sum proves the common case; the exact
-    (allocating) test runs only when the sum is not finite (or overflowed)."""
-    if values.dtype.kind != "f":
+    """Floating-point values (bfloat16 included) must be finite. A 16-bit float is finite iff the
+    bits of its magnitude are below those of infinity (an exact integer test, no conversion);
+    a wider one is proved finite by one cheap sum, the exact (allocating) test running only
+    when the sum is not finite (or overflowed)."""
+    infinity = _INFINITY_BITS.get(values.dtype)
+    if infinity is not None:
+        bad = _non_finite_16(values, infinity)
+        finite = bad == 0
+    elif values.dtype.kind == "f":
+        with np.errstate(all="ignore"):  # a signalling NaN or an overflowing sum: the typed error alone says so
+            finite = bool(np.isfinite(values.sum())) or bool(np.isfinite(values).all())
+            bad = 0 if finite else int(values.size - np.count_nonzero(np.isfinite(values)))
+    else:
         return
-    with np.errstate(all="ignore"):  # a signalling NaN or an overflowing sum: the typed error alone says so
-        finite = bool(np.isfinite(values.sum())) or bool(np.isfinite(values).all())
-        bad = 0 if finite else int(values.size - np.count_nonzero(np.isfinite(values)))
     if not finite:
         raise NonFiniteError(
             "tensor holds NaN or infinity", field=f"tensors[{name}]", expected="finite", found=f"{bad} non-finite"

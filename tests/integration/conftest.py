@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import io
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -19,11 +20,12 @@ import pytest
 from temporalio.client import Client, WorkflowHandle
 
 from activities.models import RunSummary, TrainingRunInput
-from cairn.checkpoint import CheckpointRef, load_training
+from cairn.checkpoint import CheckpointRef, latest_committed, load_training
 from cairn.checkpoint.compare import compare_states
 from cairn.config import TrainConfig
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore, MemoryStore
+from cairn.stores.base import Store
 from cairn.stores.s3 import S3Store
 from tests.conftest import REPO, small_config
 from workers.client import connect
@@ -204,6 +206,16 @@ def start_worker_process(
     argv = [sys.executable, "-m", module, "--address", address, "--task-queue", task_queue, *extra]
     proc = ServerProcess("worker", argv, log, env=env, cwd=REPO).start()
     return proc
+
+
+async def kill_after_commit(worker: ServerProcess, store: Store, run_id: str, step: int, timeout: float = 90) -> None:
+    """SIGKILL ``worker``'s process group once the run has committed a checkpoint at ``step`` or past."""
+    deadline = time.monotonic() + timeout
+    while (ref := latest_committed(store, run_id)) is None or ref.step < step:
+        assert time.monotonic() < deadline, worker.log_tail()
+        await asyncio.sleep(0.05)
+    os.killpg(worker.pid, signal.SIGKILL)
+    worker.proc.wait(timeout=10)  # type: ignore[union-attr]
 
 
 async def wait_progress(handle: WorkflowHandle[Any, Any], predicate: Any, timeout: float = 60) -> dict[str, Any]:

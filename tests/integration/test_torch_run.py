@@ -5,8 +5,6 @@ import fails the run at once."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import time
 import uuid
 from pathlib import Path
@@ -16,12 +14,12 @@ import pytest
 from temporalio.client import Client, WorkflowFailureError
 
 from activities.models import RunSummary, TrainingRunInput
-from cairn.checkpoint import CheckpointRef, latest_committed, load_training
+from cairn.checkpoint import CheckpointRef, load_training
 from cairn.checkpoint.compare import compare_states
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore, MemoryStore
 from tests.conftest import digits_config
-from tests.integration.conftest import TemporalServer, start_worker_process, wait_progress
+from tests.integration.conftest import TemporalServer, kill_after_commit, start_worker_process, wait_progress
 from workers.stack.servers import ServerProcess
 from workers.worker import serving
 from workflows.training_run import TrainingRun
@@ -61,15 +59,7 @@ async def test_torch_run_by_epochs_survives_sigkill_bit_identical(
     second: ServerProcess | None = None
     try:
         handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
-        deadline = time.monotonic() + 90
-        while True:  # mid-way through the first epoch's segment, checkpoints committed
-            ref = latest_committed(store, inp.run_id)
-            if ref is not None and ref.step >= 20:
-                break
-            assert time.monotonic() < deadline, first.log_tail()
-            await asyncio.sleep(0.05)
-        os.killpg(first.pid, signal.SIGKILL)
-        first.proc.wait(timeout=10)  # type: ignore[union-attr]
+        await kill_after_commit(first, store, inp.run_id, 20)  # mid-way through the first epoch
         second = start_worker_process(temporal_server.address, task_queue, tmp_path / "worker-b.log")
         # The reference trains in a thread meanwhile: the run waits out a heartbeat timeout now.
         reference_run = asyncio.create_task(asyncio.to_thread(train_reference, inp, 78))

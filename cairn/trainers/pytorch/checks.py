@@ -4,16 +4,24 @@ and state, the scheduler's state and the runtime contract."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cairn.errors import InvariantError
+from cairn.errors import ConfigError, InvariantError
+from cairn.trainers.pytorch.evaluation import MAX_METRICS, METRIC_NAME
+from cairn.trainers.pytorch.state_io import from_json, require_numpy_dtype
+
+if TYPE_CHECKING:
+    from cairn.trainers.pytorch.trainer import TorchTrainer
 
 __all__ = [
     "NON_NEGATIVE_STATE",
     "SCHEDULER_PROGRESS",
+    "check_eval_meta",
     "check_optimizer_meta",
     "check_runtime_meta",
+    "check_scaler_meta",
     "check_scheduler_meta",
+    "check_setup",
     "json_kind",
 ]
 
@@ -23,6 +31,7 @@ NON_NEGATIVE_STATE = frozenset({"exp_avg_sq", "max_exp_avg_sq", "square_avg", "s
 
 SCHEDULER_PROGRESS = frozenset(
     {"last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step", "_is_initial", "T_cur", "T_i"}
+    | {"best", "num_bad_epochs", "cooldown_counter"}  # ReduceLROnPlateau
 )
 """Scheduler state that advances with training; every other field must equal a fresh build's."""
 
@@ -76,12 +85,13 @@ def check_optimizer_meta(
     live_groups: Sequence[Mapping[str, Any]],
     group_params: Sequence[list[str]],
     fresh_groups: Sequence[Mapping[str, Any]],
-    trainable: Sequence[str],
+    stateful: Callable[[], list[str]],
     probe_scalars: Callable[[], dict[str, type]],
 ) -> None:
     """``meta.optimizer`` fits this optimizer: its param groups (same settings, same
-    parameters), state for every trainable parameter after the first update, and scalar state
-    of the types a probe step produced (``probe_scalars``, called only when there is state)."""
+    parameters), state after the first update for every parameter a probe step gave state
+    (``stateful``: plain SGD keeps none), and scalar state of the types the probe produced
+    (``probe_scalars``, called only when there is state)."""
     if not isinstance(optimizer, Mapping) or set(optimizer) != {"param_groups", "with_state", "scalars"}:
         raise InvariantError(
             "optimizer state is malformed",
@@ -116,10 +126,10 @@ def check_optimizer_meta(
         for key, fresh in fresh_groups[i].items():
             _check_like(saved[key], fresh, f"meta.optimizer.param_groups[{i}].{key}", exact=False)
     with_state = optimizer["with_state"]
-    want_state = [] if step == 0 else trainable
+    want_state = [] if step == 0 else stateful()
     if not isinstance(with_state, list) or sorted(map(str, with_state)) != sorted(want_state):
         raise InvariantError(
-            "optimizer state must cover every trainable parameter after the first update (none before)",
+            "optimizer state must cover every parameter the optimizer keeps state for, after the first update",
             field="meta.optimizer.with_state",
             expected=f"{len(want_state)} parameters" if want_state else [],
             found=f"{len(with_state)} entries" if isinstance(with_state, list) else type(with_state).__name__,
@@ -155,8 +165,10 @@ def check_scheduler_meta(saved: Any, has_live: bool, fresh: Any) -> None:
             expected="a scheduler state" if has_live else None,
             found="a scheduler state" if has_scheduler else None,
         )
-    if fresh is not None:
-        _check_like(saved, fresh, "meta.scheduler", exact=True)
+    if fresh is not None:  # infinities ({"$float": "inf"}) compared as the floats they are
+        _check_like(
+            from_json(saved, "meta.scheduler"), from_json(fresh, "meta.scheduler"), "meta.scheduler", exact=True
+        )
 
 
 def check_runtime_meta(meta: Mapping[str, Any], threads: int, deterministic: bool) -> None:
@@ -171,6 +183,94 @@ def check_runtime_meta(meta: Mapping[str, Any], threads: int, deterministic: boo
             expected=want_runtime,
             found=dict(runtime) if isinstance(runtime, Mapping) else runtime,
         )
-    extra = set(meta) - {"data", "optimizer", "scheduler", "runtime"}
+    extra = set(meta) - {"data", "optimizer", "scheduler", "runtime", "scaler", "eval"}
     if extra:
         raise InvariantError("unexpected trainer state", field="meta", expected=None, found=sorted(extra))
+
+
+def check_setup(trainer: TorchTrainer) -> None:
+    """What a ``TorchSetup`` must be for the adapter's options and the run's config: refused at
+    build, with the option to change, never at the first update or the first evaluation."""
+    options, config = trainer.options, trainer.config
+    for name, t in [*trainer.params.items(), *trainer.buffers.items()]:
+        if t.device.type != "cpu":
+            raise ConfigError(f"model tensor {name}", expected="on the CPU", found=str(t.device))
+        require_numpy_dtype(t, f"model tensor {name}")
+    for split in trainer.splits.values():
+        for part, data in (("x", getattr(split, "x", None)), ("y", getattr(split, "y", None))):
+            if data is not None:
+                require_numpy_dtype(data, f"{split.name} data {part}")
+    k = trainer.micro_steps
+    if config.distributed is not None and options.accumulation not in (1, k):
+        raise ConfigError(
+            "trainer.options.accumulation: it is distributed.microbatches in a distributed run",
+            expected=f"1 or {k}",
+            found=options.accumulation,
+        )
+    if config.batch_size % k:
+        raise ConfigError(
+            "batch_size", expected=f"a multiple of the {k} micro-steps of an update", found=config.batch_size
+        )
+    train = trainer.splits["train"]
+    if getattr(train, "stream", False) and options.epoch_steps is None and train.batches_per_pass is None:  # type: ignore[union-attr]
+        raise ConfigError(
+            "trainer.options.epoch_steps: the training stream has no len()",
+            expected="the updates an epoch means (or total_steps and segments in steps)",
+            found=None,
+        )
+    if trainer.plateau and "val" not in trainer.splits:
+        raise ConfigError(
+            "TorchSetup.val: ReduceLROnPlateau steps on the validation loss", expected="a val split", found=None
+        )
+    if options.grad_scaler and options.autocast != "float16":
+        raise ConfigError(
+            "trainer.options.grad_scaler: loss scaling is for float16 autocast",
+            expected="autocast 'float16'",
+            found=options.autocast,
+        )
+
+
+def check_scaler_meta(saved: Any, fresh: Any) -> None:
+    """``meta.scaler`` (the loss scaler's state) is there exactly when the setup scales losses,
+    with a fresh scaler's fields and a finite, positive scale."""
+    if (saved is None) != (fresh is None):
+        raise InvariantError(
+            "loss-scaler state does not match the setup",
+            field="meta.scaler",
+            expected="a GradScaler state" if fresh is not None else None,
+            found="a GradScaler state" if saved is not None else None,
+        )
+    if fresh is None:
+        return
+    _check_like(saved, fresh, "meta.scaler", exact=False)
+    scale = saved["scale"]
+    if not isinstance(scale, int | float) or isinstance(scale, bool) or not 0 < scale < float("inf"):
+        raise InvariantError(field="meta.scaler.scale", expected="a finite scale > 0", found=scale)
+
+
+def check_eval_meta(saved: Any, eval_history: bool) -> None:
+    """``meta.eval.metrics`` names the metrics recorded at every evaluation: distinct metric
+    names, sorted."""
+    if not eval_history:
+        if saved is not None:
+            raise InvariantError("evaluation record without a val split", field="meta.eval", expected=None, found=saved)
+        return
+    names: Any = saved.get("metrics") if isinstance(saved, Mapping) and set(saved) == {"metrics"} else None
+    if (
+        not isinstance(names, list)
+        or len(names) > MAX_METRICS
+        or not all(isinstance(n, str) and METRIC_NAME.match(n) and n != "loss" for n in names)
+    ):
+        raise InvariantError(
+            "evaluation record is malformed",
+            field="meta.eval.metrics",
+            expected=f"<= {MAX_METRICS} metric names",
+            found=names,
+        )
+    if names != sorted(set(names)):
+        raise InvariantError(
+            "evaluation metrics must be sorted and distinct",
+            field="meta.eval.metrics",
+            expected=sorted(set(names)),
+            found=names,
+        )

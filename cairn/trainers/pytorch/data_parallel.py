@@ -29,6 +29,8 @@ from cairn.runs.stages import initial_state
 from cairn.state import TrainState
 from cairn.stores.base import Store
 from cairn.trainers.pytorch.state_io import RngStates, np_dtype
+from cairn.trainers.pytorch.streams import Stream
+from cairn.trainers.pytorch.update import apply_update, backward
 
 if TYPE_CHECKING:
     from cairn.trainers.pytorch.trainer import TorchTrainer
@@ -85,14 +87,20 @@ def reduce_microbatches(comm: Comm, partial: np.ndarray, microbatches: int) -> n
 
 def gradient_dtype(params: Sequence[torch.Tensor]) -> np.dtype[Any]:
     """The dtype gradients are summed in: the parameters' (float32 for a float32 model, as a
-    data-parallel all-reduce sums them), at least float32."""
-    return np.result_type(np.float32, *(np.dtype(np_dtype(p)) for p in params))
+    data-parallel all-reduce sums them), at least float32 (bf16/fp16 gradients are summed in it)."""
+    return np.result_type(np.float32, *(np.float64 if p.dtype == torch.float64 else np.float32 for p in params))
 
 
 def _flat(t: torch.Tensor | None, like: torch.Tensor, dtype: np.dtype[Any]) -> np.ndarray:
     if t is None:
         return np.zeros(like.numel(), dtype=dtype)
-    return t.detach().reshape(-1).numpy().astype(dtype)
+    wide = torch.float64 if dtype == np.float64 else torch.float32
+    return t.detach().reshape(-1).to(wide).numpy()
+
+
+def _as_tensor_of(values: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    """``values`` (float32/64) in ``like``'s dtype and shape (rounded as torch rounds)."""
+    return torch.from_numpy(np.ascontiguousarray(values)).to(like.dtype).reshape(like.shape)
 
 
 def microbatched_update(trainer: TorchTrainer, step: int, comm: Comm) -> tuple[float, float]:
@@ -100,33 +108,43 @@ def microbatched_update(trainer: TorchTrainer, step: int, comm: Comm) -> tuple[f
     the module); returns the batch's loss (the tree mean of the microbatch losses) and the
     learning rate it used. Runs inside ``TorchTrainer.owned_rngs``."""
     config = trainer.config
-    assert config.distributed is not None
-    microbatches = config.distributed.microbatches
+    microbatches = trainer.micro_steps
     check_world_size(microbatches, comm.world)
     per_rank = microbatches // comm.world
     first = comm.rank * per_rank
     size = config.batch_size // microbatches
-    idx = trainer.sampler.batch(step)
     model, optimizer = trainer.model, trainer.optimizer
     trainable = [p for p in trainer.params.values() if p.requires_grad]
     buffers = list(trainer.buffers.values())
     acc = gradient_dtype(trainable)
     f8 = np.dtype(np.float64)
     split = trainer.splits["train"]
+    if isinstance(split, Stream):  # every rank draws the whole batch: the streams stay in step
+        whole = split.next_batch()
+
+        def micro(i: int) -> tuple[Any, Any]:
+            return whole[0][i * size : (i + 1) * size], whole[1][i * size : (i + 1) * size]
+    else:
+        idx = trainer.epoch_sampler.batch(step)
+
+        def micro(i: int) -> tuple[Any, Any]:
+            return split.batch(idx[i * size : (i + 1) * size])
+
     grads: list[np.ndarray] = []
     stats: list[np.ndarray] = []
     with trainer.user_code(f"update {step + 1}"):
         model.train()
         start = [b.detach().clone() for b in buffers]
         for i in range(first, first + per_rank):
-            xb, yb = split.batch(idx[i * size : (i + 1) * size])
+            xb, yb = micro(i)
             with torch.no_grad():
                 for b, s in zip(buffers, start, strict=True):
                     b.copy_(s)
             optimizer.zero_grad(set_to_none=True)
             with _microbatch_rngs(config.seed, step, i):
-                loss = trainer.setup.loss_fn(model(xb), yb)
-                loss.backward()  # type: ignore[no-untyped-call]
+                with trainer.autocast():
+                    loss = trainer.compute_loss(xb, yb)
+                backward(trainer, loss)
             grads.append(np.concatenate([np.empty(0, acc), *(_flat(p.grad, p, acc) for p in trainable)]))
             stats.append(np.concatenate([*(_flat(b, b, f8) for b in buffers), [float(loss.detach())]]))
     with np.errstate(over="ignore", invalid="ignore"):  # a diverged update is refused by its loss
@@ -137,7 +155,7 @@ def microbatched_update(trainer: TorchTrainer, step: int, comm: Comm) -> tuple[f
             offset = 0
             for p in trainable:
                 n = p.numel()
-                p.grad = torch.from_numpy(mean_grad[offset : offset + n].astype(np_dtype(p)).reshape(p.shape))
+                p.grad = _as_tensor_of(mean_grad[offset : offset + n], p)
                 offset += n
             offset = 0
             for b in buffers:
@@ -145,10 +163,13 @@ def microbatched_update(trainer: TorchTrainer, step: int, comm: Comm) -> tuple[f
                 mean = mean_stats[offset : offset + n]
                 if not b.is_floating_point():
                     mean = np.rint(mean)
-                b.copy_(torch.from_numpy(mean.astype(np_dtype(b)).reshape(b.shape)))
+                b.copy_(
+                    _as_tensor_of(mean, b)
+                    if b.is_floating_point()
+                    else torch.from_numpy(mean.astype(np_dtype(b))).reshape(b.shape)
+                )
                 offset += n
-        lr = float(optimizer.param_groups[0]["lr"])
-        optimizer.step()
+        lr = apply_update(trainer, step)
     return float(mean_stats[offset]), lr
 
 

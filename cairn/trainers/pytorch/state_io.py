@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from cairn.checkpoint.tensors import BFLOAT16, dtype_tag
 from cairn.errors import ConfigError, InvariantError, TensorSpecError
 from cairn.trainers.base import TensorSpec
 
@@ -21,12 +22,22 @@ __all__ = [
     "RngStates",
     "check_rng_json",
     "check_rng_tensor",
+    "export_optimizer",
+    "import_optimizer",
+    "from_json",
+    "from_numpy",
     "jsonable",
     "np_dtype",
     "require_numpy_dtype",
     "restore_like",
+    "scheduler_json",
     "tensor_spec",
+    "to_numpy",
 ]
+
+NONFINITE = "$float"
+"""A non-finite float in plain JSON (``{"$float": "inf"}``): scheduler state such as
+``ReduceLROnPlateau.best`` starts at infinity."""
 
 MT_WORDS = 624
 
@@ -86,28 +97,62 @@ def require_numpy_dtype(t: torch.Tensor, where: str) -> None:
         np_dtype(t)
     except TensorSpecError:
         raise ConfigError(
-            where, expected="a dtype with a raw numpy form (float32/64/16, integer, bool)", found=str(t.dtype)
+            where,
+            expected="a dtype a checkpoint stores natively (float64/32/16, bfloat16, integer, bool)",
+            found=str(t.dtype),
         ) from None
 
 
-def jsonable(value: Any, where: str) -> Any:
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """The tensor's storage as a numpy array, without copying (bfloat16 as ``ml_dtypes.bfloat16``)."""
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(BFLOAT16)
+    return t.numpy()
+
+
+def from_numpy(arr: np.ndarray) -> torch.Tensor:
+    """A tensor sharing ``arr``'s memory (the inverse of ``to_numpy``)."""
+    if arr.dtype == BFLOAT16:
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
+
+
+def jsonable(value: Any, where: str, *, nonfinite: bool = False) -> Any:
     """Plain JSON of optimizer/scheduler state values (tuples -> lists, 0-d tensors refused
-    here: tensors go to the tensor section)."""
+    here: tensors go to the tensor section). With ``nonfinite`` an infinity or NaN is written as
+    ``{"$float": "inf"}`` (``from_json`` reads it back exactly); without, it is refused."""
     if value is None or isinstance(value, bool | int | str):
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
+            if nonfinite:
+                return {NONFINITE: repr(value)}
             raise TensorSpecError(
                 "state the adapter cannot write as JSON", field=where, expected="a finite number", found=value
             )
         return value
     if isinstance(value, tuple | list):
-        return [jsonable(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [jsonable(v, f"{where}[{i}]", nonfinite=nonfinite) for i, v in enumerate(value)]
     if isinstance(value, dict):
-        return {str(k): jsonable(v, f"{where}.{k}") for k, v in value.items()}
+        return {str(k): jsonable(v, f"{where}.{k}", nonfinite=nonfinite) for k, v in value.items()}
     raise TensorSpecError(
         "state the adapter cannot write as JSON", field=where, expected="plain JSON values", found=type(value).__name__
     )
+
+
+def from_json(value: Any, where: str) -> Any:
+    """``value`` with its ``{"$float": ...}`` entries turned back into floats (see ``jsonable``)."""
+    if isinstance(value, dict):
+        if set(value) == {NONFINITE}:
+            text = value[NONFINITE]
+            if text not in ("inf", "-inf", "nan"):
+                raise InvariantError(field=where, expected="inf, -inf or nan", found=text)
+            return float(text)
+        return {k: from_json(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, list):
+        return [from_json(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    return value
 
 
 def restore_like(template: Any, value: Any) -> Any:
@@ -120,8 +165,11 @@ def restore_like(template: Any, value: Any) -> Any:
 
 
 def np_dtype(t: torch.Tensor) -> str:
+    """The checkpoint's dtype tag of a tensor (``bfloat16`` for bf16, numpy's string otherwise)."""
+    if t.dtype == torch.bfloat16:
+        return dtype_tag(BFLOAT16)
     try:
-        return np.dtype(torch.empty((), dtype=t.dtype).numpy().dtype).str
+        return dtype_tag(torch.empty((), dtype=t.dtype).numpy().dtype)
     except TypeError:
         raise TensorSpecError(
             "tensor dtype has no raw little-endian numpy form",
@@ -193,3 +241,59 @@ def check_rng_json(rng: Any) -> None:
         random.Random().setstate((3, tuple(state), py.get("gauss")))
     except (TypeError, ValueError, OverflowError) as exc:
         raise bad("rng.python", "a state random.setstate accepts", str(exc)) from None
+
+
+def export_optimizer(
+    optimizer: torch.optim.Optimizer,
+    params: Mapping[str, torch.Tensor],
+    group_params: list[list[str]],
+    tensors: dict[str, np.ndarray],
+) -> dict[str, Any]:
+    """The optimizer's state: its tensors into ``tensors`` (``optim/NAME/KEY``, zero-copy), the
+    rest as ``meta.optimizer`` (param groups by parameter name, scalars, who has state)."""
+    scalars: dict[str, dict[str, Any]] = {}
+    with_state = []
+    for name, p in params.items():
+        st = optimizer.state.get(p)
+        if not st:
+            continue
+        with_state.append(name)
+        for key, value in st.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"optim/{name}/{key}"] = to_numpy(value)
+            else:
+                scalars.setdefault(name, {})[key] = jsonable(value, f"optimizer.state[{name}].{key}")
+    groups = []
+    for i, group in enumerate(optimizer.param_groups):
+        body = {k: jsonable(v, f"optimizer.param_groups[{i}].{k}") for k, v in group.items() if k != "params"}
+        groups.append({**body, "params": group_params[i]})
+    return {"param_groups": groups, "with_state": with_state, "scalars": scalars}
+
+
+def import_optimizer(
+    optimizer: torch.optim.Optimizer,
+    params: Mapping[str, torch.Tensor],
+    tensors: Mapping[str, np.ndarray],
+    saved: Mapping[str, Any],
+) -> None:
+    """Install ``export_optimizer``'s form of a state in ``optimizer``, in fresh storage."""
+    optimizer.state.clear()
+    for name in saved["with_state"]:
+        entry: dict[str, Any] = {}
+        prefix = f"optim/{name}/"
+        for key, arr in tensors.items():
+            if key.startswith(prefix):
+                entry[key[len(prefix) :]] = from_numpy(np.array(arr, copy=True))
+        entry.update(saved["scalars"].get(name, {}))
+        optimizer.state[params[name]] = entry
+    for group, kept in zip(optimizer.param_groups, saved["param_groups"], strict=True):
+        for key, value in kept.items():
+            if key != "params":
+                group[key] = restore_like(group.get(key), value)
+
+
+def scheduler_json(scheduler: Any) -> Any:
+    """An LR scheduler's state as plain JSON, infinities kept (None without a scheduler)."""
+    if scheduler is None:
+        return None
+    return jsonable(scheduler.state_dict(), "scheduler.state_dict()", nonfinite=True)

@@ -4,11 +4,10 @@ data splits behind the trainer interface (what a checkpoint holds: docs/pytorch.
 from __future__ import annotations
 
 import copy
-import hashlib
 import random
 import threading
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, ClassVar
 
 import numpy as np
@@ -25,26 +24,40 @@ from cairn.stores.base import Store
 from cairn.trainers.base import DataParallelEngine, TensorSpec, Trainer, check_finite, model_hash
 from cairn.trainers.pytorch.checks import (
     NON_NEGATIVE_STATE,
+    check_eval_meta,
     check_optimizer_meta,
     check_runtime_meta,
+    check_scaler_meta,
     check_scheduler_meta,
+    check_setup,
 )
-from cairn.trainers.pytorch.data import DataSplit, Split
+from cairn.trainers.pytorch.data import DataSplit, Split, make_split, splits_hash
 from cairn.trainers.pytorch.data_parallel import TorchDP, microbatched_update
+from cairn.trainers.pytorch.evaluation import default_metrics, evaluate_split, record_evaluation
+from cairn.trainers.pytorch.probe import probe_optimizer
 from cairn.trainers.pytorch.setup import TorchOptions, TorchSetup
 from cairn.trainers.pytorch.state_io import (
     MT_WORDS,
     RngStates,
     check_rng_json,
     check_rng_tensor,
+    export_optimizer,
+    from_json,
+    from_numpy,
+    import_optimizer,
     jsonable,
     np_dtype,
-    require_numpy_dtype,
-    restore_like,
+    scheduler_json,
     tensor_spec,
+    to_numpy,
 )
+from cairn.trainers.pytorch.streams import Stream
+from cairn.trainers.pytorch.update import solo_update, step_scheduler
 
 __all__ = ["TorchOptions", "TorchSetup", "TorchTrainer", "DataSplit"]
+
+LEGACY_EVAL = {"metrics": ["accuracy"]}
+"""``meta.eval`` of a checkpoint written before the adapter recorded it."""
 
 _PROCESS_LOCK = threading.RLock()
 """Global RNGs, thread count and deterministic mode are process-wide: one torch trainer at a time."""
@@ -60,22 +73,44 @@ class TorchTrainer(Trainer):
         super().__init__(config, options)
         if not isinstance(options, TorchOptions):
             raise ConfigError("trainer.options", expected="a TorchOptions subclass", found=type(options).__name__)
-        self._optim_probe: tuple[dict[str, TensorSpec], dict[str, type]] | None = None
+        self._optim_probe: tuple[dict[str, TensorSpec], dict[str, type], list[str]] | None = None
         self._rng: RngStates | None = None
+        self._metric_names: tuple[str, ...] | None = None
         with self.runtime():
             self._setup()
-        hasher = hashlib.sha256()
         with self.user_code("hashing the data splits"):
-            for split in self.splits.values():
-                split.content_hash(hasher)
-        self._data_hash = "sha256:" + hasher.hexdigest()
-        self.sampler = EpochSampler(self.splits["train"].n, config.batch_size, config.seed)
+            self._data_hash = splits_hash(self.splits.values())
+        train = self.splits["train"]
+        self.sampler = EpochSampler(train.n, config.batch_size, config.seed) if isinstance(train, Split) else None
+        """The seeded epoch sampler of a map-style training split (None for a stream)."""
         self.eval_history = "val" in self.splits
+        self.eval_interval = self.options.eval_every or self.steps_per_epoch
+        """Updates between evaluations on ``val`` (``eval_every``, or an epoch)."""
 
     # -- the user's part ------------------------------------------------------------------
     def build(self) -> TorchSetup:
         """Build the model, optimizer, scheduler and data (called with the RNGs seeded)."""
         raise NotImplementedError(f"{type(self).__name__}.build")
+
+    def compute_loss(self, x: Any, y: Any) -> torch.Tensor:
+        """The training loss of one (micro)batch; runs under ``autocast``. Override it for a
+        loss that is not ``loss_fn(model(x), y)`` (auxiliary terms, a model that returns its loss)."""
+        return self.setup.loss_fn(self.model(x), y)
+
+    def after_backward(self, step: int) -> None:
+        """Called with the update's final gradients in ``.grad`` (summed over micro-steps and
+        ranks, unscaled), before clipping and ``optimizer.step()`` of update ``step + 1``."""
+
+    def metrics(self, output: Any, target: Any) -> Mapping[str, tuple[float, float]]:
+        """``{name: (total, count)}`` of one evaluation batch; a split reports total / count.
+        The default (``evaluation.default_metrics``) scores classification and sequence outputs."""
+        return default_metrics(output, target)
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        """``torch.autocast`` in ``options.autocast``'s dtype (nothing when unset)."""
+        if self.options.autocast is None:
+            return nullcontext()
+        return torch.autocast("cpu", dtype=getattr(torch, self.options.autocast))
 
     # -- runtime ----------------------------------------------------------------------------
     @contextmanager
@@ -105,6 +140,7 @@ class TorchTrainer(Trainer):
         outer = RngStates.capture()
         assert self._rng is not None
         self._rng.install()
+        self.pristine = False
         try:
             yield
         finally:
@@ -125,18 +161,15 @@ class TorchTrainer(Trainer):
             outer.install()
         if not isinstance(setup, TorchSetup):
             raise ConfigError(f"{self.path}.build()", expected="a TorchSetup", found=type(setup).__name__)
-        if isinstance(setup.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-            raise ConfigError(
-                f"{self.path}.build(): scheduler",
-                expected="an LR scheduler stepped by updates or epochs (its state plain JSON)",
-                found="ReduceLROnPlateau (steps on a metric; its state holds infinity)",
-            )
         self.setup = setup
         self.model = setup.model
         self.optimizer = setup.optimizer
         self.scheduler = setup.scheduler
-        self.splits = {
-            name: Split(data, name)
+        self.plateau = isinstance(setup.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        self.scaler = torch.amp.GradScaler("cpu") if self.options.grad_scaler else None
+        batch = self.config.batch_size
+        self.splits: dict[str, Split | Stream] = {
+            name: make_split(data, name, batch)
             for name, data in (("train", setup.train), ("val", setup.val), ("test", setup.test))
             if data is not None
         }
@@ -151,17 +184,11 @@ class TorchTrainer(Trainer):
                 raise ConfigError(
                     f"optimizer.param_groups[{i}]", expected="parameters of the model only", found="a foreign tensor"
                 ) from None
-        for name, t in [*self.params.items(), *self.buffers.items()]:
-            if t.device.type != "cpu":
-                raise ConfigError(f"model tensor {name}", expected="on the CPU", found=str(t.device))
-            require_numpy_dtype(t, f"model tensor {name}")
-        for split in self.splits.values():
-            for part, data in (("x", split.x), ("y", split.y)):
-                if data is not None:
-                    require_numpy_dtype(data, f"{split.name} data {part}")
-        self._fresh_scheduler = (
-            None if self.scheduler is None else jsonable(self.scheduler.state_dict(), "scheduler.state_dict()")
-        )
+        check_setup(self)
+        self._fresh_scheduler = scheduler_json(self.scheduler)
+        self._fresh_scaler = None if self.scaler is None else jsonable(self.scaler.state_dict(), "scaler")
+        self.pristine = True
+        """The live objects are as ``build()`` made them (``init_state`` need not build again)."""
         self._fresh_groups = [
             {k: jsonable(v, f"optimizer.param_groups[{i}].{k}") for k, v in g.items() if k != "params"}
             for i, g in enumerate(self.optimizer.param_groups)
@@ -174,7 +201,36 @@ class TorchTrainer(Trainer):
 
     @property
     def steps_per_epoch(self) -> int:
-        return self.sampler.steps_per_epoch
+        train = self.splits["train"]
+        if isinstance(train, Stream):
+            return self.options.epoch_steps or train.batches_per_pass or 1  # check_setup refuses neither
+        return self.epoch_sampler.steps_per_epoch
+
+    @property
+    def epoch_sampler(self) -> EpochSampler:
+        assert self.sampler is not None, "a map-style training split"
+        return self.sampler
+
+    @property
+    def micro_steps(self) -> int:
+        """The micro-steps of every update: ``distributed.microbatches`` or ``accumulation``."""
+        d = self.config.distributed
+        return d.microbatches if d is not None else self.options.accumulation
+
+    def evaluations(self, step: int) -> int:
+        return step // self.eval_interval if self.eval_history else 0
+
+    def eval_metrics(self, meta: Mapping[str, Any]) -> tuple[str, ...]:
+        section = meta.get("eval", LEGACY_EVAL)  # before meta.eval, the adapter kept accuracy
+        names = section.get("metrics", []) if isinstance(section, Mapping) else []
+        return tuple(names) if isinstance(names, list) else ()
+
+    def train_batch(self, step: int) -> tuple[Any, Any]:
+        """The whole batch of update ``step + 1``: the sampler's, or the stream's next."""
+        train = self.splits["train"]
+        if isinstance(train, Stream):
+            return train.next_batch()
+        return train.batch(self.epoch_sampler.batch(step))
 
     @property
     def reproducibility(self) -> str:
@@ -202,40 +258,30 @@ class TorchTrainer(Trainer):
         """The live state as a TrainState whose arrays are zero-copy views of the live tensors."""
         tensors: dict[str, np.ndarray] = {}
         for name, p in self.params.items():
-            tensors[f"param/{name}"] = p.detach().numpy()
+            tensors[f"param/{name}"] = to_numpy(p)
         for name, b in self.buffers.items():
-            tensors[f"buffer/{name}"] = b.detach().numpy()
-        scalars: dict[str, dict[str, Any]] = {}
-        with_state = []
-        for name, p in self.params.items():
-            st = self.optimizer.state.get(p)
-            if not st:
-                continue
-            with_state.append(name)
-            for key, value in st.items():
-                if isinstance(value, torch.Tensor):
-                    tensors[f"optim/{name}/{key}"] = value.detach().numpy()
-                else:
-                    scalars.setdefault(name, {})[key] = jsonable(value, f"optimizer.state[{name}].{key}")
-        groups = []
-        for i, group in enumerate(self.optimizer.param_groups):
-            body = {k: jsonable(v, f"optimizer.param_groups[{i}].{k}") for k, v in group.items() if k != "params"}
-            groups.append({**body, "params": self.group_params[i]})
+            tensors[f"buffer/{name}"] = to_numpy(b)
+        optimizer = export_optimizer(self.optimizer, self.params, self.group_params, tensors)
         assert self._rng is not None
         rng_tensors, rng = self._rng.to_checkpoint()
         tensors.update(rng_tensors)
+        train = self.splits["train"]
         meta: dict[str, Any] = {
-            "data": self.sampler.cursor_json(step),
-            "optimizer": {"param_groups": groups, "with_state": with_state, "scalars": scalars},
-            "scheduler": None
-            if self.scheduler is None
-            else jsonable(self.scheduler.state_dict(), "scheduler.state_dict()"),
+            "data": {"stream": train.state(), "batches": step}
+            if isinstance(train, Stream)
+            else self.epoch_sampler.cursor_json(step),
+            "optimizer": optimizer,
+            "scheduler": scheduler_json(self.scheduler),
             "runtime": {
                 "threads": self.options.threads,
                 "deterministic": self.options.deterministic,
                 "torch": torch.__version__,
             },
         }
+        if self.scaler is not None:
+            meta["scaler"] = jsonable(self.scaler.state_dict(), "scaler.state_dict()")
+        if self.eval_history:
+            meta["eval"] = {"metrics": list(self._metric_names or ())}
         return TrainState(
             config=self.config,
             lineage=lineage,
@@ -251,38 +297,35 @@ class TorchTrainer(Trainer):
         """Make the live objects hold ``state`` — in fresh storage, so nothing the caller holds
         aliases what training will mutate (``state`` itself is never modified)."""
         t = state.tensors
+        self.pristine = False
         with torch.no_grad():
             for name, p in self.params.items():
-                p.data = torch.from_numpy(np.array(t[f"param/{name}"], copy=True))
+                p.data = from_numpy(np.array(t[f"param/{name}"], copy=True))
             for name, b in self.buffers.items():
-                b.data = torch.from_numpy(np.array(t[f"buffer/{name}"], copy=True))
-        opt_meta = state.meta["optimizer"]
-        self.optimizer.state.clear()
-        for name in opt_meta["with_state"]:
-            p = self.params[name]
-            entry: dict[str, Any] = {}
-            prefix = f"optim/{name}/"
-            for key, arr in t.items():
-                if key.startswith(prefix):
-                    entry[key[len(prefix) :]] = torch.from_numpy(np.array(arr, copy=True))
-            entry.update(opt_meta["scalars"].get(name, {}))
-            self.optimizer.state[p] = entry
-        for group, saved in zip(self.optimizer.param_groups, opt_meta["param_groups"], strict=True):
-            for key, value in saved.items():
-                if key != "params":
-                    group[key] = restore_like(group.get(key), value)
+                b.data = from_numpy(np.array(t[f"buffer/{name}"], copy=True))
+        import_optimizer(self.optimizer, self.params, t, state.meta["optimizer"])
         if self.scheduler is not None:
             with self.user_code("scheduler.load_state_dict()"):
-                self.scheduler.load_state_dict(copy.deepcopy(state.meta["scheduler"]))
+                self.scheduler.load_state_dict(from_json(copy.deepcopy(state.meta["scheduler"]), "meta.scheduler"))
+        if self.scaler is not None:
+            self.scaler.load_state_dict(copy.deepcopy(state.meta["scaler"]))
+        train = self.splits["train"]
+        if isinstance(train, Stream):
+            with self.user_code("the training stream's load_state_dict()"):
+                train.load(state.meta["data"]["stream"])
+        if self.eval_history:
+            self._metric_names = self.eval_metrics(state.meta) or None
         self._rng = RngStates.from_checkpoint(t, state.rng_state)
 
     # -- the trainer interface ---------------------------------------------------------------
     def init_state(self) -> TrainState:
         with self.runtime():
-            self._setup()
+            if not self.pristine:
+                self._setup()
             history: dict[str, list[float]] = {"loss": [], "lr": []}
             if self.eval_history:
-                history.update({"val_step": [], "val_loss": [], "val_accuracy": []})
+                history.update({"val_step": [], "val_loss": []})
+                self._metric_names = None
             return self.export_state(0, history, self.lineage()).copy()
 
     def train(self, state: TrainState, steps: int, on_step: StepCallback | None = None) -> TrainState:
@@ -294,69 +337,51 @@ class TorchTrainer(Trainer):
             step = state.step
             work = self.export_state(step, history, state.lineage)
             for _ in range(steps):
-                self.advance(step, history)
+                before = work.copy() if self._evaluates_after(step) else None
+                try:
+                    self.advance(step, history)
+                except TrainerCodeError as exc:
+                    exc.trained = before  # an evaluation failed: the state before its update is whole
+                    raise
                 step += 1
                 work = self.export_state(step, history, work.lineage)
                 if on_step is not None and on_step(work):
                     break
             return work
 
+    def _evaluates_after(self, step: int) -> bool:
+        return self.eval_history and (step + 1) % self.eval_interval == 0
+
     def advance(self, step: int, history: dict[str, list[float]], comm: Comm | None = None) -> float:
-        """Update ``step + 1`` of the live objects, then the scheduler and (at an epoch end) the
-        evaluation, recorded in ``history``; returns the update's loss. With a ``distributed``
-        config the update is the microbatched data-parallel one (``cairn.trainers.pytorch.data_parallel``)
-        over ``comm`` (this process alone when None): ``cairn train`` and a gang of any size
-        compute the same bits. Its collectives run outside ``user_code`` (a peer's failure is
-        the gang's, not the trainer's code's)."""
+        """Update ``step + 1`` of the live objects, then the scheduler and (every
+        ``eval_interval`` updates) the evaluation, recorded in ``history``; returns the update's
+        loss. With micro-steps (``distributed.microbatches`` or ``accumulation``) the update is
+        the microbatched one (``cairn.trainers.pytorch.data_parallel``) over ``comm`` (this
+        process alone when None): ``cairn train`` and a gang of any size compute the same bits.
+        Its collectives run outside ``user_code`` (a peer's failure is the gang's)."""
         epoch_end = (step + 1) % self.steps_per_epoch == 0
         what = f"update {step + 1}"
         with self.owned_rngs():
-            if self.config.distributed is None:
+            if self.config.distributed is None and self.micro_steps == 1:
                 with self.user_code(what):
-                    loss, lr = self._update(step)
+                    loss, lr = solo_update(self, step)
             else:
                 loss, lr = microbatched_update(self, step, SoloComm() if comm is None else comm)
             with self.user_code(what):
-                if self.scheduler is not None and (self.options.scheduler_interval == "step" or epoch_end):
-                    self.scheduler.step()
-                metrics = self._evaluate_live("val") if epoch_end and self.eval_history else None
+                every = self.options.scheduler_interval == "step" or epoch_end
+                if self.scheduler is not None and not self.plateau and every:
+                    step_scheduler(self)
+            metrics = None
+            if self._evaluates_after(step):
+                with self.user_code(f"evaluation after update {step + 1}"):
+                    metrics = evaluate_split(self, "val")
+                    if self.plateau:
+                        step_scheduler(self, metrics["loss"])
         history["loss"].append(loss)
         history["lr"].append(lr)
         if metrics is not None:
-            history["val_step"].append(float(step + 1))
-            history["val_loss"].append(metrics["loss"])
-            history["val_accuracy"].append(metrics["accuracy"])
+            record_evaluation(self, step + 1, metrics, history)
         return loss
-
-    def _update(self, step: int) -> tuple[float, float]:
-        model, optimizer = self.model, self.optimizer
-        model.train()
-        xb, yb = self.splits["train"].batch(self.sampler.batch(step))
-        optimizer.zero_grad(set_to_none=True)
-        loss = self.setup.loss_fn(model(xb), yb)
-        loss.backward()  # type: ignore[no-untyped-call]
-        lr = float(optimizer.param_groups[0]["lr"])
-        optimizer.step()
-        return float(loss.detach()), lr
-
-    def _evaluate_live(self, split: str) -> dict[str, float]:
-        data = self.splits[split]
-        model = self.model
-        was_training = model.training
-        model.eval()
-        total_loss, correct = 0.0, 0
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            np_state, py_state = np.random.get_state(), random.getstate()
-            for start in range(0, data.n, self.options.eval_batch_size):
-                idx = np.arange(start, min(start + self.options.eval_batch_size, data.n))
-                xb, yb = data.batch(idx)
-                out = model(xb)
-                total_loss += float(self.setup.loss_fn(out, yb)) * len(idx)
-                correct += int((out.argmax(dim=1) == yb).sum())
-            np.random.set_state(np_state)
-            random.setstate(py_state)
-        model.train(was_training)
-        return {"loss": total_loss / max(1, data.n), "accuracy": correct / max(1, data.n)}
 
     def evaluate(self, state: TrainState, split: str) -> dict[str, float] | None:
         if split not in self.splits or split == "train":
@@ -364,7 +389,7 @@ class TorchTrainer(Trainer):
         with self.runtime():
             self.load_state(state)
             with self.owned_rngs(), self.user_code(f"evaluation on {split}"):
-                return self._evaluate_live(split)
+                return evaluate_split(self, split)
 
     def data_parallel(self, comm: Comm, run_id: str, store: Store, options: CheckpointOptions) -> DataParallelEngine:
         """Replicated optimizer state; each rank writes its own share of every checkpoint."""
@@ -380,7 +405,7 @@ class TorchTrainer(Trainer):
         optimizer = meta.get("optimizer") if isinstance(meta, Mapping) else None
         with_state = optimizer.get("with_state", []) if isinstance(optimizer, Mapping) else []
         if isinstance(with_state, list) and with_state:
-            probe, _ = self._probe_optimizer()
+            probe = probe_optimizer(self)[0]
             for name in with_state:
                 for key, spec in probe.items():
                     pname, _, k = key.partition("/")
@@ -388,40 +413,13 @@ class TorchTrainer(Trainer):
                         out[f"optim/{name}/{k}"] = spec
         return out
 
-    def _probe_optimizer(self) -> tuple[dict[str, TensorSpec], dict[str, type]]:
-        """The optimizer's per-parameter state — tensors (``NAME/KEY`` -> spec) and scalar keys
-        (``KEY`` -> JSON type) — learnt from one zero-gradient step on a second build of the model,
-        so validation follows the optimizer, not a hard-coded list."""
-        if self._optim_probe is None:
-            live = (self.setup, self.model, self.optimizer, self.scheduler, self.splits, self.params, self.buffers)
-            kept = (self.group_params, self._rng, self._fresh_scheduler, self._fresh_groups)
-            with self.runtime():
-                try:
-                    self._setup()
-                    for p in self.params.values():
-                        if p.requires_grad:
-                            p.grad = torch.zeros_like(p)
-                    with self.owned_rngs(), self.user_code("optimizer.step() (probing its state)"):
-                        self.optimizer.step()
-                    tensors: dict[str, TensorSpec] = {}
-                    scalars: dict[str, type] = {}
-                    for name, p in self.params.items():
-                        for key, value in self.optimizer.state.get(p, {}).items():
-                            if isinstance(value, torch.Tensor):
-                                tensors[f"{name}/{key}"] = tensor_spec(value)
-                            else:
-                                scalars[key] = type(jsonable(value, f"optimizer.state[{name}].{key}"))
-                    self._optim_probe = (tensors, scalars)
-                finally:
-                    self.setup, self.model, self.optimizer, self.scheduler, self.splits, self.params, self.buffers = (
-                        live
-                    )
-                    self.group_params, self._rng, self._fresh_scheduler, self._fresh_groups = kept
-        return self._optim_probe
-
     def check_state(self, step: int, cursor: int, rng: Any, meta: Mapping[str, Any]) -> None:
         self.check_cursor(step, cursor)
-        self.sampler.check_cursor(step, meta.get("data"))
+        train = self.splits["train"]
+        if isinstance(train, Stream):
+            train.check(step, meta.get("data"))
+        else:
+            self.epoch_sampler.check_cursor(step, meta.get("data"))
         check_rng_json(rng)
         check_optimizer_meta(
             meta.get("optimizer"),
@@ -429,10 +427,12 @@ class TorchTrainer(Trainer):
             self.optimizer.param_groups,
             self.group_params,
             self._fresh_groups,
-            [n for n, p in self.params.items() if p.requires_grad],
-            lambda: self._probe_optimizer()[1],
+            lambda: probe_optimizer(self)[2],
+            lambda: probe_optimizer(self)[1],
         )
         check_scheduler_meta(meta.get("scheduler"), self.scheduler is not None, self._fresh_scheduler)
+        check_scaler_meta(meta.get("scaler"), self._fresh_scaler)
+        check_eval_meta(meta.get("eval", LEGACY_EVAL if self.eval_history else None), self.eval_history)
         check_runtime_meta(meta, self.options.threads, self.options.deterministic)
 
     def check_values(self, name: str, values: np.ndarray) -> None:
