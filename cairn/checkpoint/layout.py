@@ -8,6 +8,7 @@
       RUN/owners/SEQ.json                   claims: the latest names the run's trainer (cairn.runs.ownership)
       RUN/pins/NAME.json                    named pins                      (cairn.checkpoint.retention)
       RUN/lifecycle/SEQ.json                the run's lifecycle log: final-test exposures (cairn.runs.exposures)
+      RUN/.preflight-NONCE.{object,commit}  a write probe, deleted at once   (cairn.runs.preflight)
       RUN/KIND/STEP/manifest.json           a committed checkpoint: the commit marker
       RUN/KIND/STEP/NONCE/rankRRR-NNNN.bin  its shards, named per save attempt and rank
 
@@ -32,6 +33,7 @@ __all__ = [
     "STORE_ID_KEY",
     "CheckpointKey",
     "run_prefix",
+    "PROBE_MARK",
     "checkpoint_prefix",
     "manifest_key",
     "shard_key",
@@ -53,6 +55,11 @@ RESERVED_PREFIX = ".cairn/"
 STORE_ID_KEY = f"{RESERVED_PREFIX}store-id.json"
 _STEP = re.compile(rf"^[0-9]{{{STEP_DIGITS}}}$")
 _KIND = re.compile(r"^[a-z]+$")
+
+
+PROBE_MARK = ".preflight-"
+"""Names of a store's write probes, directly under the run's prefix (deleted before the probe
+returns; not a checkpoint key, so a probe a crash left behind is never read as one)."""
 
 
 def run_prefix(run_id: str) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from cairn.checkpoint import CheckpointKind, list_checkpoints, load_training, read_manifest
+from cairn.config import TrainConfig
 from cairn.errors import ConfigError
 from cairn.stores.base import Store
 
@@ -104,12 +105,13 @@ def _parse_time(text: str) -> datetime | None:
         return None
 
 
-def run_record(store: Store, run_id: str) -> RunRecord:
-    """The run's history and commits; ``ConfigError`` if the store holds no checkpoint of it."""
+def run_record(store: Store, run_id: str, run_config: TrainConfig | None = None) -> RunRecord:
+    """The run's history and commits; ``ConfigError`` if the store holds no checkpoint of it.
+    ``run_config`` is the run's own config (its trainer is trusted: ``cairn.trainers.loading``)."""
     refs = list_checkpoints(store, run_id, CheckpointKind.TRAINING)
     if not refs:
         raise ConfigError("run", expected=f"a run with committed checkpoints in {store.url}", found=run_id)
-    state, _ = load_training(store, refs[-1])
+    state, _ = load_training(store, refs[-1], run_config=run_config)
     commits = []
     for ref in refs:
         manifest = read_manifest(store, ref, expect_kind=CheckpointKind.TRAINING)

@@ -1,6 +1,18 @@
-"""Loading a trainer by import path, its validated options, and the trust rule: a checkpoint is
-untrusted input, so the trainer it names is imported only when the run's own config names it,
-it ships with Cairn, or ``CAIRN_TRAINERS`` lists it."""
+"""Loading a trainer by import path, its validated options, and the trust rule.
+
+The trust rule, stated here once and applied on every path that reads a checkpoint (the worker,
+gang ranks, ``cairn train --resume``, ``ckpt verify/compare``, ``eval``, reports, drills): a
+checkpoint is untrusted input, so the trainer it names is imported only when
+
+1. the run's own config names the same trainer (``run_config``: the run input for the worker
+   and the drill, the config ``cairn train``/``ckpt``/``eval``/``report`` were given with
+   ``--config``, the workflow's recorded input for ``cairn run report``), or
+2. it ships with Cairn (``SHIPPED_TRAINERS``), or
+3. ``CAIRN_TRAINERS`` lists it (comma-separated import paths).
+
+Anything else is refused before anything is imported, with a ``ConfigError`` that says how to
+trust it.
+"""
 
 from __future__ import annotations
 
@@ -91,7 +103,7 @@ def check_trainer_options(config: TrainConfig) -> bool:
     return True
 
 
-SHIPPED_TRAINERS = frozenset({BUILTIN_TRAINER, "examples.digits:DigitsCNN"})
+SHIPPED_TRAINERS = frozenset({BUILTIN_TRAINER, "examples.digits:DigitsCNN", "examples.lm:ByteLM"})
 """Trainers that ship with Cairn: a checkpoint may name them without further trust."""
 
 
@@ -101,13 +113,8 @@ def _trusted_paths() -> set[str]:
 
 
 def trainer_for_checkpoint(found: TrainConfig, run_config: TrainConfig | None) -> Trainer:
-    """The trainer that validates a checkpoint whose config is ``found``.
-
-    A checkpoint is untrusted input: the trainer it names is imported only if the caller's own
-    config names the same one, or it ships with Cairn (``SHIPPED_TRAINERS``), or it is listed in
-    ``CAIRN_TRAINERS`` (comma-separated import paths). A different trainer is refused before
-    anything is imported.
-    """
+    """The trainer that validates a checkpoint whose config is ``found``, imported only under
+    the trust rule (the module docstring): with ``run_config``, only the trainer it names."""
     require_trusted(found, run_config)
     return load_trainer(found)
 
@@ -124,6 +131,6 @@ def require_trusted(found: TrainConfig, run_config: TrainConfig | None) -> None:
         )
     if run_config is None and found.trainer_path not in _trusted_paths():
         raise ConfigError(
-            f"config.trainer.factory: the checkpoint names trainer {found.trainer_path!r}; pass a config "
-            f"naming it (--config) or list it in {TRUSTED_TRAINERS_ENV} to import it"
+            f"config.trainer.factory: the checkpoint names trainer {found.trainer_path!r}, which is not trusted "
+            f"here; pass the run's config naming it (--config FILE) or list it in {TRUSTED_TRAINERS_ENV} to import it"
         )

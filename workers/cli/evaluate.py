@@ -45,7 +45,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             "--split", expected=f"a split this run holds out (set data.{args.split}_fraction)", found=args.split
         )
     payload: dict[str, Any] = {"checkpoint": str(ref), "split": args.split, "step": state.step, **metrics}
-    text = f"{args.split} at step {state.step}: loss {metrics['loss']:.6f}, accuracy {metrics['accuracy']:.4f}"
+    shown = [f"loss {metrics['loss']:.6f}", *(f"{k} {v:.4f}" for k, v in sorted(metrics.items()) if k != "loss")]
+    text = f"{args.split} at step {state.step}: {', '.join(shown)}"
     if args.split == "test":
         count = record_test_exposure(store, ref, manifest.fingerprint, metrics, state.lineage)
         payload["final_test_exposures"] = count

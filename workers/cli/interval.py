@@ -7,6 +7,7 @@ import argparse
 import statistics
 from typing import Any
 
+from cairn.config import load_config
 from cairn.errors import ConfigError
 from cairn.interval import advise
 from cairn.jsonio import load_json_file
@@ -23,6 +24,7 @@ def register(sub: Any, common: Common) -> None:
     p.add_argument("--report", metavar="DRILL_JSON", help="a drill's drill.json (save cost, MTBF, step time)")
     p.add_argument("--store", help="a run's store: step time and interval from its commit times (with --run)")
     p.add_argument("--run", help="the run id in --store")
+    p.add_argument("--config", help="the run's config, with --store (trusts the trainer it names)")
     p.add_argument("--save-seconds", type=float, help="seconds one checkpoint save costs (C)")
     p.add_argument("--mtbf-seconds", type=float, help="mean time between failures in seconds (M)")
     p.add_argument("--step-seconds", type=float, help="seconds per training step")
@@ -31,9 +33,9 @@ def register(sub: Any, common: Common) -> None:
     p.set_defaults(handler=cmd_plan_interval)
 
 
-def _measurements_from_store(store_url: str, run_id: str) -> dict[str, float]:
+def _measurements_from_store(store_url: str, run_id: str, config: str | None) -> dict[str, float]:
     """Seconds per step and the checkpoint interval, from a run's commit times in its store."""
-    record = run_record(store_arg(store_url, must_exist=True), run_id)
+    record = run_record(store_arg(store_url, must_exist=True), run_id, load_config(config) if config else None)
     timed = [c for c in record.commits if c.at is not None]
     rates = []
     for a, b in zip(timed, timed[1:], strict=False):
@@ -69,10 +71,12 @@ def cmd_plan_interval(args: argparse.Namespace) -> int:
             "restart_seconds": sorted(recoveries)[len(recoveries) // 2] if recoveries else None,
         }
         found.update({k: float(v) for k, v in pairs.items() if isinstance(v, int | float)})
+    if args.config and not args.store:
+        raise ConfigError("--config", expected="--store and --run with it (the run's config)", found=args.config)
     if args.store or args.run:
         if not (args.store and args.run):
             raise ConfigError("--run", expected="--store and --run together", found=f"{args.store!r}, {args.run!r}")
-        found.update(_measurements_from_store(args.store, args.run))
+        found.update(_measurements_from_store(args.store, args.run, args.config))
     for flag in ("save_seconds", "mtbf_seconds", "step_seconds", "restart_seconds", "every"):
         value = getattr(args, flag)
         if value is not None:

@@ -13,6 +13,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 
 from activities.models import DEFAULT_TASK_QUEUE, WORKFLOW_TYPE
+from cairn.config import TrainConfig, load_config, parse_config
 from cairn.effects import load_journal
 from cairn.errors import ConfigError
 from cairn.numerics import DEFAULT_PROFILE, NAMES
@@ -95,6 +96,11 @@ def register(sub: Any, common: Common) -> None:
             p.add_argument("step", type=int)
         if name == "report":
             p.add_argument("--out", metavar="DIR", help="where the PNGs go (default ./cairn-report-RUN_ID)")
+            p.add_argument(
+                "--config",
+                help="the run's config, trusting the trainer it names (default: the config in the workflow's "
+                "recorded input, as its workers read it)",
+            )
         if name == "watch":
             p.add_argument("--interval", type=float, default=0.5, help="seconds between progress queries")
             p.set_defaults(on_interrupt=stopped_watching)
@@ -110,10 +116,20 @@ async def _report(args: argparse.Namespace, client: Client) -> int:
     store_url, run_id = inp.get("store"), inp.get("run_id")
     if not isinstance(store_url, str) or not isinstance(run_id, str):
         raise ConfigError("workflow input", expected="a TrainingRun input with store and run_id", found=inp)
-    record = attach_history(run_record(open_store(store_url), run_id), facts)
+    config = load_config(args.config) if args.config else _recorded_config(inp)
+    record = attach_history(run_record(open_store(store_url), run_id, config), facts)
     result, text, files = write_report(record, report_dir(args.out, run_id))
     emit(args, {"workflow_id": args.workflow_id, **result, "files": [str(f) for f in files]}, text)
     return 0
+
+
+def _recorded_config(inp: dict[str, Any]) -> TrainConfig | None:
+    """The trainer config of a run's recorded input: the run's own, where its workers read it
+    (None when it does not parse here; the trust rule then asks for ``--config``)."""
+    try:
+        return parse_config(inp.get("config"), "workflow input config")
+    except ConfigError:
+        return None
 
 
 def _progress_text(row: dict[str, Any]) -> str:

@@ -174,8 +174,8 @@ async def status(args: argparse.Namespace, client: Client) -> int:
             + (f", {progress.world_size} ranks" if progress.world_size > 1 else "")
         )
         if progress.val_loss is not None:
-            accuracy = progress.val_accuracy or 0.0
-            lines.append(f"  validation  loss {progress.val_loss:.4f}, accuracy {accuracy:.4f} (last epoch end)")
+            accuracy = "" if progress.val_accuracy is None else f", accuracy {progress.val_accuracy:.4f}"
+            lines.append(f"  validation  loss {progress.val_loss:.4f}{accuracy} (last evaluation)")
         segment = segment_view(desc) if running else None
         # The running segment's heartbeat knows its own commits before the workflow does.
         latest = (segment or {}).get("checkpoint") or progress.checkpoint

@@ -104,7 +104,8 @@ def summary_text(s: RunSummary) -> str:
     if s.loss is not None:
         lines.append(f"loss         {s.loss:.6f}")
     if s.val_loss is not None:
-        lines.append(f"validation   loss {s.val_loss:.6f}, accuracy {s.val_accuracy or 0:.4f}")
+        accuracy = "" if s.val_accuracy is None else f", accuracy {s.val_accuracy:.4f}"
+        lines.append(f"validation   loss {s.val_loss:.6f}{accuracy}")
     if s.reproducibility:
         lines.append(f"contract     {s.reproducibility}")
     for name, receipt in s.effects.items():

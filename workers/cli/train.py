@@ -1,9 +1,15 @@
 """``cairn train``: training in this process, checkpointing to a store, or as a gang of rank
-processes on this host (``--world-size``); a signal commits a checkpoint before it stops."""
+processes on this host (``--world-size``); a signal commits a checkpoint before it stops.
+
+Every precondition is checked before the first step (config, trainer, resume target, the
+store's writability, the run id), each failure one typed line; without ``--checkpoint-every``
+a checkpoint is committed once an epoch (``default_checkpoint_every``), and the cadence used is
+printed."""
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import signal
 import sys
 import tempfile
@@ -16,13 +22,24 @@ from cairn.checkpoint.validate import manifest_config
 from cairn.config import TrainConfig, load_config, parse_config
 from cairn.errors import CommandInterrupted, ConfigError
 from cairn.gang.job import GangJob
+from cairn.runs.preflight import require_same_config, require_writable
 from cairn.session import MAX_STEPS, TrainingSession, default_run_id
 from cairn.stores.base import Store
-from cairn.trainers.loading import normalized_config, require_trusted
+from cairn.trainers.base import Trainer
+from cairn.trainers.loading import load_trainer, normalized_config, require_trusted
 from workers.cli.args import Common, add_numerics_arg, count, run_id_arg, store_arg
 from workers.cli.output import emit
 
-__all__ = ["cmd_train", "register"]
+__all__ = ["DEFAULT_MAX_INTERVAL", "cmd_train", "default_checkpoint_every", "register"]
+
+DEFAULT_MAX_INTERVAL = 1000
+"""The longest default checkpoint interval in steps (an epoch longer than this is cut into parts)."""
+
+
+def default_checkpoint_every(trainer: Trainer) -> int:
+    """The cadence without ``--checkpoint-every``: once an epoch (``steps_per_epoch`` updates),
+    and at most ``DEFAULT_MAX_INTERVAL`` steps apart, so a killed run loses at most that."""
+    return max(1, min(trainer.steps_per_epoch, DEFAULT_MAX_INTERVAL))
 
 
 def register(sub: Any, common: Common) -> None:
@@ -37,7 +54,12 @@ def register(sub: Any, common: Common) -> None:
         "--resume: from the run's latest checkpoint)",
     )
     p.add_argument("--store", required=True, help="directory or s3://bucket/prefix")
-    p.add_argument("--checkpoint-every", type=count, help="commit a checkpoint every K steps")
+    p.add_argument(
+        "--checkpoint-every",
+        type=count,
+        help=f"commit a checkpoint every K steps (default: once an epoch, at most every {DEFAULT_MAX_INTERVAL} "
+        "steps; and always at the end)",
+    )
     p.add_argument("--resume", metavar="CKPT", help="checkpoint reference to resume from")
     p.add_argument("--weights-only", action="store_true", help="resume theta only (does NOT reproduce training)")
     p.add_argument("--run-id", help="run id (default: derived from the config, or the resumed run's)")
@@ -81,6 +103,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         ref = CheckpointRef.parse(args.resume)
         default_id = f"{ref.run_id}-weights-only" if args.weights_only else ref.run_id
         run_id = args.run_id if args.run_id is not None else default_id
+        require_writable(store, run_id)  # before the restore reads (and checks) every tensor
         session = TrainingSession.from_checkpoint(
             ref,
             run_id=run_id,
@@ -95,7 +118,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.weights_only:
             raise ConfigError("--weights-only only makes sense with --resume")
         run_id = args.run_id if args.run_id is not None else default_run_id(normalized_config(config))
+        require_writable(store, run_id)
+        require_same_config(store, run_id, config)
         session = TrainingSession.fresh(run_id, store, config)
+    start = session.state.step
+    every = args.checkpoint_every or default_checkpoint_every(session.trainer)
+    _say(args, _cadence_line(args, session.run_id, store, start, every, session.trainer))
     bar = tqdm(total=args.steps, desc=f"train {session.run_id}", unit="step", disable=None, leave=False)
     interrupted = False
     stopped_by = signal.SIGINT
@@ -106,20 +134,28 @@ def cmd_train(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C aborts at once
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # and so does a second SIGTERM
 
+    shown: dict[str, str] = {}
+
     def on_step(state: Any) -> bool:
         bar.update(1)
         if state.history["loss"]:
-            shown = {"loss": f"{state.history['loss'][-1]:.4f}"}
+            shown["loss"] = f"{state.history['loss'][-1]:.4f}"
             if state.history.get("val_accuracy"):
                 shown["val_acc"] = f"{state.history['val_accuracy'][-1]:.3f}"
             bar.set_postfix(shown, refresh=False)
         return interrupted
 
+    def on_checkpoint(result: Any) -> None:
+        shown["committed"] = str(result.manifest.step)
+        if bar.disable:  # no live bar (not a terminal, e.g. a log file): one line per commit
+            loss = f" (loss {shown['loss']})" if "loss" in shown else ""
+            _say(args, f"cairn: step {result.manifest.step}/{start + args.steps} committed{loss}: {result.ref}")
+
     started = time.perf_counter()
     previous = signal.signal(signal.SIGINT, on_sigint)
     previous_term = signal.signal(signal.SIGTERM, on_sigint)  # a service manager's stop: the same
     try:
-        result = session.run(args.steps, checkpoint_every=args.checkpoint_every, on_step=on_step)
+        result = session.run(args.steps, checkpoint_every=every, on_step=on_step, on_checkpoint=on_checkpoint)
     except KeyboardInterrupt:
         last = session.durable_ref
         raise CommandInterrupted(
@@ -152,6 +188,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         "created": result.created,
         "seconds": round(time.perf_counter() - started, 3),
         "interrupted": interrupted,
+        "checkpoint_every": every,
     }
     emit(args, payload, str(result.ref))
     return 128 + stopped_by if interrupted else 0
@@ -192,13 +229,17 @@ def _train_gang(args: argparse.Namespace, store: Store, config: TrainConfig | No
     if config.distributed is None:
         raise ConfigError("--world-size", expected="a config with a 'distributed' section", found=args.world_size)
     check_world_size(config.distributed.microbatches, args.world_size, "--world-size")
+    require_writable(store, run_id)
+    trainer = load_trainer(config)  # here, once: a trainer that cannot build fails before W ranks start
+    every = args.checkpoint_every or default_checkpoint_every(trainer)
+    _say(args, _cadence_line(args, run_id, store, start, every, trainer))
     target = start + args.steps
     job = GangJob(
         run_id=run_id,
         store=store.url,
         config=config,
         target_step=target,
-        checkpoint_every=args.checkpoint_every or max(1, args.steps),
+        checkpoint_every=every,
         resume_from=resume_from,
         config_from_checkpoint=trust_checkpoint,
         tolerate_numerics=args.tolerance,
@@ -213,12 +254,20 @@ def _train_gang(args: argparse.Namespace, store: Store, config: TrainConfig | No
             raise KeyboardInterrupt
         stop, stopped_by = True, signal.Signals(sig)  # the ranks finish the step, checkpoint together, exit
 
+    last_commit = start
+
     def on_progress(doc: dict[str, Any]) -> None:
+        nonlocal last_commit
         if isinstance(doc.get("step"), int):
             bar.n = doc["step"]
             if doc.get("loss") is not None:
                 bar.set_postfix(loss=f"{doc['loss']:.4f}", refresh=False)
             bar.refresh()
+        committed = doc.get("committed_step")
+        if isinstance(committed, int) and committed > last_commit:
+            last_commit = committed
+            if bar.disable:  # no live bar (not a terminal): one line per commit
+                _say(args, f"cairn: step {committed}/{target} committed by {args.world_size} ranks")
 
     started = time.perf_counter()
     previous = signal.signal(signal.SIGINT, on_sigint)
@@ -234,7 +283,7 @@ def _train_gang(args: argparse.Namespace, store: Store, config: TrainConfig | No
             "aborted by a second signal; the gang was stopped; "
             + (f"last committed checkpoint: {last}" if last else "no checkpoint was committed")
             + (
-                f"; resume with: cairn train --resume {last} --steps {target - last.step} --store {args.store} "
+                f"; resume with: {_resume_command(args, str(last), run_id, target - last.step)} "
                 f"--world-size {args.world_size}"
                 if last
                 else ""
@@ -255,12 +304,12 @@ def _train_gang(args: argparse.Namespace, store: Store, config: TrainConfig | No
         "resumed_from_step": out.resumed_from_step,
         "seconds": round(time.perf_counter() - started, 3),
         "interrupted": out.interrupted,
+        "checkpoint_every": every,
     }
     if out.interrupted:
         print(
             f"cairn: interrupted at step {out.step}: checkpoint {out.checkpoint} committed; resume with: "
-            f"cairn train --resume {out.checkpoint} --steps {target - out.step} --store {args.store} "
-            f"--world-size {args.world_size}",
+            f"{_resume_command(args, str(out.checkpoint), run_id, target - out.step)} --world-size {args.world_size}",
             file=sys.stderr,
         )
     emit(args, payload, str(out.checkpoint))
@@ -275,6 +324,33 @@ def _with_trainer(config: TrainConfig | None, factory: str) -> TrainConfig:
 
 
 def _resume_command(args: argparse.Namespace, ref: str, run_id: str, steps: int | None = None) -> str:
-    return f"cairn train --resume {ref} --steps {steps if steps is not None else 'N'} --store {args.store}" + (
-        f" --run-id {run_id}" if run_id != CheckpointRef.parse(ref).run_id else ""
+    """The command that continues from ``ref``: with the config (and ``--trainer``) this one was
+    given, so that the trainer they name is trusted as the run's own (``cairn.trainers.loading``)."""
+    words = ["cairn", "train", "--resume", ref, "--steps", "N" if steps is None else str(steps), "--store", args.store]
+    if args.config:
+        words += ["--config", args.config]
+    if args.trainer:
+        words += ["--trainer", args.trainer]
+    if run_id != CheckpointRef.parse(ref).run_id:
+        words += ["--run-id", run_id]
+    return shlex.join(words)
+
+
+def _cadence_line(args: argparse.Namespace, run_id: str, store: Store, start: int, every: int, trainer: Trainer) -> str:
+    """What this command will do, said before its first step: the run, its steps, its cadence."""
+    if args.checkpoint_every:
+        why = "--checkpoint-every"
+    elif every == trainer.steps_per_epoch:
+        why = "once an epoch; --checkpoint-every K to change"
+    else:
+        why = f"an epoch is {trainer.steps_per_epoch} steps, longer than the default's {DEFAULT_MAX_INTERVAL}"
+    return (
+        f"cairn: run {run_id}: steps {start}..{start + args.steps} into {store.url}, "
+        f"a checkpoint every {every} steps ({why}) and at the end"
     )
+
+
+def _say(args: argparse.Namespace, line: str) -> None:
+    """A progress line on stderr (none with ``--json``: scripts read one object and errors)."""
+    if not args.json:
+        print(line, file=sys.stderr, flush=True)

@@ -29,6 +29,7 @@ from cairn.config import load_config
 from cairn.errors import ConfigError
 from cairn.numerics import process_profile_name
 from cairn.stores import open_store
+from cairn.trainers.loading import load_trainer
 from workers.client import WORKFLOW_TASK_TIMEOUT, connect
 from workers.drills.faultproxy import FaultProxy
 from workers.drills.faults import FAULT_SERVER, FaultInjector, FaultRecord, check_targets
@@ -42,7 +43,7 @@ from workers.reports.drill import write_report
 from workers.run_input import load_run_input
 from workflows.training_run import TrainingRun
 
-__all__ = ["DrillResult", "Drill", "run_drill"]
+__all__ = ["DrillResult", "Drill", "run_drill", "run_length"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -141,6 +142,7 @@ class Drill:
         check_targets(self.schedule, store_url, self.stack.restartable, self.stack.service_url is not None)
         run_id = f"drill-{spec.seed}-{uuid.uuid4().hex[:6]}"
         inp = self._run_input(run_id, store_url)
+        total_steps, length = run_length(inp)
         queue = f"cairn-drill-{uuid.uuid4().hex[:8]}"
         env = {"CAIRN_METRICS_PORT": "off", "CAIRN_LOG_FORMAT": "json"}
         if inp.config.trainer is not None:  # the trainer's package is imported before the first fault
@@ -185,7 +187,7 @@ class Drill:
             t0 = time.time()
             url = self._web_ui_link(run_id)
             self.echo(
-                f"drill {run_id}: {inp.total_steps} steps, checkpoint every {inp.checkpoint.every}, "
+                f"drill {run_id}: {length}, checkpoint every {inp.checkpoint.every}, "
                 f"{spec.workers} worker(s), {len(self.schedule)} fault(s), seed {spec.seed}"
             )
             self.echo(
@@ -195,7 +197,7 @@ class Drill:
                 self.echo(f"Web UI: {url}")
             observer = asyncio.create_task(watch.follow(self.handle, pool))
             if self.show_progress:
-                bar = tqdm(total=inp.total_steps, desc=run_id, unit="step", leave=False, file=sys.stderr, disable=None)
+                bar = tqdm(total=total_steps, desc=run_id, unit="step", leave=False, file=sys.stderr, disable=None)
 
             async def progress() -> None:
                 while bar is not None and not watch.done:
@@ -215,7 +217,7 @@ class Drill:
                     )
                     continue
                 faults.append(await injector.fire(planned))
-            result = await asyncio.wait_for(self.handle.result(), timeout=max(300.0, inp.total_steps * 0.5))
+            result = await asyncio.wait_for(self.handle.result(), timeout=max(300.0, total_steps * 0.5))
             summary = RunSummary.model_validate(result).model_dump(mode="json")
             watch.done = True
             ticker.cancel()
@@ -243,7 +245,7 @@ class Drill:
             run_id=run_id,
             workflow_id=run_id,
             store=store_url,
-            total_steps=inp.total_steps,
+            total_steps=total_steps,
             checkpoint_every=inp.checkpoint.every,
             t0=t0,
             finished_at=finished,
@@ -268,6 +270,18 @@ class Drill:
         if not self.stack.web_ui or not self.ui_lasts:
             return None
         return f"{self.stack.web_ui}/namespaces/{self.stack.namespace}/workflows/{run_id}"
+
+
+def run_length(inp: TrainingRunInput) -> tuple[int, str]:
+    """The drilled run's length in steps, and in words: a run given in epochs (``total_epochs``)
+    is as long as its trainer's epochs, which the workflow learns from its first activity and
+    the drill from the same trainer, built here (it also trains the drill's reference)."""
+    if inp.total_steps is not None:
+        return inp.total_steps, f"{inp.total_steps} steps"
+    assert inp.total_epochs is not None  # the input holds exactly one of the two
+    per_epoch = load_trainer(inp.config).steps_per_epoch
+    total = inp.total_epochs * per_epoch
+    return total, f"{total} steps ({inp.total_epochs} epochs of {per_epoch})"
 
 
 def run_drill(

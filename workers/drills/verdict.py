@@ -3,8 +3,10 @@
 ``run``: the workflow completed; ``state``: the final checkpoint equals an uninterrupted in-process
 run, field by field (bit for bit, or within the run's tolerance contract); ``effects``: by the
 service's own records, one reservation, released, and one published entry, the final checkpoint;
-``checkpoints``: every committed one validates; ``uncommitted``: partial uploads are collected and
-none remain; ``faults``: each fired and training resumed, no kill recomputed more than an interval.
+``checkpoints``: every committed one validates against the run's own trainer, as a worker would
+restore it (the trainer the run input names, trusted as the worker trusts it), and a refusal says
+why; ``uncommitted``: partial uploads are collected and none remain; ``faults``: each fired and
+training resumed, no kill recomputed more than an interval.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from cairn.config import TrainConfig
 from cairn.effects import ReservationClient, published_entries
 from cairn.session import TrainingSession
 from cairn.stores import MemoryStore, open_store
+from cairn.trainers.base import Trainer
+from cairn.trainers.loading import load_trainer
 
 __all__ = ["Check", "judge"]
 
@@ -58,12 +62,17 @@ def _run(result: Any) -> Check:
     return Check("run", ok, f"workflow {result.workflow_id} {result.status.lower()}, {steps} steps")
 
 
+def _run_trainer(result: Any) -> Trainer:
+    """The drilled run's trainer, from its input's config: what a worker builds to restore it."""
+    return load_trainer(TrainConfig.model_validate(result.extra["config"]))
+
+
 def _state(result: Any) -> Check:
     if not result.summary or not result.summary.get("checkpoint"):
         return Check("state", False, "no final checkpoint to compare")
     ref = CheckpointRef.parse(result.summary["checkpoint"])
     config = TrainConfig.model_validate(result.extra["config"])
-    state, manifest = load_training(open_store(ref.store_url), ref, run_config=config)  # the drill's trainer
+    state, manifest = load_training(open_store(ref.store_url), ref, trainer=_run_trainer(result))
     reference = TrainingSession.fresh("reference", MemoryStore("drill-reference"), config)
     reference.run(state.step)
     tolerant = manifest.lineage is not None and manifest.lineage.reproducibility == "tolerance"
@@ -120,18 +129,21 @@ def _effects(result: Any) -> Check | None:
 def _checkpoints(result: Any) -> Check:
     store = open_store(result.store)
     refs = list_checkpoints(store, result.run_id, CheckpointKind.TRAINING)
-    bad = []
-    for ref in refs:
-        try:
-            load_training(store, ref)
-        except Exception as exc:  # noqa: BLE001 - each refusal is reported
-            bad.append(f"step {ref.step}: {type(exc).__name__}")
     if not refs:
         return Check("checkpoints", False, "no committed checkpoint in the store")
-    if bad:
-        return Check(
-            "checkpoints", False, f"{len(bad)} of {len(refs)} committed checkpoints refused: " + "; ".join(bad)
+    trainer = _run_trainer(result)
+    refused: dict[str, list[int]] = {}  # the reason -> the steps refused for it
+    for ref in refs:
+        try:
+            load_training(store, ref, trainer=trainer)
+        except Exception as exc:  # noqa: BLE001 - each refusal is reported, with its reason
+            refused.setdefault(f"{type(exc).__name__}: {exc}", []).append(ref.step)
+    if refused:
+        reasons = "; ".join(
+            f"step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))}: {why}" for why, steps in refused.items()
         )
+        count = sum(len(steps) for steps in refused.values())
+        return Check("checkpoints", False, f"{count} of {len(refs)} committed checkpoints refused: {reasons}")
     made = len({c.step for c in result.logs.commits})
     return Check(
         "checkpoints",

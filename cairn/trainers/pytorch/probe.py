@@ -56,8 +56,8 @@ def probe_optimizer(trainer: TorchTrainer) -> tuple[dict[str, TensorSpec], dict[
                         p.copy_(data)
                         p.grad = grad
                     t.optimizer.state.clear()  # the same tensor objects, their values put back
-                    for p, entries in kept_state.items():
-                        t.optimizer.state[p] = {
+                    for key, entries in kept_state.items():
+                        t.optimizer.state[key] = {
                             k: orig.copy_(value) if isinstance(orig, torch.Tensor) else value
                             for k, (orig, value) in entries.items()
                         }
