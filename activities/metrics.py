@@ -7,7 +7,7 @@ over the fleet; per-run detail is in the logs and ``cairn run report``.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 __all__ = [
     "REGISTRY",
@@ -22,6 +22,9 @@ __all__ = [
     "STEPS_RECOMPUTED",
     "EFFECTS",
     "ACTIVITY_FAILURES",
+    "SEGMENT_STARTS",
+    "WARM_RUNS",
+    "WARM_BYTES",
 ]
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -80,3 +83,14 @@ ACTIVITY_FAILURES = Counter(
     "cairn_activity_failures", "Activity attempts that failed, by activity and error type.", ["activity", "type"],
     registry=REGISTRY,
 )  # fmt: skip
+SEGMENT_STARTS = Counter(
+    "cairn_segment_starts",
+    "train_segment attempts by how their state was obtained: warm (the worker's memory: no build, no restore) "
+    "or cold (a restore from the store, or a fresh start).",
+    ["path"],
+    registry=REGISTRY,
+)
+WARM_RUNS = Gauge("cairn_warm_runs", "Runs whose training state this worker holds in memory.", registry=REGISTRY)
+WARM_BYTES = Gauge(
+    "cairn_warm_state_bytes", "Bytes of training state this worker holds in memory for warm runs.", registry=REGISTRY
+)

@@ -8,6 +8,8 @@ carry references (store URLs, checkpoint references, fingerprints), never arrays
 
 from __future__ import annotations
 
+import os
+import uuid
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -23,6 +25,8 @@ __all__ = [
     "CheckpointPolicy",
     "RetentionSpec",
     "SegmentSpec",
+    "DEFAULT_SEGMENT_SECONDS",
+    "GANG_SEGMENT_STEPS",
     "EffectsSpec",
     "RunCarry",
     "TrainingRunInput",
@@ -32,6 +36,9 @@ __all__ = [
     "GangNodeInput",
     "GangEndpointInput",
     "node_queue",
+    "own_queue",
+    "WORKER_ID",
+    "WORKER_ID_ENV",
     "OpenRunInput",
     "OpenRunResult",
     "LatestCheckpointInput",
@@ -41,8 +48,6 @@ __all__ = [
     "EffectReceipt",
     "DecisionInput",
     "RunInfo",
-    "RunProgress",
-    "RunSummary",
 ]
 
 DEFAULT_TASK_QUEUE = "cairn-training"
@@ -129,6 +134,9 @@ class RunCarry(_Model):
     """The gang's current nodes, when an elastic run shrank it (None: the input's)."""
     numerics_id: str | None = None
     """The numerics profile id segments are routed by (``OpenRunResult.numerics_id``)."""
+    warm_queue: str | None = None
+    """The own task queue of the worker that holds the run's state in memory (its last segment
+    completed there): the next segment is offered to it first."""
 
     @field_validator("attempts")
     @classmethod
@@ -142,17 +150,25 @@ class RunCarry(_Model):
 
 
 class SegmentSpec(_Model):
-    """How much training one segment activity does: ``steps`` updates, or ``epochs`` whole
-    epochs (a segment then ends on an epoch boundary, so the workflow drives epochs)."""
+    """How much training one segment activity does: ``steps`` updates, ``epochs`` whole epochs
+    (a segment then ends on an epoch boundary, so the workflow drives epochs), or ``seconds``
+    (a segment ends at the first step boundary past that many seconds, with a checkpoint)."""
 
     steps: Annotated[int, Field(gt=0)] | None = None
     epochs: Annotated[int, Field(gt=0, le=10**6)] | None = None
+    seconds: Annotated[float, Field(gt=0, le=86_400)] | None = None
 
     @model_validator(mode="after")
     def _one_unit(self) -> SegmentSpec:
-        if (self.steps is None) == (self.epochs is None):
-            raise ValueError("give exactly one of steps or epochs")
+        if sum(v is not None for v in (self.steps, self.epochs, self.seconds)) != 1:
+            raise ValueError("give exactly one of steps, epochs or seconds")
         return self
+
+
+DEFAULT_SEGMENT_SECONDS = 30.0
+"""A segment's length when the run input names none: long enough that a segment boundary
+costs a negligible share of it whatever the step time (a gang: ``GANG_SEGMENT_STEPS``)."""
+GANG_SEGMENT_STEPS = 50
 
 
 NODE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
@@ -164,6 +180,18 @@ def node_queue(task_queue: str, node: str) -> str:
     return f"{task_queue}@{node}"
 
 
+WORKER_ID_ENV = "CAIRN_WORKER_ID"
+WORKER_ID = os.environ.get(WORKER_ID_ENV) or uuid.uuid4().hex[:12]
+"""This worker process's id (a supervisor passes the same id to the worker it restarts)."""
+OWN_QUEUE_MARK = "#w-"
+
+
+def own_queue(task_queue: str, worker_id: str = WORKER_ID) -> str:
+    """This worker's own queue beside ``task_queue`` (it polls both): the next segment of a
+    run whose state it holds in memory is offered there first (``cairn.runs.warm``)."""
+    return f"{task_queue.split(OWN_QUEUE_MARK)[0]}{OWN_QUEUE_MARK}{worker_id}"
+
+
 class TrainingRunInput(_Model):
     run_id: Annotated[str, Field(pattern=RUN_ID_PATTERN.pattern)]
     config: TrainConfig
@@ -173,9 +201,11 @@ class TrainingRunInput(_Model):
     """Epochs to train in all (the trainer says how many updates an epoch is)."""
     store: str
     """Absolute path or ``s3://bucket/prefix`` (``cairn run start`` resolves relative paths)."""
-    steps_per_segment: Annotated[int, Field(gt=0)] = 50
+    steps_per_segment: Annotated[int, Field(gt=0)] | None = None
+    """Segment size in steps (the same as ``"segment": {"steps": N}``)."""
     segment: SegmentSpec | None = None
-    """Segment size in steps or epochs (``{"epochs": 1}``); overrides ``steps_per_segment``."""
+    """Segment size in steps, epochs or seconds (``{"epochs": 1}``); overrides
+    ``steps_per_segment``. Neither: ``DEFAULT_SEGMENT_SECONDS`` seconds (a gang: 50 steps)."""
     checkpoint: CheckpointPolicy = CheckpointPolicy()
     retention: RetentionSpec | None = RetentionSpec()
     segments_per_run: Annotated[int, Field(gt=0)] = 20
@@ -228,6 +258,8 @@ class TrainingRunInput(_Model):
             raise ValueError(
                 f"world_size must be a multiple of len(nodes) (expected a multiple of {len(nodes)}, found {w})"
             )
+        if (w > 1 or nodes) and self.segment is not None and self.segment.seconds is not None:
+            raise ValueError("segment.seconds needs an in-process run (expected world_size 1 and no nodes)")
         if (w > 1 or nodes) and dist is None:
             raise ValueError(f"world_size {w} needs config.distributed (expected a 'distributed' section, found none)")
         if dist is not None and dist.microbatches % w:
@@ -294,6 +326,9 @@ class SegmentInput(_Model):
     heartbeat_every_seconds: float = 0.2
     """Local bound on heartbeat calls; the SDK further throttles what goes over the network
     (about once a second), so the server's view of a segment's step is at most ~1 s stale."""
+    max_seconds: float | None = None
+    """End the segment at the first step boundary past this many seconds of training (with a
+    checkpoint), before ``target_step`` if need be; None: train to ``target_step``."""
 
 
 class TrainSegmentInput(SegmentInput):
@@ -336,6 +371,10 @@ class TrainSegmentResult(_Model):
     """Steps previous attempts had computed past the checkpoint this attempt resumed from,
     redone here: the furthest step any earlier attempt reported (its last heartbeat, at most
     ``HEARTBEAT_THROTTLE`` stale, or the checkpoints it committed) minus the resume step."""
+    warm: bool = False
+    """The segment continued from the worker's memory (no restore): see ``cairn.runs.warm``."""
+    worker_queue: str | None = None
+    """The own task queue of the worker that ran it, which now holds the run's state."""
 
 
 class LatestCheckpointInput(_Model):
@@ -393,52 +432,6 @@ class RunInfo(_Model):
     run_id: str
     store: str
     registry: str | None = None
-
-
-class RunProgress(_Model):
-    run_id: str
-    phase: Literal["starting", "training", "paused", "stopping", "finished", "cancelled", "failed"]
-    step: int
-    total: int
-    loss: float | None
-    checkpoint: str | None
-    attempts: list[int]
-    """Attempts of the most recent segments (bounded window)."""
-    segments: int = 0
-    retried_segments: int = 0
-    recomputed_steps: int
-    continued_as_new: int
-    epoch: float | None = None
-    """Epochs done (fractional mid-epoch); None when the trainer did not say how long an epoch is."""
-    steps_per_epoch: int | None = None
-    val_loss: float | None = None
-    val_accuracy: float | None = None
-    reproducibility: str | None = None
-    world_size: int = 1
-    """Ranks the run trains with now (an elastic run may have shrunk it)."""
-
-
-class RunSummary(_Model):
-    run_id: str
-    checkpoint: str | None
-    fingerprint: str | None
-    steps: int
-    total_steps: int
-    stopped_early: bool
-    attempts: list[int]
-    """Attempts of the most recent segments, in order (1 = no retry; a bounded window)."""
-    segments: int = 0
-    retried_segments: int = 0
-    recomputed_steps: int
-    continued_as_new: int
-    loss: float | None
-    effects: dict[str, str] = Field(default_factory=dict)
-    """Effect name -> receipt id (reserve, publish, release)."""
-    val_loss: float | None = None
-    val_accuracy: float | None = None
-    reproducibility: str | None = None
-    world_size: int = 1
-    """Ranks the run ended with (an elastic run may have shrunk it)."""
 
 
 RunCarry.model_rebuild()

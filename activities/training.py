@@ -17,7 +17,9 @@ and first checks that the store is the run's store.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import time
 
 from temporalio import activity
@@ -44,6 +46,7 @@ from activities.models import (
     OpenRunResult,
     TrainSegmentInput,
     TrainSegmentResult,
+    own_queue,
 )
 from cairn import faults
 from cairn.checkpoint import CheckpointKind, CheckpointRef, latest_committed, list_checkpoints, read_manifest
@@ -51,14 +54,21 @@ from cairn.checkpoint.commit import CommitResult
 from cairn.checkpoint.retention import RetentionPolicy, collect_garbage
 from cairn.numerics import profile_id
 from cairn.runs.ownership import claim_run, require_run_owner, require_store_identity, store_identity
+from cairn.runs.warm import WarmRuns, warm_key
 from cairn.session import TrainingSession
 from cairn.state import TrainState
 from cairn.stores import open_store
+from cairn.stores.base import Store
 from cairn.trainers.loading import load_trainer
 
 __all__ = ["train_segment", "open_run", "latest_checkpoint", "collect_checkpoints", "TRAINING_ACTIVITIES"]
 
 log = logging.getLogger("cairn.activity")
+
+WARM_RUNS_ENV = "CAIRN_WARM_RUNS"
+WARM = WarmRuns(capacity=int(os.environ.get(WARM_RUNS_ENV, "2")))
+"""The runs this worker process holds in memory between their segments (``cairn.runs.warm``;
+``CAIRN_WARM_RUNS=0`` turns it off)."""
 
 
 @activity.defn(name="train_segment")
@@ -103,7 +113,7 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
         attempt=info.attempt,
         loss=None,
     )
-    with beats:
+    with beats, contextlib.ExitStack() as cleanup:
         log.info(
             "run %s: segment to step %d, attempt %d (workflow %s)",
             inp.run_id,
@@ -113,16 +123,16 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
         )
         require_numerics(inp.numerics_id)
         store = open_run_store(inp.store, inp.store_id)
+        cleanup.callback(store.close)  # a warm session kept for the next segment gets that one's store
+        require_run_owner(store, inp.run_id, info.workflow_id)  # before any expensive restore
+        key = warm_key(inp.config.canonical_json(), inp.store)
         restore_started = time.perf_counter()
-        if inp.resume_from is not None:  # a rollback: this older checkpoint, not the latest
-            session = TrainingSession.fresh(inp.run_id, store, inp.config)
-            session.restore(CheckpointRef.parse(inp.resume_from))
-        else:
-            session = TrainingSession.resume_latest(inp.run_id, store, inp.config)
-        m.RESTORE_SECONDS.observe(time.perf_counter() - restore_started)
+        session, warm = _session(inp, info, store, key)
+        m.SEGMENT_STARTS.labels("warm" if warm else "cold").inc()
+        if not warm:
+            m.RESTORE_SECONDS.observe(time.perf_counter() - restore_started)
         resumed = session.state.step
         set_step(resumed)
-        require_run_owner(store, inp.run_id, info.workflow_id)
         recomputed = max(0, (reached_before or 0) - resumed) if info.attempt > 1 else 0
         if info.attempt > 1:
             m.RECOVERIES.inc()
@@ -131,7 +141,7 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
             "run %s: resumed from step %d (%s)%s",
             inp.run_id,
             resumed,
-            session.restored_from or "fresh start",
+            "held in memory" if warm else session.restored_from or "fresh start",
             f"; an earlier attempt had reached step {reached_before}" if reached_before is not None else "",
         )
         if resumed > inp.target_step:
@@ -146,6 +156,7 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
         durable = session.durable_ref
         beats.update(checkpoint=str(durable) if durable else None, committed_step=resumed)
         interrupted = ""
+        deadline = None if inp.max_seconds is None else time.monotonic() + inp.max_seconds
 
         def on_step(state: TrainState) -> bool:
             nonlocal interrupted
@@ -159,7 +170,7 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
                 interrupted = "cancelled"
             elif activity.is_worker_shutdown():
                 interrupted = "worker-shutdown"
-            return bool(interrupted)
+            return bool(interrupted) or (deadline is not None and time.monotonic() >= deadline)
 
         def on_checkpoint(result: CommitResult) -> None:
             _record_commit(inp.run_id, result)
@@ -197,8 +208,33 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
             attempt=info.attempt,
             resumed_from_step=resumed,
             recomputed_steps=recomputed,
+            warm=warm,
+            worker_queue=own_queue(info.task_queue),
         )
+        if not interrupted:
+            WARM.keep(inp.run_id, key, session)
+        m.WARM_RUNS.set(WARM.runs)
+        m.WARM_BYTES.set(WARM.nbytes)
     return result, interrupted
+
+
+def _session(inp: TrainSegmentInput, info: activity.Info, store: Store, key: str) -> tuple[TrainingSession, bool]:
+    """The segment's session and whether it is warm: the one this worker holds when it is
+    exactly the store's latest commit (first attempts only: after a failure, trust only the
+    store), else restored from the store — the checkpoint a rollback names, or the latest."""
+    held = WARM.take(inp.run_id, key)
+    if held is not None and inp.resume_from is None and info.attempt == 1:
+        latest = latest_committed(store, inp.run_id)
+        fingerprint = None if latest is None else read_manifest(store, latest, expect_kind=None).fingerprint
+        if held.matches(None if latest is None else latest.step, fingerprint):
+            held.session.store = store
+            return held.session, True
+        log.info("run %s: the state held in memory is not the latest commit: restoring", inp.run_id)
+    if inp.resume_from is not None:  # a rollback: this older checkpoint, not the latest
+        session = TrainingSession.fresh(inp.run_id, store, inp.config)
+        session.restore(CheckpointRef.parse(inp.resume_from))
+        return session, False
+    return TrainingSession.resume_latest(inp.run_id, store, inp.config), False
 
 
 def _record_commit(run_id: str, result: CommitResult) -> None:

@@ -21,7 +21,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import REPO, RESULTS  # noqa: E402
 from render import Targets  # noqa: E402
 
-SECTIONS = ("store", "peers", "async", "orchestration", "recovery", "scale", "distributed", "numerics", "precision")
+SECTIONS = (
+    "store",
+    "peers",
+    "async",
+    "orchestration",
+    "recovery",
+    "scale",
+    "distributed",
+    "numerics",
+    "precision",
+    "recovery_supervised",
+)
 """The benchmarks in the document's order (``bench_NAME.py``, ``NAME.json``)."""
 PLACEHOLDERS = ("store", "peers", "async", "orchestration", "recovery")
 """The sections that say "not measured" when their results are missing; the others are left out."""

@@ -17,6 +17,7 @@ expected vs found value, so a refused import says exactly why::
      ├── TrainingDivergedError        training produced NaN/inf: nothing is committed       no    1
      ├── TrainerCodeError             the trainer's own code (build, forward, data) raised  no    1
      ├── GangFailedError              a rank of a distributed segment died; gang stopped  yes   3
+     ├── WorkerCrashLoopError         the supervised worker process crashed too often      no    1
      ├── CheckpointError              a checkpoint is refused (never retryable: same bytes, same verdict)
      │    ├── CheckpointNotFoundError   no committed manifest at that reference
      │    ├── ManifestError             manifest is not valid JSON / does not match the schema
@@ -81,6 +82,7 @@ __all__ = [
     "TemporalUnavailableError",
     "TrainingDivergedError",
     "GangFailedError",
+    "WorkerCrashLoopError",
     "error_named",
     "one_line",
 ]
@@ -195,6 +197,14 @@ class TrainerCodeError(CairnError):
     trained: Any = None
     """The last whole state trained before the failure, when the trainer kept one (an
     evaluation raised after its update): the session commits it before the error surfaces."""
+
+
+class WorkerCrashLoopError(CairnError):
+    """The worker process under ``cairn worker``'s supervisor crashed too often within its
+    restart window: the supervisor gives up (exit 1) and leaves the restart to its own service
+    manager (systemd, Kubernetes)."""
+
+    exit_code = 1
 
 
 class GangFailedError(CairnError):

@@ -5,6 +5,7 @@ Inert unless ``CAIRN_FAULT`` is set in the worker's environment, e.g.::
     CAIRN_FAULT=after-effect-before-complete:reserve   # after the service committed, before completion
     CAIRN_FAULT=mid-segment:7                          # when training reaches step 7
     CAIRN_FAULT=rank-mid-save:2@20                     # rank 2, its shards written, before the commit of step 20
+    CAIRN_FAULT=after-activity-complete:train_segment  # the server took the completion; the supervisor was not told
 
 ``CAIRN_FAULT_ONCE`` (a file path) makes it fire once across processes: the marker is created
 just before the crash, and a process that finds it does not crash again.

@@ -93,7 +93,8 @@ def seed_scenario(store: Path, config: Path) -> bool:
 async def temporal_drill() -> tuple[bool, str]:
     from tqdm import tqdm
 
-    from activities.models import RunSummary, TrainingRunInput
+    from activities.models import TrainingRunInput
+    from activities.views import RunSummary
     from cairn.checkpoint import CheckpointRef, latest_committed, load_training
     from cairn.checkpoint.compare import compare_states
     from cairn.config import load_config
@@ -184,7 +185,8 @@ async def digits_on_temporal(web_ui: str) -> bool:
     """Part 3: the PyTorch adapter on Temporal, by epochs, through a SIGKILL."""
     import numpy as np
 
-    from activities.models import RunSummary, TrainingRunInput
+    from activities.models import TrainingRunInput
+    from activities.views import RunSummary
     from cairn.checkpoint import CheckpointRef, latest_committed, load_training
     from cairn.checkpoint.compare import compare_states
     from cairn.config import load_config
@@ -267,7 +269,8 @@ async def digits_on_temporal(web_ui: str) -> bool:
 
 async def distributed_on_temporal(web_ui: str) -> bool:
     """Part 4: one run over several workers: W=4 ranks on two nodes, then resumed at W=2."""
-    from activities.models import RunSummary, TrainingRunInput
+    from activities.models import TrainingRunInput
+    from activities.views import RunSummary
     from cairn.checkpoint import CheckpointRef, load_training, read_manifest
     from cairn.checkpoint.compare import compare_states
     from cairn.config import load_config

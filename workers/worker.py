@@ -1,8 +1,10 @@
-"""The Cairn Temporal worker: ``cairn worker`` (or ``python -m workers.worker``).
+"""The Cairn Temporal worker process: ``cairn worker --no-supervisor`` or ``python -m
+workers.worker`` (``cairn worker`` runs it under a supervisor, ``workers.supervisor``).
 
 Registers the TrainingRun workflow and every activity, runs activities in a thread pool, and
 on SIGTERM/SIGINT shuts down gracefully: a running segment notices, commits a checkpoint at
 its current step and hands the rest back to Temporal, which retries it on another worker.
+Under a supervisor it reports every activity attempt to it (``ActivityReporter``).
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio.client import Client
-from temporalio.worker import Worker
+from temporalio.worker import Interceptor, Worker
 
 from activities.effects import EFFECT_ACTIVITIES
 from activities.gang import ADVERTISE_ENV, GANG_ACTIVITIES
-from activities.models import DEFAULT_TASK_QUEUE, NODE_NAME, node_queue
+from activities.models import DEFAULT_TASK_QUEUE, NODE_NAME, node_queue, own_queue
 from activities.training import TRAINING_ACTIVITIES
 from cairn.errors import ConfigError, TemporalUnavailableError
 from cairn.numerics import enter_profile, native_level, process_numerics, profile_id, profile_queue
@@ -33,6 +35,8 @@ from workers.cli.args import add_numerics_arg
 from workers.client import add_connection_args, connect
 from workers.logs import LOG_FORMATS, configure_logging, log_format_from_env
 from workers.metrics import DEFAULT_METRICS_PORT, MetricsEndpoint, serve_metrics
+from workers.supervisor.channel import reporter_from_environment
+from workers.supervisor.interceptor import ActivityReporter
 from workflows.training_run import TrainingRun
 
 __all__ = [
@@ -44,6 +48,7 @@ __all__ = [
     "HEARTBEAT_THROTTLE",
     "main",
     "exit_now",
+    "say",
 ]
 
 WORKFLOWS: list[type] = [TrainingRun]
@@ -57,7 +62,12 @@ def all_activities() -> list[Any]:
 
 
 def build_worker(
-    client: Client, task_queue: str = DEFAULT_TASK_QUEUE, *, max_activities: int = 4, workflows: bool = True
+    client: Client,
+    task_queue: str = DEFAULT_TASK_QUEUE,
+    *,
+    max_activities: int = 4,
+    workflows: bool = True,
+    interceptors: Sequence[Interceptor] = (),
 ) -> Worker:
     """A worker of ``task_queue``; ``workflows=False``: activities only (a node's own queue)."""
     return Worker(
@@ -65,6 +75,7 @@ def build_worker(
         task_queue=task_queue,
         workflows=WORKFLOWS if workflows else [],
         activities=all_activities(),
+        interceptors=interceptors,
         activity_executor=ThreadPoolExecutor(max_workers=max_activities, thread_name_prefix="cairn-activity"),
         max_concurrent_activities=max_activities,
         graceful_shutdown_timeout=timedelta(seconds=30),
@@ -76,7 +87,7 @@ def build_worker(
     )
 
 
-def _say(args: argparse.Namespace, text: str) -> None:
+def say(args: argparse.Namespace, text: str) -> None:
     """A lifecycle line: on stdout in text mode, as a log record in JSON mode (one stream)."""
     if getattr(args, "log_format", "text") == "json":
         logging.getLogger("cairn.worker").info(text)
@@ -96,6 +107,8 @@ async def run(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    reporter = reporter_from_environment()  # under a supervisor: it learns of every attempt
+    interceptors = [ActivityReporter(reporter)] if reporter is not None else []
     endpoint = _start_metrics(args.metrics_port)
     try:
         client = await connect(args.address, args.namespace, runtime=endpoint.runtime if endpoint else None)
@@ -106,26 +119,30 @@ async def run(args: argparse.Namespace) -> int:
     queues = worker_queues(args.task_queue, profile_id(args.numerics), args.node)
     target = client.service_client.config.target_host
     metrics = f"; metrics on {endpoint.url}" if endpoint else ""
-    _say(args, f"numerics profile {args.numerics} on a {native_level()} machine")
-    _say(args, f"polling {', '.join(repr(q) for q in queues)} on {target}{metrics}")
+    say(args, f"numerics profile {args.numerics} on a {native_level()} machine")
+    say(args, f"polling {', '.join(repr(q) for q in queues)} on {target}{metrics}")
     warm = asyncio.create_task(asyncio.to_thread(_warm_up))
     async with contextlib.AsyncExitStack() as stack:
         for i, queue in enumerate(queues):
             await stack.enter_async_context(
-                build_worker(client, queue, max_activities=args.max_activities, workflows=i == 0)
+                build_worker(
+                    client, queue, max_activities=args.max_activities, workflows=i == 0, interceptors=interceptors
+                )
             )
         await stop.wait()
         warm.cancel()
-        _say(args, "shutting down gracefully (running segments checkpoint and hand back)")
-    _say(args, "stopped")
+        say(args, "shutting down gracefully (running segments checkpoint and hand back)")
+    say(args, "stopped")
     return 0
 
 
 def worker_queues(task_queue: str, numerics_id: str, node: str | None = None) -> list[str]:
     """What a worker polls: the run queue (workflows and bookkeeping), the queue of its numerics
-    profile (the training segments of runs under that profile) and, on a named node, the node's
-    own queue (its share of a gang)."""
-    queues = [task_queue, profile_queue(task_queue, numerics_id)]
+    profile (the training segments of runs under that profile), this worker's own queue beside
+    each of those two (the next segment of a run it holds in memory is offered there first:
+    ``activities.models.own_queue``) and, on a named node, the node's queue (its share of a gang)."""
+    shared = [task_queue, profile_queue(task_queue, numerics_id)]
+    queues = [*shared, *(own_queue(q) for q in shared)]
     if node:
         queues.append(node_queue(task_queue, node))
     return queues

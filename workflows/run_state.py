@@ -20,11 +20,10 @@ with workflow.unsafe.imports_passed_through():
         OpenRunResult,
         RunCarry,
         RunInfo,
-        RunProgress,
-        RunSummary,
         TrainingRunInput,
         TrainSegmentResult,
     )
+from activities.views import RunProgress, RunSummary
 
 __all__ = [
     "opened",
@@ -81,6 +80,7 @@ def record_result(carry: RunCarry, result: TrainSegmentResult) -> None:
     carry.checkpoint = result.checkpoint
     carry.fingerprint = result.fingerprint
     carry.loss = result.loss
+    carry.warm_queue = result.worker_queue
     if result.val_loss is not None:
         carry.val_loss = result.val_loss
         carry.val_accuracy = result.val_accuracy
@@ -94,6 +94,7 @@ def record_interruption(carry: RunCarry, latest: LatestCheckpointResult, cause: 
     carry.step = latest.step
     carry.checkpoint = latest.checkpoint
     carry.fingerprint = latest.fingerprint
+    carry.warm_queue = None  # a pause, stop or rollback: the next segment restores
 
 
 def interruption_report(cause: BaseException | None) -> dict[str, int]:

@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, TimeoutType
+from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from activities.edge import INTERRUPTED
+    from activities.models import DEFAULT_SEGMENT_SECONDS, GANG_SEGMENT_STEPS
     from cairn.numerics import profile_queue
 
 if TYPE_CHECKING:
@@ -31,6 +33,9 @@ __all__ = [
     "bookkeeping",
     "run_total",
     "segment_end",
+    "segment_seconds",
+    "WARM_PICKUP",
+    "picked_up_late",
     "segment_fields",
     "training_queue",
     "interrupted",
@@ -71,12 +76,25 @@ def run_total(inp: TrainingRunInput, carry: RunCarry) -> int:
     return carry.total_steps or 0
 
 
+def segment_seconds(inp: TrainingRunInput) -> float | None:
+    """The time budget of every segment: ``segment.seconds``, or the default when the input
+    sizes segments in no other way (in-process runs only; a gang's segments are in steps)."""
+    if inp.segment is not None:
+        return inp.segment.seconds
+    if inp.steps_per_segment is None and not inp.gang:
+        return DEFAULT_SEGMENT_SECONDS
+    return None
+
+
 def segment_end(inp: TrainingRunInput, carry: RunCarry) -> int:
-    """Where the next segment stops: ``segment.steps`` on, or the end of the
-    ``segment.epochs``-th epoch boundary from here (an interrupted epoch is finished first)."""
+    """Where the next segment stops at the latest: ``segment.steps`` on, the end of the
+    ``segment.epochs``-th epoch boundary from here (an interrupted epoch is finished first),
+    or — for a segment sized in seconds — the run's end (its time budget stops it sooner)."""
     step, spe, seg = carry.step, carry.steps_per_epoch, inp.segment
+    if segment_seconds(inp) is not None:
+        return run_total(inp, carry)
     if seg is None:
-        return step + inp.steps_per_segment
+        return step + (inp.steps_per_segment or GANG_SEGMENT_STEPS)
     if seg.steps is not None:
         return step + seg.steps
     assert seg.epochs is not None
@@ -102,6 +120,7 @@ def segment_fields(inp: TrainingRunInput, carry: RunCarry, target: int, resume_f
         "throttle_seconds_per_step": inp.throttle_seconds_per_step,
         "heartbeat_every_seconds": min(0.1, inp.heartbeat_timeout_seconds / 4),
         "numerics_id": carry.numerics_id,
+        "max_seconds": segment_seconds(inp),
     }
 
 
@@ -109,6 +128,19 @@ def training_queue(base: str, numerics_id: str | None) -> str:
     """Where training goes: the queue of the workers of the run's numerics profile (a run
     opened by an older worker, with no profile id, stays on the run's own queue ``base``)."""
     return base if numerics_id is None else profile_queue(base, numerics_id)
+
+
+WARM_PICKUP = timedelta(seconds=1)
+"""How long the worker that holds a run's state has to pick its next segment up from its own
+queue (it long-polls that queue: milliseconds when alive and free) before the segment goes to
+every worker of the run's queue (``picked_up_late``)."""
+
+
+def picked_up_late(err: ActivityError) -> bool:
+    """The segment offered to the warm worker's own queue was not picked up in ``WARM_PICKUP``
+    (that worker is gone or busy): not a failure, the segment goes to the shared queue."""
+    cause = err.cause
+    return isinstance(cause, ActivityTimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_START
 
 
 def interrupted(err: ActivityError) -> bool:

@@ -50,20 +50,21 @@ with workflow.unsafe.imports_passed_through():
         OpenRunResult,
         RunCarry,
         RunInfo,
-        RunProgress,
-        RunSummary,
         TrainingRunInput,
         TrainSegmentInput,
         TrainSegmentResult,
         node_queue,
     )
     from activities.training import collect_checkpoints, latest_checkpoint, open_run, train_segment
+    from activities.views import RunProgress, RunSummary
 
 __all__ = ["TrainingRun"]
 
 
 SIGNALS_DURING_OPEN = "keep-pause-and-stop-signalled-while-opening"
 """The patch marker under which a pause or stop signalled before ``open_run`` returned is kept."""
+WARM_ROUTING = "offer-the-next-segment-to-the-warm-worker"
+"""The patch marker under which a segment is first offered to the worker holding the run."""
 
 
 @workflow.defn(name="TrainingRun")
@@ -271,13 +272,16 @@ class TrainingRun:
             return
         self._checkpoint_now = False
         resume_from, self._carry.resume_from = self._carry.resume_from, None
+        warm = self._carry.warm_queue if resume_from is None and workflow.patched(WARM_ROUTING) else None
+        self._carry.warm_queue = None  # offered once: a segment it does not take goes to everyone
         handle = workflow.start_activity(
             train_segment,
             TrainSegmentInput(
                 **segments.segment_fields(inp, self._carry, target, resume_from),
                 async_save=inp.checkpoint.mode == "async",
             ),
-            task_queue=self._training_queue(),
+            task_queue=warm or self._training_queue(),
+            schedule_to_start_timeout=segments.WARM_PICKUP if warm else None,
             start_to_close_timeout=timedelta(seconds=inp.segment_timeout_seconds),
             heartbeat_timeout=timedelta(seconds=inp.heartbeat_timeout_seconds),
             retry_policy=segments.SEGMENT_RETRY,
@@ -411,6 +415,8 @@ class TrainingRun:
         try:
             result = await handle
         except ActivityError as err:
+            if segments.picked_up_late(err):
+                return  # the warm worker did not take it: the next segment goes to every worker
             if not segments.interrupted(err):
                 raise
             await self._record_interruption(inp, err.cause)

@@ -86,7 +86,10 @@ def list_checkpoints(
     """Committed checkpoints (those with a manifest), sorted by (run, kind, step)."""
     refs: list[CheckpointRef] = []
     kinds = {k.value: k for k in CheckpointKind}
-    for info in store.list(run_prefix(run_id) if run_id else ""):
+    prefix = run_prefix(run_id) if run_id else ""
+    if run_id and kind is not None:
+        prefix += f"{kind.value}/"  # only this kind's keys: not the run's other objects
+    for info in store.list(prefix):
         key = parse_checkpoint_key(info.key)
         if key is None or not key.is_manifest or key.kind not in kinds:
             continue

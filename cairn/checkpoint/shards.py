@@ -74,35 +74,49 @@ def _plan_shards(arrays: Mapping[str, np.ndarray], nonce: str, rank: int, shard_
 def _write_shard(
     store: Store, prefix: str, plan: _ShardPlan, arrays: Mapping[str, np.ndarray], rank: int
 ) -> tuple[ShardEntry, list[TensorEntry]]:
-    """Stream one shard to the store, hashing each chunk on its way out."""
-    entries: list[TensorEntry] = []
+    """Stream one shard to the store, each chunk hashed on its way out — by a hashing thread
+    behind the writer, so the hashing overlaps the writes and their flush (BLAKE3 releases the
+    GIL); the checksums are complete before the shard is reported."""
+    hashed: list[tuple[str, np.ndarray, blake3]] = []
+    pending: list[futures.Future[object]] = []
+    consumed: list[bool] = []
+    with futures.ThreadPoolExecutor(1, thread_name_prefix="cairn-hash") as hashing:
 
-    def chunks() -> Iterator[memoryview]:
-        offset = 0
-        for name in plan.names:
-            arr = arrays[name]
-            view = byte_view(arr)
-            h = blake3()
-            for start in range(0, len(view), HASH_CHUNK):
-                piece = view[start : start + HASH_CHUNK]
-                h.update(piece)
-                yield piece
-            entries.append(
-                TensorEntry(
-                    name=name,
-                    dtype=dtype_tag(arr.dtype),
-                    shape=list(arr.shape),
-                    shard=plan.key,
-                    offset=offset,
-                    length=arr.nbytes,
-                    checksum=CHECKSUM_PREFIX + h.hexdigest(),
-                )
-            )
-            offset += arr.nbytes
+        def chunks() -> Iterator[memoryview]:
+            for name in plan.names:
+                arr = arrays[name]
+                view = byte_view(arr)
+                h = blake3()
+                hashed.append((name, arr, h))
+                for start in range(0, len(view), HASH_CHUNK):
+                    piece = view[start : start + HASH_CHUNK]
+                    pending.append(hashing.submit(h.update, piece))  # in order: one hashing thread
+                    yield piece
+            consumed.append(True)  # reached only when the store asked past the last chunk
 
-    store.write_object(f"{prefix}/{plan.key}", chunks(), size=plan.size)
-    if len(entries) != len(plan.names):  # a store must consume every chunk
+        try:
+            store.write_object(f"{prefix}/{plan.key}", chunks(), size=plan.size)
+        finally:
+            futures.wait(pending)
+    for job in pending:
+        job.result()
+    if not consumed:  # a store must consume every chunk
         raise RuntimeError(f"store {store.url} did not consume shard {plan.key}")
+    entries: list[TensorEntry] = []
+    offset = 0
+    for name, arr, h in hashed:
+        entries.append(
+            TensorEntry(
+                name=name,
+                dtype=dtype_tag(arr.dtype),
+                shape=list(arr.shape),
+                shard=plan.key,
+                offset=offset,
+                length=arr.nbytes,
+                checksum=CHECKSUM_PREFIX + h.hexdigest(),
+            )
+        )
+        offset += arr.nbytes
     return ShardEntry(key=plan.key, rank=rank, bytes=plan.size), entries
 
 

@@ -18,6 +18,7 @@ from cairn.trainers.loading import normalized_config
 
 __all__ = ["PROBE_MARK", "require_same_config", "require_writable"]
 
+
 def require_writable(store: Store, run_id: str) -> None:
     """List the run's prefix, then write, commit (create-if-absent) and delete a small object
     under it: the calls a run makes of its store (its latest checkpoint, then saves), so a

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowHandle
 
-from activities.models import RunSummary, TrainingRunInput
+from activities.models import TrainingRunInput
+from activities.views import RunSummary
 from cairn.checkpoint import CheckpointRef, latest_committed, load_training
 from cairn.checkpoint.compare import compare_states
 from cairn.config import TrainConfig

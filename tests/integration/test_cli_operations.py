@@ -204,7 +204,11 @@ def test_metrics_endpoint_and_json_logs(temporal_server: TemporalServer, tmp_pat
     assert metrics["cairn_checkpoint_commits_total{outcome=created}"] == 7  # steps 0, 5, ..., 30
     assert metrics["cairn_checkpoint_save_seconds_count"] == 7 and metrics["cairn_checkpoint_save_seconds_sum"] > 0
     assert metrics["cairn_checkpoint_bytes_count"] == 7 and metrics["cairn_checkpoint_bytes_sum"] > 7 * 1000
-    assert metrics["cairn_checkpoint_restore_seconds_count"] == 3
+    # one restore: the first segment; the next two continued from the worker's memory (warm)
+    assert metrics["cairn_checkpoint_restore_seconds_count"] == 1
+    assert metrics["cairn_segment_starts_total{path=cold}"] == 1
+    assert metrics["cairn_segment_starts_total{path=warm}"] == 2
+    assert metrics["cairn_warm_runs"] == 1 and metrics["cairn_warm_state_bytes"] > 1000
     assert metrics.get("cairn_recoveries_total", 0) == 0 and metrics.get("cairn_checkpoint_conflicts_total", 0) == 0
     assert any(name.startswith("temporal_") for name in metrics), sorted(metrics)[:20]  # the SDK's own
     records = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]

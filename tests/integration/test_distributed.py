@@ -29,7 +29,8 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 
-from activities.models import RunSummary, TrainingRunInput
+from activities.models import TrainingRunInput
+from activities.views import RunSummary
 from cairn.checkpoint import latest_committed, list_checkpoints, load_training
 from cairn.checkpoint.reader import read_manifest
 from cairn.config import TrainConfig

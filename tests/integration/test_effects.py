@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowFailureError
 
-from activities.models import RunSummary, TrainingRunInput
+from activities.models import TrainingRunInput
+from activities.views import RunSummary
 from cairn import errors as E
 from cairn.effects import ReservationClient, load_journal, published_entries
 from cairn.stores import LocalStore

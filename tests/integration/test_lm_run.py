@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from activities.models import RunSummary
+from activities.views import RunSummary
 from cairn.checkpoint import CheckpointRef, load_training
 from cairn.checkpoint.compare import compare_states
 from cairn.checkpoint.manifest import CheckpointKind

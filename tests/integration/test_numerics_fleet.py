@@ -20,7 +20,7 @@ import pytest
 from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import Client, WorkflowHandle
 
-from activities.models import RunSummary
+from activities.views import RunSummary
 from cairn.checkpoint import latest_committed, load_training
 from cairn.numerics import PROFILES
 from cairn.stores import LocalStore

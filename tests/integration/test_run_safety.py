@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 
-from activities.models import RunSummary
+from activities.views import RunSummary
 from cairn.checkpoint import latest_committed
 from cairn.runs.ownership import STORE_ID_KEY, read_owner
 from cairn.stores import LocalStore

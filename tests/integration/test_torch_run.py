@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowFailureError
 
-from activities.models import RunSummary, TrainingRunInput
+from activities.models import TrainingRunInput
+from activities.views import RunSummary
 from cairn.checkpoint import CheckpointRef, load_training
 from cairn.checkpoint.compare import compare_states
 from cairn.session import TrainingSession

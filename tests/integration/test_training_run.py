@@ -19,7 +19,8 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from temporalio.worker import Replayer
 
 from activities.converter import DATA_CONVERTER
-from activities.models import RunSummary, TrainingRunInput
+from activities.models import TrainingRunInput
+from activities.views import RunSummary
 from cairn.checkpoint import latest_committed, list_checkpoints, load_training
 from cairn.checkpoint.compare import compare_states
 from cairn.config import TrainConfig

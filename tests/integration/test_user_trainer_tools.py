@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from activities.models import RunSummary, TrainingRunInput
+from activities.models import TrainingRunInput
+from activities.views import RunSummary
 from tests.conftest import REPO
 from tests.integration.conftest import S3Server, TemporalServer, cli
 from tests.user_trainer import MARKER_ENV, user_config, write_user_trainer
@@ -116,14 +117,16 @@ async def test_run_report_of_a_user_trainer_run_writes_its_pngs(
     assert body["steps"] == STEPS_PER_EPOCH and body["evaluations"] == 1 and body["segment_attempts"] == 1
     for name in ("loss_lr.png", "timeline.png", "throughput.png"):
         assert (out / name).read_bytes().startswith(b"\x89PNG\r\n\x1a\n"), name
-    # Told another config than the run's own, the report trusts that one's trainer only: refused.
+    # Told another config than the run's own, the report validates against that one: refused, naming both.
     other = tmp_path / "other.json"
     other.write_text(json.dumps(json.loads((REPO / "examples" / "config.json").read_text())))
     refused = await asyncio.to_thread(
         cli, "run", "report", inp.run_id, "--address", temporal_server.address, "--out", str(out), "--config",
         str(other), check=False,
     )  # fmt: skip
-    assert refused.returncode == 2 and f"names trainer '{user_model.factory}'" in refused.stderr, refused.stderr
+    assert refused.returncode == 1, refused.stderr
+    assert "IncompatibleConfigError: config.trainer.factory: checkpoint was written by another" in refused.stderr
+    assert f"found {user_model.factory}" in refused.stderr
 
 
 def test_a_bucket_that_does_not_exist_is_refused_before_the_first_step(

@@ -30,7 +30,7 @@ from playwright.async_api import Page, async_playwright
 from playwright.async_api import expect as page_expect
 from temporalio.client import Client, WorkflowExecutionStatus
 
-from activities.models import RunSummary
+from activities.views import RunSummary
 from cairn.config import TrainConfig
 from tests.conftest import REPO
 from tests.integration.conftest import assert_matches_reference

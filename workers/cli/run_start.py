@@ -23,7 +23,8 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.models import WORKFLOW_TYPE, RunSummary, TrainingRunInput
+from activities.models import WORKFLOW_TYPE, TrainingRunInput
+from activities.views import RunSummary
 from cairn.errors import RunOwnershipError, TemporalRefusedError
 from cairn.runs.ownership import OwnerRecord, read_owner
 from cairn.stores import open_store

@@ -32,7 +32,7 @@ from typing import Any, Literal, TypeVar
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError
 
-from activities.models import RunProgress
+from activities.views import RunProgress
 from cairn.checkpoint.manager import latest_committed
 from cairn.errors import TemporalRefusedError
 from cairn.stores import open_store

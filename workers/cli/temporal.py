@@ -22,7 +22,7 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.models import RunProgress, RunSummary
+from activities.views import RunProgress, RunSummary
 from cairn.errors import TemporalRefusedError, TemporalUnavailableError
 from workers.cli.output import emit
 from workers.client import connect

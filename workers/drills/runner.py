@@ -24,7 +24,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from activities.models import RunSummary, TrainingRunInput
+from activities.models import TrainingRunInput
+from activities.views import RunSummary
 from cairn.config import load_config
 from cairn.errors import ConfigError
 from cairn.numerics import process_profile_name

@@ -76,6 +76,8 @@ class TorchTrainer(Trainer):
         self._optim_probe: tuple[dict[str, TensorSpec], dict[str, type], list[str]] | None = None
         self._rng: RngStates | None = None
         self._metric_names: tuple[str, ...] | None = None
+        self._live: TrainState | None = None  # what ``train`` returned last: views of the live objects
+        self._live_step = -1
         with self.runtime():
             self._setup()
         with self.user_code("hashing the data splits"):
@@ -108,9 +110,8 @@ class TorchTrainer(Trainer):
 
     def autocast(self) -> AbstractContextManager[Any]:
         """``torch.autocast`` in ``options.autocast``'s dtype (nothing when unset)."""
-        if self.options.autocast is None:
-            return nullcontext()
-        return torch.autocast("cpu", dtype=getattr(torch, self.options.autocast))
+        dtype = self.options.autocast
+        return nullcontext() if dtype is None else torch.autocast("cpu", dtype=getattr(torch, dtype))
 
     # -- runtime ----------------------------------------------------------------------------
     @contextmanager
@@ -161,7 +162,7 @@ class TorchTrainer(Trainer):
             outer.install()
         if not isinstance(setup, TorchSetup):
             raise ConfigError(f"{self.path}.build()", expected="a TorchSetup", found=type(setup).__name__)
-        self.setup = setup
+        self.setup, self._live = setup, None
         self.model = setup.model
         self.optimizer = setup.optimizer
         self.scheduler = setup.scheduler
@@ -297,7 +298,7 @@ class TorchTrainer(Trainer):
         """Make the live objects hold ``state`` — in fresh storage, so nothing the caller holds
         aliases what training will mutate (``state`` itself is never modified)."""
         t = state.tensors
-        self.pristine = False
+        self.pristine, self._live = False, None
         with torch.no_grad():
             for name, p in self.params.items():
                 p.data = from_numpy(np.array(t[f"param/{name}"], copy=True))
@@ -332,12 +333,13 @@ class TorchTrainer(Trainer):
         if steps < 0:
             raise ConfigError("steps", expected=">= 0", found=steps)
         with self.runtime():
-            self.load_state(state)
+            if state is not self._live or state.step != self._live_step:
+                self.load_state(state)  # else: the live objects are ``state`` (a warm segment)
             history = {k: list(v) for k, v in state.history.items()}
             step = state.step
             work = self.export_state(step, history, state.lineage)
             for _ in range(steps):
-                before = work.copy() if self._evaluates_after(step) else None
+                before = work.copy() if self.evaluations(step + 1) > self.evaluations(step) else None
                 try:
                     self.advance(step, history)
                 except TrainerCodeError as exc:
@@ -347,10 +349,8 @@ class TorchTrainer(Trainer):
                 work = self.export_state(step, history, work.lineage)
                 if on_step is not None and on_step(work):
                     break
+            self._live, self._live_step = work, step
             return work
-
-    def _evaluates_after(self, step: int) -> bool:
-        return self.eval_history and (step + 1) % self.eval_interval == 0
 
     def advance(self, step: int, history: dict[str, list[float]], comm: Comm | None = None) -> float:
         """Update ``step + 1`` of the live objects, then the scheduler and (every
@@ -360,7 +360,7 @@ class TorchTrainer(Trainer):
         process alone when None): ``cairn train`` and a gang of any size compute the same bits.
         Its collectives run outside ``user_code`` (a peer's failure is the gang's)."""
         epoch_end = (step + 1) % self.steps_per_epoch == 0
-        what = f"update {step + 1}"
+        what, self._live = f"update {step + 1}", None
         with self.owned_rngs():
             if self.config.distributed is None and self.micro_steps == 1:
                 with self.user_code(what):
@@ -372,7 +372,7 @@ class TorchTrainer(Trainer):
                 if self.scheduler is not None and not self.plateau and every:
                     step_scheduler(self)
             metrics = None
-            if self._evaluates_after(step):
+            if self.evaluations(step + 1) > self.evaluations(step):
                 with self.user_code(f"evaluation after update {step + 1}"):
                     metrics = evaluate_split(self, "val")
                     if self.plateau:
@@ -405,12 +405,10 @@ class TorchTrainer(Trainer):
         optimizer = meta.get("optimizer") if isinstance(meta, Mapping) else None
         with_state = optimizer.get("with_state", []) if isinstance(optimizer, Mapping) else []
         if isinstance(with_state, list) and with_state:
-            probe = probe_optimizer(self)[0]
-            for name in with_state:
-                for key, spec in probe.items():
-                    pname, _, k = key.partition("/")
-                    if pname == name:
-                        out[f"optim/{name}/{k}"] = spec
+            names = set(with_state)
+            for key, spec in probe_optimizer(self)[0].items():  # NAME/KEY -> spec
+                if key.partition("/")[0] in names:
+                    out[f"optim/{key}"] = spec
         return out
 
     def check_state(self, step: int, cursor: int, rng: Any, meta: Mapping[str, Any]) -> None:

@@ -19,7 +19,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.converter import DATA_CONVERTER
-from activities.models import RunProgress, TrainingRunInput
+from activities.models import TrainingRunInput
+from activities.views import RunProgress
 from cairn.checkpoint.manager import latest_committed
 from cairn.runs.ownership import claim_run, store_identity
 from cairn.session import TrainingSession, default_run_id

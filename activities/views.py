@@ -1,0 +1,58 @@
+"""What a TrainingRun shows of itself: its ``progress`` query and the summary it returns (plain
+JSON, like every model in ``activities.models``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from activities.models import _Model
+
+__all__ = ["RunProgress", "RunSummary"]
+
+
+class RunProgress(_Model):
+    run_id: str
+    phase: Literal["starting", "training", "paused", "stopping", "finished", "cancelled", "failed"]
+    step: int
+    total: int
+    loss: float | None
+    checkpoint: str | None
+    attempts: list[int]
+    """Attempts of the most recent segments (bounded window)."""
+    segments: int = 0
+    retried_segments: int = 0
+    recomputed_steps: int
+    continued_as_new: int
+    epoch: float | None = None
+    """Epochs done (fractional mid-epoch); None when the trainer did not say how long an epoch is."""
+    steps_per_epoch: int | None = None
+    val_loss: float | None = None
+    val_accuracy: float | None = None
+    reproducibility: str | None = None
+    world_size: int = 1
+    """Ranks the run trains with now (an elastic run may have shrunk it)."""
+
+
+class RunSummary(_Model):
+    run_id: str
+    checkpoint: str | None
+    fingerprint: str | None
+    steps: int
+    total_steps: int
+    stopped_early: bool
+    attempts: list[int]
+    """Attempts of the most recent segments, in order (1 = no retry; a bounded window)."""
+    segments: int = 0
+    retried_segments: int = 0
+    recomputed_steps: int
+    continued_as_new: int
+    loss: float | None
+    effects: dict[str, str] = Field(default_factory=dict)
+    """Effect name -> receipt id (reserve, publish, release)."""
+    val_loss: float | None = None
+    val_accuracy: float | None = None
+    reproducibility: str | None = None
+    world_size: int = 1
+    """Ranks the run ended with (an elastic run may have shrunk it)."""

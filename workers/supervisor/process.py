@@ -1,0 +1,165 @@
+"""The supervisor of ``cairn worker``: it runs the worker process as its child, keeps the table
+of attempts the child reports running, and when the child dies fails those attempts at once
+(``failing``) and starts a new child (``restarts``). SIGTERM and SIGINT go on to the child as
+SIGTERM; it stops as it always does (checkpoint, hand back), and the supervisor exits with its
+status.
+
+The child stays in the supervisor's process group, so killing that group (a service manager,
+a test) still stops both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+from temporalio.client import Client
+
+from workers.supervisor.channel import ActivityReport, ReportReader, RunningAttempts, child_environment
+from workers.supervisor.failing import FailOutcome, fail_attempts
+from workers.supervisor.restarts import RestartPolicy, WorkerCrashLoopError, describe_exit, is_crash
+
+__all__ = ["Supervisor", "exit_status"]
+
+CONNECT_WAIT_S = 5.0
+"""How long a crash waits for the supervisor's own Temporal connection before leaving its
+attempts to their heartbeat timeout."""
+log = logging.getLogger("cairn.supervisor")
+
+
+def exit_status(returncode: int) -> int:
+    """The shell's convention: a process killed by signal N exits 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class Supervisor:
+    """Runs ``argv`` (a bare worker process) until it stops on request or crashes too often;
+    ``connect`` makes its own Temporal client (``workers.client.connect`` with the worker's
+    connection settings)."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        connect: Callable[[], Awaitable[Client]],
+        say: Callable[[str], None],
+        policy: RestartPolicy | None = None,
+    ) -> None:
+        self.argv = list(argv)
+        self.connect = connect
+        self.say = say
+        self.policy = policy or RestartPolicy()
+        self.stopping: signal.Signals | None = None
+        self._stop = asyncio.Event()
+        self._child: subprocess.Popen[bytes] | None = None
+        self._client_task: asyncio.Task[Client] | None = None
+
+    async def run(self) -> int:
+        """Supervise until the worker process stops; its exit status (128 + N after signal N)."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._forward, sig)
+        self._client_task = asyncio.create_task(self._connect())
+        try:
+            while True:
+                pid, returncode, orphans = await self._run_child()
+                how = describe_exit(returncode)
+                outcome = await fail_attempts(await self._client(), orphans, how) if orphans else FailOutcome()
+                if self.stopping is not None or not is_crash(returncode, orphaned=bool(orphans)):
+                    if orphans:
+                        self.say(f"worker process {pid} {how}; {outcome.summary()}")
+                    return exit_status(returncode)
+                try:
+                    delay = self.policy.after_crash(time.monotonic(), how)
+                except WorkerCrashLoopError:
+                    self.say(f"worker process {pid} {how}; {outcome.summary()}")
+                    raise
+                when = f" in {delay:g} s" if delay else ""
+                self.say(f"worker process {pid} {how}; {outcome.summary()}; starting a new one{when}")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), timeout=delay)
+                if self.stopping is not None:
+                    return 0
+        finally:
+            self._client_task.cancel()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+    def _forward(self, sig: signal.Signals) -> None:
+        """SIGTERM to the worker process for SIGTERM and SIGINT alike: it stops the same way on
+        both, and it ignores the SIGINT a terminal's Ctrl-C sends it directly (``_start``)."""
+        self.stopping = sig
+        self._stop.set()
+        if self._child is not None and self._child.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._child.send_signal(signal.SIGTERM)
+
+    def _start(self, write_fd: int) -> subprocess.Popen[bytes]:
+        """The worker process, in this process's group (a kill of the group reaches it), started
+        with SIGINT ignored until it sets its own handlers: a Ctrl-C reaches every process of the
+        terminal's group, and one still importing would die of it with a traceback."""
+        loop = asyncio.get_running_loop()
+        loop.remove_signal_handler(signal.SIGINT)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            return subprocess.Popen(self.argv, pass_fds=(write_fd,), env={**os.environ, **child_environment(write_fd)})
+        finally:
+            loop.add_signal_handler(signal.SIGINT, self._forward, signal.SIGINT)
+
+    async def _run_child(self) -> tuple[int, int, list[ActivityReport]]:
+        """Start the worker process and wait for its end: its pid, exit status and the attempts
+        it left running."""
+        loop = asyncio.get_running_loop()
+        read_fd, write_fd = os.pipe()
+        reader = ReportReader(read_fd)
+        running = RunningAttempts.empty()
+        try:
+            child = self._start(write_fd)
+        finally:
+            os.close(write_fd)  # the child's copy is the only writer: its death is the pipe's end
+
+        def on_readable() -> None:
+            for report in reader.read_available():
+                running.apply(report)
+            if reader.at_end:
+                loop.remove_reader(read_fd)
+
+        self._child = child
+        if self.stopping is not None:  # asked to stop while starting it
+            child.send_signal(signal.SIGTERM)
+        loop.add_reader(read_fd, on_readable)
+        try:
+            returncode = await asyncio.to_thread(child.wait)
+        finally:
+            self._child = None
+            loop.remove_reader(read_fd)
+            for report in reader.read_available():  # what it wrote just before it died
+                running.apply(report)
+            reader.close()
+        return child.pid, returncode, running.take()
+
+    async def _connect(self) -> Client:
+        """The supervisor's own Temporal connection, made while the worker runs (so a crash does
+        not wait for it); retried quietly: the worker process reports connection trouble."""
+        wait = 1.0
+        while True:
+            try:
+                return await self.connect()
+            except Exception as exc:  # noqa: BLE001 - the worker process reports it, typed and once
+                log.debug("supervisor: cannot connect to Temporal yet: %s", exc)
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, 30.0)
+
+    async def _client(self) -> Client | None:
+        assert self._client_task is not None
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._client_task), timeout=CONNECT_WAIT_S)
+        except TimeoutError:
+            log.warning("supervisor: no Temporal connection; the attempts left running wait for the heartbeat timeout")
+            return None
