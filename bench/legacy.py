@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from blake3 import blake3
 
-from cairn.checkpoint import manager
+from cairn.checkpoint import reader
 from cairn.checkpoint.manifest import Manifest, TensorEntry
 from cairn.checkpoint.reader import ValueCheck, _check_shards_present
 from cairn.checkpoint.ref import CheckpointRef
@@ -54,9 +54,17 @@ def read_tensors_before_fix(
 
 @contextlib.contextmanager
 def previous_reader() -> Iterator[None]:
-    current = manager.read_tensors
-    manager.read_tensors = read_tensors_before_fix  # type: ignore[assignment]
+    """``load_training`` reads (v1 checkpoints) through ``reader.read_tensors``: the old path there."""
+    current = reader.read_tensors
+
+    def before_fix(
+        store: Store, ref: CheckpointRef, manifest: Manifest, *, only: object = None, **kw: object
+    ) -> object:
+        assert only is None, "the old read path reads whole checkpoints"
+        return read_tensors_before_fix(store, ref, manifest, **kw)  # type: ignore[arg-type]
+
+    reader.read_tensors = before_fix  # type: ignore[assignment]
     try:
         yield
     finally:
-        manager.read_tensors = current  # type: ignore[assignment]
+        reader.read_tensors = current  # type: ignore[assignment]

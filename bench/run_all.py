@@ -19,7 +19,18 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from cairn.numerics import pinned_environment, process_profile_name  # noqa: E402
 
-ORDER = ["store", "peers", "async", "scale", "orchestration", "recovery", "distributed", "numerics", "precision"]
+ORDER = [
+    "store",
+    "peers",
+    "async",
+    "scale",
+    "orchestration",
+    "recovery",
+    "distributed",
+    "numerics",
+    "precision",
+    "recovery_supervised",
+]
 
 
 def main() -> int:

@@ -65,6 +65,8 @@ SIGNALS_DURING_OPEN = "keep-pause-and-stop-signalled-while-opening"
 """The patch marker under which a pause or stop signalled before ``open_run`` returned is kept."""
 WARM_ROUTING = "offer-the-next-segment-to-the-warm-worker"
 """The patch marker under which a segment is first offered to the worker holding the run."""
+COLLECT_BESIDE = "collect-checkpoints-beside-the-next-segment"
+"""The patch marker under which retention runs beside the next segment, not before it."""
 
 
 @workflow.defn(name="TrainingRun")
@@ -156,6 +158,7 @@ class TrainingRun:
 
     async def _train(self, inp: TrainingRunInput) -> None:
         segments_this_run = 0
+        collecting: workflow.ActivityHandle[int] | None = None
         while (
             self._carry.step < segments.run_total(inp, self._carry) or self._rollback_to is not None
         ) and not self._carry.stop_requested:
@@ -167,20 +170,32 @@ class TrainingRun:
                 await self._apply_rollback(inp)
                 continue
             if segments_this_run >= inp.segments_per_run or workflow.info().is_continue_as_new_suggested():
+                collecting = await self._collected(collecting)
                 self._continue_as_new(inp)
             self._phase = "training"
             await self._run_segment(inp)
             segments_this_run += 1
-            if inp.retention is not None:
-                await workflow.execute_activity(
+            if inp.retention is not None:  # it never deletes the latest commit nor a save in flight
+                collecting = await self._collected(collecting)
+                beside = workflow.patched(COLLECT_BESIDE)  # else: before the next segment
+                gc = workflow.start_activity(
                     collect_checkpoints,
                     CollectInput(
                         run_id=inp.run_id, store=inp.store, store_id=self._carry.store_id, retention=inp.retention
                     ),
                     **segments.bookkeeping(inp),
                 )
+                collecting = gc
+                if not beside:
+                    collecting = await self._collected(gc)
+        await self._collected(collecting)
         if self._carry.checkpoint is None:  # total_steps == 0: the origin is the result
             await self._run_segment(inp, target=0)
+
+    @staticmethod
+    async def _collected(collecting: workflow.ActivityHandle[int] | None) -> None:
+        """Wait for the retention pass started beside the last segment (one at a time)."""
+        _ = collecting is not None and await collecting
 
     async def _effect(self, fn: object, activity_id: str, inp: TrainingRunInput, **extra: object) -> EffectReceipt:
         """Run an effect activity under a fixed activity id: its idempotency key is
