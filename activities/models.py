@@ -137,6 +137,9 @@ class RunCarry(_Model):
     warm_queue: str | None = None
     """The own task queue of the worker that holds the run's state in memory (its last segment
     completed there): the next segment is offered to it first."""
+    lost: tuple[int | None, int] | None = None
+    """(reached step, attempts) of a segment whose attempt was lost on the warm worker's queue
+    and that was not picked up there again: its re-offer carries them on (``TrainSegmentInput``)."""
 
     @field_validator("attempts")
     @classmethod
@@ -335,6 +338,10 @@ class TrainSegmentInput(SegmentInput):
     """A segment trained in the worker's own process."""
 
     async_save: bool = False
+    reached_before: int | None = None
+    """How far an earlier activity of this segment got: one offered to the warm worker's queue
+    whose attempt was lost there, re-offered to every worker (``prior_attempts`` counts it)."""
+    prior_attempts: int = 0
 
 
 class GangEndpointInput(_Model):

@@ -104,13 +104,15 @@ def _report(inp: TrainSegmentInput, result: TrainSegmentResult, why: str) -> Tra
 
 
 def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSegmentResult, str]:
-    reached_before = previous_reach(info)
+    reached = [r for r in (previous_reach(info), inp.reached_before) if r is not None]
+    reached_before = max(reached) if reached else None
+    attempt = info.attempt + inp.prior_attempts  # a segment re-offered after a lost attempt counts on
     beats = Heartbeater(
         min(inp.heartbeat_every_seconds, heartbeat_interval()),
         step=None,
         reached=reached_before,  # kept, so an attempt that dies early does not erase an earlier reach
         checkpoint=None,
-        attempt=info.attempt,
+        attempt=attempt,
         loss=None,
     )
     with beats, contextlib.ExitStack() as cleanup:
@@ -118,7 +120,7 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
             "run %s: segment to step %d, attempt %d (workflow %s)",
             inp.run_id,
             inp.target_step,
-            info.attempt,
+            attempt,
             info.workflow_id,
         )
         require_numerics(inp.numerics_id)
@@ -127,14 +129,14 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
         require_run_owner(store, inp.run_id, info.workflow_id)  # before any expensive restore
         key = warm_key(inp.config.canonical_json(), inp.store)
         restore_started = time.perf_counter()
-        session, warm = _session(inp, info, store, key)
+        session, warm = _session(inp, attempt, store, key)
         m.SEGMENT_STARTS.labels("warm" if warm else "cold").inc()
         if not warm:
             m.RESTORE_SECONDS.observe(time.perf_counter() - restore_started)
         resumed = session.state.step
         set_step(resumed)
-        recomputed = max(0, (reached_before or 0) - resumed) if info.attempt > 1 else 0
-        if info.attempt > 1:
+        recomputed = max(0, (reached_before or 0) - resumed) if attempt > 1 else 0
+        if attempt > 1:
             m.RECOVERIES.inc()
             m.STEPS_RECOMPUTED.inc(recomputed)
         log.info(
@@ -156,10 +158,10 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
         durable = session.durable_ref
         beats.update(checkpoint=str(durable) if durable else None, committed_step=resumed)
         interrupted = ""
-        deadline = None if inp.max_seconds is None else time.monotonic() + inp.max_seconds
+        deadline: float | None = None  # from the first update: not the wait for the process's torch lock
 
         def on_step(state: TrainState) -> bool:
-            nonlocal interrupted
+            nonlocal interrupted, deadline
             beats.update(step=state.step, reached=max(state.step, reached_before or 0), loss=state.history["loss"][-1])
             set_step(state.step)
             m.STEPS.inc()
@@ -170,6 +172,8 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
                 interrupted = "cancelled"
             elif activity.is_worker_shutdown():
                 interrupted = "worker-shutdown"
+            if deadline is None and inp.max_seconds is not None:
+                deadline = time.monotonic() + inp.max_seconds
             return bool(interrupted) or (deadline is not None and time.monotonic() >= deadline)
 
         def on_checkpoint(result: CommitResult) -> None:
@@ -205,7 +209,7 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
             loss=loss,
             val_loss=val_loss,
             val_accuracy=val_accuracy,
-            attempt=info.attempt,
+            attempt=attempt,
             resumed_from_step=resumed,
             recomputed_steps=recomputed,
             warm=warm,
@@ -218,12 +222,12 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
     return result, interrupted
 
 
-def _session(inp: TrainSegmentInput, info: activity.Info, store: Store, key: str) -> tuple[TrainingSession, bool]:
+def _session(inp: TrainSegmentInput, attempt: int, store: Store, key: str) -> tuple[TrainingSession, bool]:
     """The segment's session and whether it is warm: the one this worker holds when it is
     exactly the store's latest commit (first attempts only: after a failure, trust only the
     store), else restored from the store — the checkpoint a rollback names, or the latest."""
     held = WARM.take(inp.run_id, key)
-    if held is not None and inp.resume_from is None and info.attempt == 1:
+    if held is not None and inp.resume_from is None and attempt == 1:
         latest = latest_committed(store, inp.run_id)
         fingerprint = None if latest is None else read_manifest(store, latest, expect_kind=None).fingerprint
         if held.matches(None if latest is None else latest.step, fingerprint):

@@ -91,6 +91,9 @@ def seed_scenario(store: Path, config: Path) -> bool:
 
 
 async def temporal_drill() -> tuple[bool, str]:
+    from datetime import timedelta
+
+    from temporalio.service import RPCError
     from tqdm import tqdm
 
     from activities.models import TrainingRunInput
@@ -148,7 +151,11 @@ async def temporal_drill() -> tuple[bool, str]:
         bar = tqdm(total=total, desc=run_id, unit="step")
         while True:
             desc = await handle.describe()
-            progress = (await handle.query(TrainingRun.progress)).model_dump()
+            try:
+                progress = (await handle.query(TrainingRun.progress, rpc_timeout=timedelta(seconds=5))).model_dump()
+            except RPCError:  # the killed worker held the run's workflow: no answer until B polls
+                await asyncio.sleep(0.3)
+                continue
             bar.n = max(progress["step"], live_step(desc) or 0)
             bar.set_postfix(phase=progress["phase"], attempts=progress["attempts"], refresh=True)
             if desc.status is not None and desc.status.name != "RUNNING":

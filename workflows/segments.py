@@ -36,6 +36,8 @@ __all__ = [
     "segment_seconds",
     "WARM_PICKUP",
     "picked_up_late",
+    "lost_attempt",
+    "collect_beside",
     "segment_fields",
     "training_queue",
     "interrupted",
@@ -141,6 +143,25 @@ def picked_up_late(err: ActivityError) -> bool:
     (that worker is gone or busy): not a failure, the segment goes to the shared queue."""
     cause = err.cause
     return isinstance(cause, ActivityTimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_START
+
+
+def collect_beside(inp: TrainingRunInput) -> bool:
+    """Retention may run beside the next segment only when its grace period outlasts any save
+    that segment can have in flight (a segment's timeout bounds it); else it runs between."""
+    return inp.retention is not None and inp.retention.grace_seconds >= inp.segment_timeout_seconds
+
+
+def lost_attempt(err: ActivityError) -> tuple[int | None, int] | None:
+    """(reached step, attempts) of a warm-queued segment that had started before it timed out
+    waiting for a retry there (its last heartbeat says), or None when it never started."""
+    details = getattr(err.cause, "last_heartbeat_details", None)
+    beat = details[0] if details else None
+    if not isinstance(beat, dict):
+        return None
+    steps = [beat.get(k) for k in ("step", "reached", "committed_step")]
+    reached = max((s for s in steps if isinstance(s, int) and not isinstance(s, bool)), default=None)
+    attempt = beat.get("attempt")
+    return reached, attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else 1
 
 
 def interrupted(err: ActivityError) -> bool:

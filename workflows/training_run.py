@@ -11,16 +11,14 @@ reports back. Cancelling the workflow does the same before the run ends. After
 ``segments_per_run`` segments (or when the server suggests it) the run continues-as-new, so
 history stays bounded however long the run is.
 
-Failing fast: an input that does not validate fails the run at once (the data converter turns
-it into a non-retryable ``ConfigError``); so does any non-retryable activity error (a corrupt
-checkpoint, another store than the run's, another workflow on the same run id). Every
-activity either finishes in seconds or heartbeats, so a worker killed inside any of them is
-noticed within ``heartbeat_timeout_seconds``, not after a long start-to-close timeout.
+Failing fast: an input that does not validate fails the run at once (a non-retryable
+``ConfigError``); so does any non-retryable activity error (a corrupt checkpoint, another store,
+another workflow on the run id). Every activity finishes in seconds or heartbeats, so a worker
+killed inside any of them is noticed within ``heartbeat_timeout_seconds``.
 
-This module owns the orchestration (the activities it starts, in which order, signals and
-queries). The pure decisions it takes live beside it: ``workflows.segments`` (segment
-planning, retries and timeouts), ``workflows.gang_policy`` (gang retries, elastic world size)
-and ``workflows.run_state`` (how the carry changes, progress and summary).
+This module owns the orchestration; its pure decisions live beside it: ``workflows.segments``
+(planning, retries, timeouts, warm routing), ``workflows.gang_policy`` (gang retries, elastic
+world size) and ``workflows.run_state`` (the carry, progress and summary).
 """
 
 from __future__ import annotations
@@ -166,7 +164,8 @@ class TrainingRun:
                 self._phase = "paused"
                 await workflow.wait_condition(lambda: not self._carry.paused or self._carry.stop_requested)
                 continue
-            if self._rollback_to is not None:
+            if self._rollback_to is not None:  # retention first: it may delete the rollback's target
+                collecting = await self._collected(collecting)
                 await self._apply_rollback(inp)
                 continue
             if segments_this_run >= inp.segments_per_run or workflow.info().is_continue_as_new_suggested():
@@ -177,7 +176,7 @@ class TrainingRun:
             segments_this_run += 1
             if inp.retention is not None:  # it never deletes the latest commit nor a save in flight
                 collecting = await self._collected(collecting)
-                beside = workflow.patched(COLLECT_BESIDE)  # else: before the next segment
+                beside = segments.collect_beside(inp) and workflow.patched(COLLECT_BESIDE)
                 gc = workflow.start_activity(
                     collect_checkpoints,
                     CollectInput(
@@ -185,16 +184,13 @@ class TrainingRun:
                     ),
                     **segments.bookkeeping(inp),
                 )
-                collecting = gc
-                if not beside:
-                    collecting = await self._collected(gc)
+                collecting = gc if beside else await self._collected(gc)
         await self._collected(collecting)
         if self._carry.checkpoint is None:  # total_steps == 0: the origin is the result
             await self._run_segment(inp, target=0)
 
     @staticmethod
-    async def _collected(collecting: workflow.ActivityHandle[int] | None) -> None:
-        """Wait for the retention pass started beside the last segment (one at a time)."""
+    async def _collected(collecting: workflow.ActivityHandle[int] | None) -> None:  # the pass beside the last segment
         _ = collecting is not None and await collecting
 
     async def _effect(self, fn: object, activity_id: str, inp: TrainingRunInput, **extra: object) -> EffectReceipt:
@@ -289,11 +285,14 @@ class TrainingRun:
         resume_from, self._carry.resume_from = self._carry.resume_from, None
         warm = self._carry.warm_queue if resume_from is None and workflow.patched(WARM_ROUTING) else None
         self._carry.warm_queue = None  # offered once: a segment it does not take goes to everyone
+        (reached, prior), self._carry.lost = self._carry.lost or (None, 0), None
         handle = workflow.start_activity(
             train_segment,
             TrainSegmentInput(
                 **segments.segment_fields(inp, self._carry, target, resume_from),
                 async_save=inp.checkpoint.mode == "async",
+                reached_before=reached,
+                prior_attempts=prior,
             ),
             task_queue=warm or self._training_queue(),
             schedule_to_start_timeout=segments.WARM_PICKUP if warm else None,
@@ -430,8 +429,9 @@ class TrainingRun:
         try:
             result = await handle
         except ActivityError as err:
-            if segments.picked_up_late(err):
-                return  # the warm worker did not take it: the next segment goes to every worker
+            if segments.picked_up_late(err):  # the warm worker did not take it: re-offered to every worker
+                self._carry.lost = segments.lost_attempt(err)
+                return
             if not segments.interrupted(err):
                 raise
             await self._record_interruption(inp, err.cause)

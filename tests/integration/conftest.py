@@ -209,12 +209,15 @@ def start_worker_process(
     return proc
 
 
-async def kill_after_commit(worker: ServerProcess, store: Store, run_id: str, step: int, timeout: float = 90) -> None:
-    """SIGKILL ``worker``'s process group once the run has committed a checkpoint at ``step`` or past."""
+async def kill_after_commit(
+    worker: ServerProcess, store: Store, run_id: str, step: int, timeout: float = 90, after: float = 0.0
+) -> None:
+    """SIGKILL ``worker``'s process group ``after`` seconds past the run's commit at ``step`` or past."""
     deadline = time.monotonic() + timeout
     while (ref := latest_committed(store, run_id)) is None or ref.step < step:
         assert time.monotonic() < deadline, worker.log_tail()
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(after)
     os.killpg(worker.pid, signal.SIGKILL)
     worker.proc.wait(timeout=10)  # type: ignore[union-attr]
 

@@ -12,7 +12,14 @@ import pytest
 from temporalio.client import Client
 
 from activities.views import RunSummary
-from tests.integration.conftest import TemporalServer, assert_matches_reference, run_input, start_worker_process
+from cairn.stores import LocalStore
+from tests.integration.conftest import (
+    TemporalServer,
+    assert_matches_reference,
+    kill_after_commit,
+    run_input,
+    start_worker_process,
+)
 from tests.integration.test_training_run import activity_results
 from workers.worker import serving
 from workflows.training_run import TrainingRun
@@ -79,4 +86,32 @@ async def test_with_two_workers_the_run_stays_on_the_one_that_holds_it(
             w.stop()
     assert [r["warm"] for r in results] == [False] + [True] * 7
     assert len({r["worker_queue"] for r in results}) == 1
+    assert_matches_reference(summary, inp.config)
+
+
+async def test_an_attempt_lost_on_the_warm_workers_queue_is_counted_when_another_worker_retries_it(
+    client: Client, temporal_server: TemporalServer, task_queue: str, tmp_path: Path
+) -> None:
+    """The worker holding the run dies in its second (warm-routed) segment: the retry waits on its
+    queue, is not picked up there, and is re-offered to every worker — still as attempt 2, with
+    how far the lost attempt got carried to the retry (what users see is what happened)."""
+    inp = run_input(
+        tmp_path, total_steps=60, steps_per_segment=20, throttle_seconds_per_step=0.05, heartbeat_timeout_seconds=2
+    )
+    first = start_worker_process(temporal_server.address, task_queue, tmp_path / "a.log")
+    second = None
+    try:
+        handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
+        # in the second segment, some steps past a commit (a checkpoint every 5 steps of 50 ms)
+        await kill_after_commit(first, LocalStore(inp.store), inp.run_id, 25, after=0.15)
+        second = start_worker_process(temporal_server.address, task_queue, tmp_path / "b.log")
+        summary = RunSummary.model_validate(await asyncio.wait_for(handle.result(), timeout=120))
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+    assert summary.attempts == [1, 2, 1] and summary.retried_segments == 1
+    # the lost attempt's last heartbeat (at most a throttle interval stale) reached the retry
+    assert "an earlier attempt had reached step" in (tmp_path / "b.log").read_text()
+    assert summary.recomputed_steps <= inp.checkpoint.every
     assert_matches_reference(summary, inp.config)

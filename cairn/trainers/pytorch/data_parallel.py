@@ -120,7 +120,8 @@ def microbatched_update(trainer: TorchTrainer, step: int, comm: Comm) -> tuple[f
     f8 = np.dtype(np.float64)
     split = trainer.splits["train"]
     if isinstance(split, Stream):  # every rank draws the whole batch: the streams stay in step
-        whole = split.next_batch()
+        with trainer.user_code(f"update {step + 1}: the training stream's next batch"):
+            whole = split.next_batch()
 
         def micro(i: int) -> tuple[Any, Any]:
             return whole[0][i * size : (i + 1) * size], whole[1][i * size : (i + 1) * size]

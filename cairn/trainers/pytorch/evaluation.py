@@ -82,6 +82,8 @@ def evaluate_split(trainer: TorchTrainer, split: str) -> dict[str, float]:
                 out = model(xb)
                 loss = trainer.setup.loss_fn(out, yb)
             w = _weight(yb, out)
+            if not w:
+                continue  # nothing scored in this batch (every target ignored)
             loss_sum += float(loss) * w
             weight += w
             sequence = sequence or (isinstance(out, torch.Tensor) and out.ndim >= 3)
@@ -96,6 +98,9 @@ def evaluate_split(trainer: TorchTrainer, split: str) -> dict[str, float]:
     result = {"loss": mean, **{name: total / count if count else 0.0 for name, (total, count) in sums.items()}}
     if sequence and "perplexity" not in result:
         result["perplexity"] = math.exp(min(mean, 700.0))
+    bad = sorted(k for k, v in result.items() if not math.isfinite(v))
+    if bad:  # a checkpoint's history must be finite: refuse it here, not at the next restore
+        raise TrainerCodeError(f"evaluation on {split}: {', '.join(bad)} not finite ({result})"[:300])
     return result
 
 

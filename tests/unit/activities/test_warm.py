@@ -6,7 +6,6 @@ same bits, and the warm path restores nothing."""
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -26,10 +25,6 @@ def segment(store: Path, config: TrainConfig, target: int, **extra: Any) -> Trai
     return TrainSegmentInput(
         run_id="run", config=config, store=str(store), target_step=target, checkpoint_every=5, **extra
     )
-
-
-def first_attempt(attempt: int = 1) -> Any:
-    return SimpleNamespace(attempt=attempt)
 
 
 @pytest.fixture
@@ -59,7 +54,7 @@ def test_a_held_session_continues_from_memory_to_the_cold_paths_bits(
         "cairn.session.load_training_with_trainer", lambda *a, **k: reads.append("restore") or original(*a, **k)
     )
     key = warm_key(config.canonical_json(), str(store))
-    session, warm = _session(segment(store, config, 20), first_attempt(), LocalStore(store), key)
+    session, warm = _session(segment(store, config, 20), 1, LocalStore(store), key)
     assert warm and session is held and reads == []  # no build, no restore
     session.run(10)
     cold = TrainingSession.fresh("cold", tmp_path / "c", config)
@@ -76,7 +71,7 @@ def test_any_doubt_takes_the_cold_path(tmp_path: Path, cache: WarmRuns) -> None:
 
     def choose(**extra: Any) -> tuple[TrainingSession, bool]:
         attempt = extra.pop("attempt", 1)
-        return _session(segment(store, config, 40, **extra), first_attempt(attempt), LocalStore(store), key)
+        return _session(segment(store, config, 40, **extra), attempt, LocalStore(store), key)
 
     held_after(store, config, cache, 10)
     other = TrainingSession.resume_latest("run", LocalStore(store), config)

@@ -376,3 +376,52 @@ def test_a_checkpoint_written_before_meta_eval_still_restores(tmp_path: Path) ->
     assert compare_states(restored.state, older) == []
     restored.run(1)  # and it trains on, recording the metrics it always had
     assert restored.state.meta["eval"] == {"metrics": ["accuracy"]}
+
+
+class NaNMetric(HalfScaled):
+    def metrics(self, output: Any, target: Any) -> dict[str, tuple[float, float]]:
+        return {"accuracy": (float("nan"), 1.0)}
+
+
+class BrokenStream(IterableDataset):  # type: ignore[type-arg]
+    def __init__(self) -> None:
+        self.i = 0
+
+    def __iter__(self) -> Any:
+        while True:
+            self.i += 1
+            if self.i > 20:
+                raise OSError("the shard on the network disk went away")
+            yield torch.randn(4), torch.tensor(self.i % 2)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"i": self.i}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.i = state["i"]
+
+
+class BrokenStreamTrainer(TorchTrainer):
+    def build(self) -> TorchSetup:
+        model = torch.nn.Linear(4, 2)
+        return TorchSetup(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), train=BrokenStream())
+
+
+def test_a_non_finite_evaluation_is_the_trainers_error_and_never_reaches_a_checkpoint(tmp_path: Path) -> None:
+    session = TrainingSession.fresh("n", tmp_path / "n", own("NaNMetric", eval_every=4))
+    with pytest.raises(E.TrainerCodeError, match="accuracy not finite.*committed at step 3"):
+        session.run(10)
+    ref = latest_committed(session.store, "n")
+    assert (
+        ref is not None and TrainingSession.from_checkpoint(ref, config=own("NaNMetric", eval_every=4)).state.step == 3
+    )
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_a_failing_stream_is_the_trainers_error_in_every_update_path(tmp_path: Path, accumulation: int) -> None:
+    session = TrainingSession.fresh(
+        "s", tmp_path / "s", own("BrokenStreamTrainer", accumulation=accumulation, epoch_steps=5)
+    )
+    with pytest.raises(E.TrainerCodeError, match="OSError: the shard on the network disk went away") as info:
+        session.run(10)
+    assert not info.value.retryable
