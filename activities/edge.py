@@ -35,6 +35,7 @@ __all__ = [
     "open_run_store",
     "Heartbeater",
     "previous_reach",
+    "heartbeat_reach",
     "interruption",
     "heartbeat_interval",
     "require_numerics",
@@ -142,7 +143,11 @@ def heartbeat_interval(default: float = 1.0) -> float:
 
 def previous_reach(info: activity.Info) -> int | None:
     """The furthest step an earlier attempt reported, from its last heartbeat."""
-    details = info.heartbeat_details
+    return heartbeat_reach(info.heartbeat_details)
+
+
+def heartbeat_reach(details: Any) -> int | None:
+    """The furthest step a segment's last heartbeat (its details) reported, if any."""
     if not details or not isinstance(details[0], dict):
         return None
     reached = [details[0].get(k) for k in ("step", "reached", "committed_step")]

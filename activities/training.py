@@ -2,8 +2,9 @@
 the gang and effect activities is ``activities.edge``).
 
 ``open_run`` claims the run and reports its last durable cursor. ``train_segment`` resumes
-from that cursor — the latest committed checkpoint in the store, never the segment's start or
-anything in memory — trains up to the segment's target step, committing checkpoints under
+from that cursor — the latest committed checkpoint in the store, never the segment's start;
+memory only when the session this worker holds is exactly that commit (``cairn.runs.warm``) —
+trains up to the segment's target step (or its time budget), committing checkpoints under
 absolute-step idempotency keys, and heartbeats its progress. A retried attempt (on this or
 another worker) does the same, so it converges on the same committed checkpoints; a stale
 attempt that is still running commits identical bytes (or is caught by the fingerprint check

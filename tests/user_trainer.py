@@ -6,12 +6,18 @@ only as the run's own trainer."""
 from __future__ import annotations
 
 import json
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import REPO
 
-__all__ = ["MARKER_ENV", "SOURCE", "user_config", "write_user_trainer"]
+__all__ = ["MARKER_ENV", "SOURCE", "UserModel", "installed_user_model", "user_config", "write_user_trainer"]
 
 MARKER_ENV = "USER_TRAINER_MARKER"
 """A file the trainer appends ``STEP+STEPS`` to whenever it is asked to train (the proof, or not,
@@ -47,3 +53,26 @@ def user_config(factory: str) -> dict[str, Any]:
     body["trainer"]["factory"] = factory
     body["trainer"]["options"].update({"channels": 4, "hidden": 16})
     return body
+
+
+@dataclass(frozen=True)
+class UserModel:
+    factory: str
+    config: Path
+    marker: Path
+
+
+def installed_user_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str) -> Iterator[UserModel]:
+    """The trainer on this process's path and on its workers' (``PYTHONPATH``), trusted nowhere,
+    with its config file and marker (a fixture's body: yields once, then forgets the module)."""
+    folder = tmp_path / "usercode"
+    factory = write_user_trainer(folder, module)
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(folder), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.delenv("CAIRN_TRAINERS", raising=False)
+    marker = tmp_path / "trained.txt"
+    monkeypatch.setenv(MARKER_ENV, str(marker))
+    config = tmp_path / "my.json"
+    config.write_text(json.dumps(user_config(factory)))
+    yield UserModel(factory, config, marker)
+    sys.modules.pop(module, None)

@@ -19,7 +19,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.edge import INTERRUPTED
+    from activities.edge import INTERRUPTED, heartbeat_reach
     from activities.models import DEFAULT_SEGMENT_SECONDS, GANG_SEGMENT_STEPS
     from cairn.numerics import profile_queue
 
@@ -155,13 +155,10 @@ def lost_attempt(err: ActivityError) -> tuple[int | None, int] | None:
     """(reached step, attempts) of a warm-queued segment that had started before it timed out
     waiting for a retry there (its last heartbeat says), or None when it never started."""
     details = getattr(err.cause, "last_heartbeat_details", None)
-    beat = details[0] if details else None
-    if not isinstance(beat, dict):
+    if not details or not isinstance(details[0], dict):
         return None
-    steps = [beat.get(k) for k in ("step", "reached", "committed_step")]
-    reached = max((s for s in steps if isinstance(s, int) and not isinstance(s, bool)), default=None)
-    attempt = beat.get("attempt")
-    return reached, attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else 1
+    attempt = details[0].get("attempt")
+    return heartbeat_reach(details), attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else 1
 
 
 def interrupted(err: ActivityError) -> bool:

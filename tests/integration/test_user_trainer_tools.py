@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -21,7 +18,7 @@ from activities.models import TrainingRunInput
 from activities.views import RunSummary
 from tests.conftest import REPO
 from tests.integration.conftest import S3Server, TemporalServer, cli
-from tests.user_trainer import MARKER_ENV, user_config, write_user_trainer
+from tests.user_trainer import UserModel, installed_user_model, user_config
 from workers.drills.runner import run_drill
 from workers.drills.schedule import DrillSpec
 from workers.drills.stack import DrillStack
@@ -34,27 +31,9 @@ MODULE = "user_tools_integration_model"
 STEPS_PER_EPOCH = 39
 
 
-@dataclass(frozen=True)
-class UserModel:
-    factory: str
-    config: Path
-    marker: Path
-
-
 @pytest.fixture
 def user_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[UserModel]:
-    """The trainer on this process's path and on its workers' (``PYTHONPATH``), trusted nowhere."""
-    folder = tmp_path / "usercode"
-    factory = write_user_trainer(folder, MODULE)
-    monkeypatch.syspath_prepend(str(folder))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(folder), str(REPO), os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.delenv("CAIRN_TRAINERS", raising=False)
-    marker = tmp_path / "trained.txt"
-    monkeypatch.setenv(MARKER_ENV, str(marker))
-    config = tmp_path / "my.json"
-    config.write_text(json.dumps(user_config(factory)))
-    yield UserModel(factory, config, marker)
-    sys.modules.pop(MODULE, None)
+    yield from installed_user_model(tmp_path, monkeypatch, MODULE)
 
 
 @pytest.mark.drill

@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ from cairn.checkpoint import CheckpointRef, read_manifest
 from cairn.stores import LocalStore
 from tests.conftest import REPO
 from tests.unit.workers.cli.conftest import run
-from tests.user_trainer import MARKER_ENV, user_config, write_user_trainer
+from tests.user_trainer import UserModel, installed_user_model, user_config
 from workers.drills.observe import WorkerLogs
 from workers.drills.runner import DrillResult, run_length
 from workers.drills.schedule import DrillSpec
@@ -36,26 +35,9 @@ STEPS_PER_EPOCH = 39
 """The digits train split (70% of 1,797 images) in batches of 32."""
 
 
-@dataclass(frozen=True)
-class UserModel:
-    factory: str
-    config: Path
-    marker: Path
-
-
 @pytest.fixture
 def user_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[UserModel]:
-    folder = tmp_path / "usercode"
-    factory = write_user_trainer(folder, MODULE)
-    monkeypatch.syspath_prepend(str(folder))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(folder), str(REPO), os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.delenv("CAIRN_TRAINERS", raising=False)
-    marker = tmp_path / "trained.txt"
-    monkeypatch.setenv(MARKER_ENV, str(marker))
-    config = tmp_path / "my.json"
-    config.write_text(json.dumps(user_config(factory)))
-    yield UserModel(factory, config, marker)
-    sys.modules.pop(MODULE, None)
+    yield from installed_user_model(tmp_path, monkeypatch, MODULE)
 
 
 def _train(capsys: pytest.CaptureFixture[str], model: UserModel, store: Path, steps: int, *extra: str) -> str:
