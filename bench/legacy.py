@@ -17,7 +17,7 @@ from blake3 import blake3
 
 from cairn.checkpoint import reader
 from cairn.checkpoint.manifest import Manifest, TensorEntry
-from cairn.checkpoint.reader import ValueCheck, _check_shards_present
+from cairn.checkpoint.reader import ValueCheck, check_shards_present
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.tensors import CHECK_CHUNK, byte_view, require_checksum
 from cairn.stores.base import Store
@@ -31,7 +31,7 @@ def read_tensors_before_fix(
     max_workers: int = 4,
     value_check: ValueCheck | None = None,
 ) -> dict[str, np.ndarray]:
-    _check_shards_present(store, ref, manifest)
+    check_shards_present(store, ref, manifest)
 
     def load(entry: TensorEntry) -> tuple[str, np.ndarray]:
         arr = np.empty(entry.shape, dtype=np.dtype(entry.dtype))

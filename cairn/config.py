@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
 
 from cairn.errors import ConfigError
 from cairn.jsonio import load_json_file
@@ -166,18 +166,38 @@ class TrainerSpec(_Strict):
 
 
 class InitFrom(_Strict):
-    """Start a new stage from another run's checkpoint: its weights only, not a resume.
+    """Start a new stage from existing weights: weights only, not a resume. Exactly one source:
 
-    The new run's config may differ from the reference's only in ``may_change`` (top-level
-    config fields; ``stage`` and ``init_from`` itself always may). The reference's fingerprint
-    is recorded in the lineage.
+    - ``checkpoint``: another run's checkpoint. The new run's config may differ from the
+      reference's only in ``may_change`` (top-level config fields; ``stage`` and ``init_from``
+      itself always may). The reference's fingerprint is recorded in the lineage.
+    - ``safetensors``: a safetensors file or a Hugging Face directory (``save_pretrained``'s
+      layout, sharded or not) holding exactly the model's weights under their ``state_dict``
+      names. Its content hash is recorded in the lineage; ``may_change`` does not apply.
     """
 
-    checkpoint: Annotated[str, Field(min_length=1, max_length=2048)]
+    checkpoint: Annotated[str, Field(min_length=1, max_length=2048)] | None = None
+    safetensors: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
     may_change: list[Literal["seed", "batch_size", "data", "optimizer", "trainer", "tokenizer_version"]] = [
         "optimizer",
         "data",
     ]
+
+    @model_validator(mode="after")
+    def _one_source(self) -> InitFrom:
+        if (self.checkpoint is None) == (self.safetensors is None):
+            raise ValueError("init_from needs exactly one of checkpoint or safetensors")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_source(self, handler: Any) -> Any:
+        """The unset source is left out: an ``init_from`` of a checkpoint dumps (and so hashes)
+        as it did before ``safetensors`` existed."""
+        body = handler(self)
+        for name in ("checkpoint", "safetensors"):
+            if body.get(name) is None:
+                body.pop(name, None)
+        return body
 
 
 class TrainConfig(_Strict):

@@ -17,7 +17,7 @@ import functools
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 
@@ -45,7 +45,16 @@ from cairn.errors import (
 from cairn.jsonio import JsonLimits, parse_json
 from cairn.stores.base import Store
 
-__all__ = ["ValueCheck", "parse_manifest", "read_manifest", "verify_tensors", "read_tensors", "read_logical"]
+__all__ = [
+    "ValueCheck",
+    "check_shards_present",
+    "parse_manifest",
+    "read_manifest",
+    "verify_tensors",
+    "read_tensors",
+    "read_logical",
+    "stream_logical",
+]
 
 ValueCheck = Callable[[str, np.ndarray], None]
 """``value_check(name, chunk)``: raise to refuse a tensor from a 1-D chunk of its values."""
@@ -166,7 +175,7 @@ def read_manifest(
     return manifest
 
 
-def _check_shards_present(store: Store, ref: CheckpointRef, manifest: Manifest, pool: Executor | None = None) -> None:
+def check_shards_present(store: Store, ref: CheckpointRef, manifest: Manifest, pool: Executor | None = None) -> None:
     """Every listed shard exists with its declared size, so no ranged read can fall short
     (the sizes asked for concurrently on ``pool``: one round trip, not one per shard, on S3)."""
 
@@ -203,7 +212,7 @@ def verify_tensors(
     chunk)`` sees a 1-D array of the tensor's dtype, as with ``read_tensors``. Tensors are
     checked in shard order, sequentially.
     """
-    _check_shards_present(store, ref, manifest)
+    check_shards_present(store, ref, manifest)
     buffer = np.empty(max(chunk_bytes, 8) // 8 * 8, dtype=np.uint8)  # whole elements of any dtype
     view = byte_view(buffer)
     for entry in sorted(manifest.tensors, key=lambda t: (t.shard, t.offset, t.name)):
@@ -266,11 +275,11 @@ def read_tensors(
     readers, checkers = _pools(max(1, max_workers), os.getpid())
     wanted = [e for e in manifest.tensors if only is None or e.name in only]
     if only is None:
-        _check_shards_present(store, ref, manifest, readers)
+        check_shards_present(store, ref, manifest, readers)
     else:  # a rank's read: only the shards it reads from
         needed = {e.shard for e in wanted}
         subset = manifest.model_copy(update={"shards": [s for s in manifest.shards if s.key in needed]})
-        _check_shards_present(store, ref, subset, readers)
+        check_shards_present(store, ref, subset, readers)
     arrays: dict[str, np.ndarray] = {}
     for e in wanted:
         target = None if out is None else out.get(e.name)
@@ -358,3 +367,28 @@ def read_logical(
     }
     read_tensors(store, ref, manifest, max_workers=max_workers, value_check=value_check, only=set(targets), out=targets)
     return logical
+
+
+def stream_logical(
+    store: Store, ref: CheckpointRef, manifest: Manifest, name: str, buffer: np.ndarray
+) -> Iterator[memoryview]:
+    """The bytes of logical tensor ``name`` (v1 or v2) in order, in chunks read through
+    ``buffer`` (reused: use each chunk before asking for the next). Every entry's checksum is
+    verified before its last chunk is handed over (an ``IntegrityError`` instead), so a consumer
+    that keeps what it wrote only when the stream ends never keeps an unverified byte."""
+    entries = {t.name: t for t in manifest.tensors}
+    names = [name] if manifest.parts is None else [b.name for b in plan_blocks({name: manifest.parts[name]})]
+    view = byte_view(buffer)
+    for entry in (entries[n] for n in names):
+        itemsize = dtype_from_tag(entry.dtype).itemsize
+        step = max(itemsize, len(view) // itemsize * itemsize)
+        h = blake3()
+        if entry.length == 0:
+            require_checksum(entry.name, entry.checksum, h)
+        for start in range(0, entry.length, step):
+            chunk = view[: min(step, entry.length - start)]
+            store.read_into(f"{ref.prefix}/{entry.shard}", entry.offset + start, chunk)
+            h.update(chunk)
+            if start + len(chunk) == entry.length:
+                require_checksum(entry.name, entry.checksum, h)
+            yield chunk

@@ -1,4 +1,5 @@
-"""Step 0 of a run: fresh, or a new stage on another run's weights (``config.init_from``).
+"""Step 0 of a run: fresh, or a new stage on another run's weights or a safetensors file's
+(``config.init_from``).
 
 The reference is validated like any import, its fingerprint recorded in the new lineage, and
 the stage contract enforced: the new config differs from the reference's only in the fields
@@ -7,6 +8,7 @@ the stage contract enforced: the new config differs from the reference's only in
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from cairn.checkpoint.manager import load_training_with_trainer
@@ -17,6 +19,7 @@ from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.validate import manifest_config
 from cairn.config import BUILTIN_TRAINER
 from cairn.errors import IncompatibleConfigError, TensorSpecError
+from cairn.interop.weights import read_weights
 from cairn.runs.exposures import exposure_count
 from cairn.state import ReferenceSnapshot, TrainState
 from cairn.stores import open_store
@@ -27,6 +30,8 @@ __all__ = ["initial_state"]
 
 
 ALWAYS_MAY_CHANGE = ("stage", "init_from")
+SAFETENSORS_SOURCE = "safetensors:"
+"""How a lineage's reference names weights read from a safetensors file or directory."""
 
 
 def initial_state(trainer: Trainer, *, options: CheckpointOptions | None = None) -> TrainState:
@@ -35,6 +40,9 @@ def initial_state(trainer: Trainer, *, options: CheckpointOptions | None = None)
     init = trainer.config.init_from
     if init is None:
         return state
+    if init.safetensors is not None:
+        return _from_safetensors(trainer, state, Path(init.safetensors))
+    assert init.checkpoint is not None
     ref = CheckpointRef.parse(init.checkpoint)
     options = resolve_options(options)
     source = open_store(ref.store_url)
@@ -71,6 +79,25 @@ def initial_state(trainer: Trainer, *, options: CheckpointOptions | None = None)
                 may_change=sorted({*init.may_change, *ALWAYS_MAY_CHANGE}),
             ),
             "final_test_exposures": inherited,
+        }
+    )
+    return state
+
+
+def _from_safetensors(trainer: Trainer, state: TrainState, path: Path) -> TrainState:
+    """Step 0 with the weights of a safetensors file or Hugging Face directory (validated
+    against this model before anything replaces a state; ``cairn.interop.weights``)."""
+    imported = read_weights(path, trainer, state.tensors)
+    state.tensors.update(imported.arrays)
+    state.lineage = state.lineage.model_copy(
+        update={
+            "reference": ReferenceSnapshot(
+                checkpoint=f"{SAFETENSORS_SOURCE}{path.resolve()}",
+                fingerprint=imported.content_hash,
+                run_id="",
+                step=0,
+                may_change=[],
+            )
         }
     )
     return state

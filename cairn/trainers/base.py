@@ -169,6 +169,17 @@ class Trainer(ABC):
         """Whether tensor ``name`` is part of the model's weights (what ``weights_only`` and
         ``init_from`` keep): parameters and buffers, not optimizer state."""
 
+    def exchange_names(self) -> tuple[dict[str, str], dict[str, str]]:
+        """The weights under the names other tools know them by (a safetensors file's keys) ->
+        checkpoint names, and aliases: further keys that name one of those tensors (tied
+        weights). The default: the checkpoint's own names, no aliases."""
+        return {n: n for n in self.tensor_specs(0, {}) if self.is_weight(n)}, {}
+
+    def exchange_files(self) -> dict[str, bytes] | None:
+        """The files that make an export of the weights a directory other tools load (a Hugging
+        Face model's ``config.json`` and tokenizer), by file name; None: a weights-only export."""
+        return None
+
     def weights_only(self, state: TrainState) -> TrainState:
         """Keep the weights, reset everything else (moments, step, RNG, cursor, history).
 

@@ -103,7 +103,9 @@ def check_trainer_options(config: TrainConfig) -> bool:
     return True
 
 
-SHIPPED_TRAINERS = frozenset({BUILTIN_TRAINER, "examples.digits:DigitsCNN", "examples.lm:ByteLM"})
+SHIPPED_TRAINERS = frozenset(
+    {BUILTIN_TRAINER, "examples.digits:DigitsCNN", "examples.lm:ByteLM", "cairn.trainers.hf:HFCausalLM"}
+)
 """Trainers that ship with Cairn: a checkpoint may name them without further trust."""
 
 

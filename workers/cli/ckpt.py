@@ -1,5 +1,6 @@
 """``cairn ckpt``: a checkpoint's manifest (show), its integrity and validity (verify), two
-training states bit for bit (compare), and a store's checkpoints (list, gc, pin, unpin)."""
+training states bit for bit (compare), its weights as safetensors (export, in ``ckpt_export``),
+and a store's checkpoints (list, gc, pin, unpin)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from cairn.stores import LocalStore, MemoryStore, open_store
 from cairn.trainers.base import Trainer, check_finite
 from cairn.trainers.loading import trainer_for_checkpoint
 from workers.cli.args import Common, run_id_arg, store_arg
+from workers.cli.ckpt_export import add_export_parser
 from workers.cli.output import CommandFailed, emit, to_json
 from workers.cli.table import table
 
@@ -62,6 +64,7 @@ def register(sub: Any, common: Common) -> None:
     p.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default 0: bit for bit)")
     p.add_argument("--config", help="the runs' config (trusts the trainer it names)")
     p.set_defaults(handler=cmd_ckpt_compare)
+    add_export_parser(ckpt_sub, common)
     p = ckpt_sub.add_parser("list", help="list committed checkpoints")
     common(p)
     p.add_argument("store")
@@ -125,7 +128,9 @@ def cmd_ckpt_show(args: argparse.Namespace) -> int:
         print(f"stage        {lineage.stage_contract}   final-test exposures {exposures}")
         if lineage.reference is not None:
             r = lineage.reference
-            print(f"reference    {r.checkpoint} ({r.fingerprint[:19]}...)   may change: {', '.join(r.may_change)}")
+            print(
+                f"reference    {r.checkpoint} ({r.fingerprint[:19]}...)   may change: {', '.join(r.may_change) or '-'}"
+            )
         if exposures >= 2:
             print(
                 f"warning: the final test split has been evaluated {exposures} times in this lineage; "

@@ -6,9 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from cairn.errors import ConfigError, InvariantError
+from cairn.trainers.base import check_finite
 from cairn.trainers.pytorch.evaluation import MAX_METRICS, METRIC_NAME
-from cairn.trainers.pytorch.state_io import from_json, require_numpy_dtype
+from cairn.trainers.pytorch.state_io import check_rng_tensor, from_json, require_numpy_dtype
 
 if TYPE_CHECKING:
     from cairn.trainers.pytorch.trainer import TorchTrainer
@@ -22,6 +25,7 @@ __all__ = [
     "check_scaler_meta",
     "check_scheduler_meta",
     "check_setup",
+    "check_values",
     "json_kind",
 ]
 
@@ -273,4 +277,21 @@ def check_eval_meta(saved: Any, eval_history: bool) -> None:
             field="meta.eval.metrics",
             expected=sorted(set(names)),
             found=names,
+        )
+
+
+def check_values(name: str, values: np.ndarray) -> None:
+    """Value rules of the adapter's tensors: RNG states a generator accepts, finite floats,
+    second-moment optimizer state >= 0."""
+    if name.startswith("rng/"):
+        check_rng_tensor(name, values)
+        return
+    check_finite(name, values)
+    squares = name.startswith("optim/") and name.rsplit("/", 1)[-1] in NON_NEGATIVE_STATE
+    if squares and values.size and values.min() < 0:
+        raise InvariantError(
+            "optimizer second-moment state must be >= 0",
+            field=f"tensors[{name}]",
+            expected=">= 0",
+            found=float(values.min()),
         )

@@ -79,7 +79,7 @@ def evaluate_split(trainer: TorchTrainer, split: str) -> dict[str, float]:
         np_state, py_state = np.random.get_state(), random.getstate()
         for xb, yb in data.eval_batches(trainer.options.eval_batch_size):
             with trainer.autocast():
-                out = model(xb)
+                out = trainer.forward(xb)
                 loss = trainer.setup.loss_fn(out, yb)
             w = _weight(yb, out)
             if not w:

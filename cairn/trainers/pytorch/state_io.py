@@ -31,6 +31,7 @@ __all__ = [
     "require_numpy_dtype",
     "restore_like",
     "scheduler_json",
+    "state_dict_names",
     "tensor_spec",
     "to_numpy",
 ]
@@ -297,3 +298,24 @@ def scheduler_json(scheduler: Any) -> Any:
     if scheduler is None:
         return None
     return jsonable(scheduler.state_dict(), "scheduler.state_dict()", nonfinite=True)
+
+
+def state_dict_names(
+    model: torch.nn.Module, params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The model's ``state_dict`` keys as checkpoint names: each parameter or persistent buffer
+    under its own key (``param/KEY``, ``buffer/KEY``), and the tied aliases (a key whose tensor
+    is a parameter held under another name, e.g. ``lm_head.weight`` = the token embedding)."""
+    owner = {id(t): f"param/{n}" for n, t in params.items()}
+    owner.update({id(t): f"buffer/{n}" for n, t in buffers.items()})
+    names: dict[str, str] = {}
+    aliases: dict[str, str] = {}
+    for key, tensor in model.state_dict(keep_vars=True).items():
+        name = owner.get(id(tensor))
+        if name is None:
+            raise ConfigError(f"model.state_dict()[{key}]", expected="a parameter or buffer", found="another tensor")
+        if name.partition("/")[2] == key:
+            names[key] = name
+        else:
+            aliases[key] = name
+    return names, aliases

@@ -17,19 +17,19 @@ from pydantic import BaseModel
 from cairn.checkpoint.options import CheckpointOptions
 from cairn.config import TrainConfig
 from cairn.distributed.comm import Comm, SoloComm
-from cairn.errors import CairnError, ConfigError, InvariantError, TrainerCodeError
+from cairn.errors import CairnError, ConfigError, TrainerCodeError
 from cairn.sampler import EpochSampler
 from cairn.state import Lineage, StepCallback, TrainState
 from cairn.stores.base import Store
-from cairn.trainers.base import DataParallelEngine, TensorSpec, Trainer, check_finite, model_hash
+from cairn.trainers.base import DataParallelEngine, TensorSpec, Trainer, model_hash
 from cairn.trainers.pytorch.checks import (
-    NON_NEGATIVE_STATE,
     check_eval_meta,
     check_optimizer_meta,
     check_runtime_meta,
     check_scaler_meta,
     check_scheduler_meta,
     check_setup,
+    check_values,
 )
 from cairn.trainers.pytorch.data import DataSplit, Split, make_split, splits_hash
 from cairn.trainers.pytorch.data_parallel import TorchDP, microbatched_update
@@ -40,7 +40,6 @@ from cairn.trainers.pytorch.state_io import (
     MT_WORDS,
     RngStates,
     check_rng_json,
-    check_rng_tensor,
     export_optimizer,
     from_json,
     from_numpy,
@@ -48,6 +47,7 @@ from cairn.trainers.pytorch.state_io import (
     jsonable,
     np_dtype,
     scheduler_json,
+    state_dict_names,
     tensor_spec,
     to_numpy,
 )
@@ -94,10 +94,16 @@ class TorchTrainer(Trainer):
         """Build the model, optimizer, scheduler and data (called with the RNGs seeded)."""
         raise NotImplementedError(f"{type(self).__name__}.build")
 
+    def forward(self, x: Any) -> Any:
+        """The model's output for a batch, as ``loss_fn`` and ``metrics`` take it (training and
+        evaluation). Override it for a model whose forward returns more than that (a Hugging
+        Face model's output object: its ``.logits``)."""
+        return self.model(x)
+
     def compute_loss(self, x: Any, y: Any) -> torch.Tensor:
         """The training loss of one (micro)batch; runs under ``autocast``. Override it for a
-        loss that is not ``loss_fn(model(x), y)`` (auxiliary terms, a model that returns its loss)."""
-        return self.setup.loss_fn(self.model(x), y)
+        loss that is not ``loss_fn(forward(x), y)`` (auxiliary terms, a model that returns its loss)."""
+        return self.setup.loss_fn(self.forward(x), y)
 
     def after_backward(self, step: int) -> None:
         """Called with the update's final gradients in ``.grad`` (summed over micro-steps and
@@ -398,6 +404,9 @@ class TorchTrainer(Trainer):
     def is_weight(self, name: str) -> bool:
         return name.startswith(("param/", "buffer/"))
 
+    def exchange_names(self) -> tuple[dict[str, str], dict[str, str]]:
+        return state_dict_names(self.model, self.params, self.buffers)
+
     def tensor_specs(self, step: int, meta: Mapping[str, Any]) -> dict[str, TensorSpec]:
         out = self._weight_specs()
         out["rng/torch"] = TensorSpec(np_dtype(torch.get_rng_state()), tuple(torch.get_rng_state().shape))
@@ -434,15 +443,4 @@ class TorchTrainer(Trainer):
         check_runtime_meta(meta, self.options.threads, self.options.deterministic)
 
     def check_values(self, name: str, values: np.ndarray) -> None:
-        if name.startswith("rng/"):
-            check_rng_tensor(name, values)
-            return
-        check_finite(name, values)
-        squares = name.startswith("optim/") and name.rsplit("/", 1)[-1] in NON_NEGATIVE_STATE
-        if squares and values.size and values.min() < 0:
-            raise InvariantError(
-                "optimizer second-moment state must be >= 0",
-                field=f"tensors[{name}]",
-                expected=">= 0",
-                found=float(values.min()),
-            )
+        check_values(name, values)

@@ -1,0 +1,120 @@
+"""A safetensors file or Hugging Face directory read as a new stage's initial weights
+(``init_from.safetensors``): a legitimate weights-only initialisation, not a resume.
+
+Everything is checked before one tensor is allocated: every header (``read_header``), then the
+key set against the model's (``Trainer.exchange_names``: every weight present, nothing
+unknown; a tied alias such as ``lm_head.weight`` may be present and must then equal its
+tensor), then every dtype and shape against the model's own. Then the bytes are read, their
+values checked by the trainer's rules, and the directory's content hash computed for the
+lineage. A refusal is a typed error naming the key, expected vs found."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from cairn.checkpoint.tensors import byte_view, dtype_from_tag, dtype_tag
+from cairn.errors import TensorSpecError
+from cairn.interop.safetensors import INDEX_SUFFIX, FileEntry, read_header, safetensors_files
+from cairn.trainers.base import Trainer
+
+__all__ = ["ImportedWeights", "content_hash", "read_weights"]
+
+FIELD = "init_from.safetensors"
+SIDE_FILES = ("config.json",)
+"""Files of a directory the content hash covers besides the weights and their index."""
+
+
+@dataclass
+class ImportedWeights:
+    arrays: dict[str, np.ndarray]
+    """Checkpoint name -> the weights read (fresh storage)."""
+    content_hash: str
+    """``sha256:...`` over the names and bytes of every file read (see ``content_hash``)."""
+
+
+def content_hash(files: list[Path]) -> str:
+    """sha256 over ``name, size, sha256(bytes)`` of each file, in name order: a directory's
+    identity (an identifier, not a signature)."""
+    outer = hashlib.sha256()
+    for path in sorted(files, key=lambda p: p.name):
+        inner = hashlib.sha256()
+        size = 0
+        with open(path, "rb") as f:
+            while chunk := f.read(8 << 20):
+                inner.update(chunk)
+                size += len(chunk)
+        outer.update(f"{path.name}\0{size}\0{inner.hexdigest()}\n".encode())
+    return "sha256:" + outer.hexdigest()
+
+
+def _headers(files: list[Path]) -> dict[str, tuple[Path, FileEntry]]:
+    found: dict[str, tuple[Path, FileEntry]] = {}
+    for path in files:
+        with open(path, "rb") as f:
+            entries, _ = read_header(f, str(path))
+        for key, entry in entries.items():
+            if key in found:
+                raise TensorSpecError("a tensor is in two files", field=f"{FIELD}: {key}", found=str(path))
+            found[key] = (path, entry)
+    return found
+
+
+def _spec(dtype: str, shape: tuple[int, ...]) -> str:
+    return f"{dtype}{list(shape)}"
+
+
+def read_weights(path: Path, trainer: Trainer, fresh: Mapping[str, np.ndarray]) -> ImportedWeights:
+    """The weights at ``path`` under their checkpoint names, checked against ``fresh`` (the
+    model's step-0 state); see the module docstring."""
+    files = safetensors_files(path)
+    found = _headers(files)
+    names, aliases = trainer.exchange_names()
+    unknown = sorted(set(found) - set(names) - set(aliases))
+    missing = sorted(set(names) - set(found))
+    if unknown or missing:
+        raise TensorSpecError(
+            "the file's tensors are not this model's weights",
+            field=FIELD,
+            expected=f"{len(names)} weights" + (f", missing {missing[:5]}" if missing else ""),
+            found=f"{len(found)} tensors" + (f", unknown {unknown[:5]}" if unknown else ""),
+        )
+    for key, (_, entry) in found.items():
+        want = fresh[names.get(key) or aliases[key]]
+        if (entry.dtype, entry.shape) != (dtype_tag(want.dtype), want.shape):
+            raise TensorSpecError(
+                field=f"{FIELD}: {key}",
+                expected=_spec(dtype_tag(want.dtype), want.shape),
+                found=_spec(entry.dtype, entry.shape),
+            )
+    arrays: dict[str, np.ndarray] = {}
+    tied: dict[str, np.ndarray] = {}
+    for key, (file, entry) in sorted(found.items(), key=lambda kv: (str(kv[1][0]), kv[1][1].start)):
+        arr = np.empty(entry.shape, dtype=dtype_from_tag(entry.dtype))
+        with open(file, "rb") as f:
+            f.seek(entry.start)
+            view = byte_view(arr)
+            if f.readinto(view) != entry.length:
+                raise TensorSpecError("file shorter than its header says", field=f"{FIELD}: {key}")
+        if key in names:
+            trainer.check_values(names[key], arr.reshape(-1))
+            arrays[names[key]] = arr
+        else:
+            tied[key] = arr
+    for key, arr in tied.items():
+        name = aliases[key]
+        if byte_view(arr) != byte_view(arrays[name]):
+            raise TensorSpecError(
+                "a tied weight differs from the tensor it is tied to",
+                field=f"{FIELD}: {key}",
+                expected=f"equal to {name}",
+                found="other values",
+            )
+    directory = path if path.is_dir() else None
+    side = [] if directory is None else [directory / n for n in SIDE_FILES if (directory / n).is_file()]
+    side += [] if directory is None else sorted(directory.glob(f"*{INDEX_SUFFIX}"))
+    return ImportedWeights(arrays, content_hash([*files, *side]))

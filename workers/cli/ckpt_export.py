@@ -1,0 +1,101 @@
+"""``cairn ckpt export``: a checkpoint's weights as safetensors, streamed and verified
+(``cairn.interop.export``): a Hugging Face directory for a model that has one, else a
+weights-only file."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from typing import Any
+
+from cairn.checkpoint import CheckpointKind, CheckpointRef, read_manifest
+from cairn.checkpoint.validate import check_training_manifest, manifest_config
+from cairn.config import load_config
+from cairn.errors import ConfigError
+from cairn.interop.export import DEFAULT_MAX_FILE_BYTES, export_checkpoint
+from cairn.stores import open_store
+from cairn.trainers.loading import trainer_for_checkpoint
+from workers.cli.output import emit
+
+__all__ = ["add_export_parser", "cmd_ckpt_export", "file_size"]
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30}
+
+
+def file_size(text: str) -> int:
+    """``5GB``, ``500MiB`` or a number of bytes (at least 1 KiB)."""
+    match = re.fullmatch(r"\s*([0-9]+)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).upper() if match else None
+    if match is None or unit not in _UNITS or int(match.group(1)) * _UNITS[unit] < 1024:
+        raise argparse.ArgumentTypeError(f"expected a size such as 5GB or 500MiB (>= 1KiB), found {text!r}")
+    return int(match.group(1)) * _UNITS[unit]
+
+
+def add_export_parser(ckpt_sub: Any, common: Any) -> None:
+    p = ckpt_sub.add_parser(
+        "export",
+        help="write a checkpoint's weights as safetensors: a Hugging Face directory (config, weights, tokenizer) "
+        "for a Hugging Face model, a weights-only file for any other",
+    )
+    common(p)
+    p.add_argument("checkpoint")
+    p.add_argument("directory", help="a new or empty directory")
+    p.add_argument("--format", choices=["safetensors"], required=True)
+    p.add_argument("--weights-only", action="store_true", help="only the weights file, even for a Hugging Face model")
+    p.add_argument(
+        "--max-file-size",
+        type=file_size,
+        default=DEFAULT_MAX_FILE_BYTES,
+        help="shard the weights into files of at most this size, with an index (default 5GB)",
+    )
+    p.add_argument("--config", help="the run's config (trusts the trainer it names)")
+    p.set_defaults(handler=cmd_ckpt_export)
+
+
+def cmd_ckpt_export(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    ref = CheckpointRef.parse(args.checkpoint)
+    if ref.kind != CheckpointKind.TRAINING:
+        raise ConfigError("checkpoint", expected="a training checkpoint", found=f"a {ref.kind.value} checkpoint")
+    store = open_store(ref.store_url)
+    manifest = read_manifest(store, ref, expect_kind=CheckpointKind.TRAINING)
+    trainer = trainer_for_checkpoint(manifest_config(manifest), load_config(args.config) if args.config else None)
+    check_training_manifest(manifest, trainer=trainer)  # the tensors are this model's
+    with tqdm(desc=f"export {ref.run_id}@{ref.step}", unit="B", unit_scale=True, disable=None, leave=False) as bar:
+
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        result = export_checkpoint(
+            store,
+            ref,
+            manifest,
+            trainer,
+            Path(args.directory),
+            weights_only=args.weights_only,
+            max_file_bytes=args.max_file_size,
+            progress=progress,
+        )
+    what = (
+        "a Hugging Face directory (AutoModelForCausalLM.from_pretrained loads it)"
+        if result.kind == "huggingface"
+        else "WEIGHTS ONLY (parameters and buffers; not a checkpoint: no optimizer, step, RNG or data cursor)"
+    )
+    emit(
+        args,
+        {
+            "checkpoint": str(ref),
+            "directory": str(result.directory),
+            "kind": result.kind,
+            "files": result.files,
+            "tensors": result.tensors,
+            "bytes": result.bytes,
+            "fingerprint": manifest.fingerprint,
+        },
+        f"exported {ref} to {result.directory}: {what}; {result.tensors} tensors, {result.bytes} bytes in "
+        f"{', '.join(result.files)}; every block's checksum verified",
+    )
+    return 0
