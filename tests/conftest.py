@@ -95,6 +95,36 @@ def digits_dp_config(microbatches: int = DP_MICROBATCHES, **options: Any) -> Tra
     return parse_config(body)
 
 
+HF_MODELS: dict[str, dict[str, Any]] = {
+    "gpt2": {"model_type": "gpt2", "n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 32},
+    "llama": {
+        "model_type": "llama",
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "max_position_embeddings": 32,
+    },
+}
+"""Tiny Hugging Face architectures built from configs (nothing downloads)."""
+
+
+def hf_config(arch: str = "gpt2", seed: int = 17, **options: Any) -> TrainConfig:
+    """``cairn.trainers.hf:HFCausalLM`` on a tiny ``arch`` of ``HF_MODELS`` and a few KB of text."""
+    body = {
+        "model": HF_MODELS[arch],
+        "vocab_size": 300,
+        "context": 16,
+        "corpus_bytes": 6000,
+        "eval_every": 10,
+        "eval_batch_size": 64,
+        **options,
+    }
+    trainer = {"factory": "cairn.trainers.hf:HFCausalLM", "options": body}
+    return parse_config({"seed": seed, "batch_size": 8, "trainer": trainer})
+
+
 @pytest.fixture
 def config() -> TrainConfig:
     return small_config()
