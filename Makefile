@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo drill test test-fast bench lint clean
+.PHONY: demo drill test test-fast bench gpu-check lint clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,13 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py
+
+# On a machine with a CUDA GPU (and torch's CUDA build): the gpu-marked tests, then the
+# save/restore-from-device benchmark (bench/results/gpu.json, section 11 of BENCHMARKS.md).
+gpu-check: $(STAMP)
+	$(PY) -m pytest -m gpu tests/gpu -rs -p no:cacheprovider
+	$(PY) bench/bench_gpu.py
+	$(PY) bench/report.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check cairn workflows activities workers tests bench

@@ -32,6 +32,8 @@ SECTIONS = (
     "numerics",
     "precision",
     "recovery_supervised",
+    "interop",
+    "gpu",
 )
 """The benchmarks in the document's order (``bench_NAME.py``, ``NAME.json``)."""
 PLACEHOLDERS = ("store", "peers", "async", "orchestration", "recovery")

@@ -30,6 +30,7 @@ ORDER = [
     "numerics",
     "precision",
     "recovery_supervised",
+    "interop",
 ]
 
 

@@ -1,9 +1,13 @@
-"""The collective engine a rank talks through: ``torch.distributed`` (gloo on CPU), or one process.
+"""The collective engine a rank talks through: ``torch.distributed`` (gloo on CPU, NCCL for a run
+on CUDA), or one process.
 
 ``TorchComm`` wraps an initialised default process group; ``SoloComm`` is world size 1 with
 no collective at all (the in-process reference). Both move numpy arrays (float64 vectors,
 zero-copy into torch tensors) and small JSON documents (as uint8 tensors: nothing is pickled,
-unlike ``all_gather_object``). Every rank must make the same calls in the same order.
+unlike ``all_gather_object``). Every rank must make the same calls in the same order. Over NCCL
+each collective's tensors are copied to the rank's GPU and back: the canonical reduction
+(``cairn.distributed.reduce``) sums on the host in a fixed order, which is what makes every
+world size compute the same bits.
 """
 
 from __future__ import annotations
@@ -77,13 +81,21 @@ class SoloComm:
 class TorchComm:
     """``torch.distributed`` collectives over the default process group (gloo or NCCL)."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: str | None = None) -> None:
         import torch
         import torch.distributed as dist
 
         self._torch, self._dist = torch, dist
+        self._device = None if device is None else torch.device(device)
+        """The GPU NCCL's tensors live on (None: gloo on host tensors)."""
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
+
+    def _on(self, t: Any) -> Any:
+        return t if self._device is None else t.to(self._device)
+
+    def _host(self, t: Any) -> Any:
+        return t if self._device is None else t.cpu()
 
     def exchange(
         self, send: np.ndarray, send_sizes: Sequence[int], recv_sizes: Sequence[int], out: np.ndarray | None = None
@@ -91,36 +103,40 @@ class TorchComm:
         torch = self._torch
         if out is None:
             out = np.empty(sum(recv_sizes), dtype=send.dtype)
+        received = self._on(torch.from_numpy(out))
         self._dist.all_to_all_single(
-            torch.from_numpy(out),
-            torch.from_numpy(np.ascontiguousarray(send)),
+            received,
+            self._on(torch.from_numpy(np.ascontiguousarray(send))),
             output_split_sizes=list(recv_sizes),
             input_split_sizes=list(send_sizes),
         )
+        if self._device is not None:
+            out[:] = received.cpu().numpy()
         return out
 
     def all_gather_float(self, value: float) -> list[float]:
         torch = self._torch
-        out = torch.zeros(self.world, dtype=torch.float64)
-        self._dist.all_gather_into_tensor(out, torch.tensor([value], dtype=torch.float64))
-        return [float(x) for x in out.numpy()]
+        out = self._on(torch.zeros(self.world, dtype=torch.float64))
+        self._dist.all_gather_into_tensor(out, self._on(torch.tensor([value], dtype=torch.float64)))
+        return [float(x) for x in self._host(out).numpy()]
 
     def any(self, flag: bool) -> bool:
-        t = self._torch.tensor([1 if flag else 0], dtype=self._torch.int64)
+        t = self._on(self._torch.tensor([1 if flag else 0], dtype=self._torch.int64))
         self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX)
         return bool(t.item())
 
     def all_gather_json(self, doc: Any) -> list[Any]:
         torch = self._torch
         raw = np.frombuffer(json.dumps(doc, allow_nan=False).encode(), dtype=np.uint8)
-        sizes = torch.zeros(self.world, dtype=torch.int64)
-        self._dist.all_gather_into_tensor(sizes, torch.tensor([raw.size], dtype=torch.int64))
+        sizes = self._on(torch.zeros(self.world, dtype=torch.int64))
+        self._dist.all_gather_into_tensor(sizes, self._on(torch.tensor([raw.size], dtype=torch.int64)))
+        sizes = self._host(sizes)
         width = int(sizes.max().item())
         mine = torch.zeros(width, dtype=torch.uint8)
         mine[: raw.size] = torch.from_numpy(raw.copy())
-        out = torch.zeros(width * self.world, dtype=torch.uint8)
-        self._dist.all_gather_into_tensor(out, mine)
-        data = out.numpy()
+        out = self._on(torch.zeros(width * self.world, dtype=torch.uint8))
+        self._dist.all_gather_into_tensor(out, self._on(mine))
+        data = self._host(out).numpy()
         return [
             json.loads(data[r * width : r * width + int(sizes[r].item())].tobytes().decode()) for r in range(self.world)
         ]
@@ -132,11 +148,19 @@ class TorchComm:
         self._dist.barrier()
 
 
-def init_torch_comm(timeout_seconds: float = 120.0) -> TorchComm:
+def init_torch_comm(timeout_seconds: float = 120.0, device: str | None = None) -> TorchComm:
     """Join the process group ``torchrun`` describes (RANK, WORLD_SIZE, MASTER_ADDR/PORT in the
-    environment) over gloo; a collective waits at most ``timeout_seconds`` for a peer."""
+    environment): over gloo, or over NCCL with this rank bound to ``device`` (``cuda:N``, one GPU
+    per rank); a collective waits at most ``timeout_seconds`` for a peer."""
+    import torch
     import torch.distributed as dist
 
+    if device is not None:
+        torch.cuda.set_device(torch.device(device))
     if not dist.is_initialized():
-        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_seconds))
-    return TorchComm()
+        timeout = timedelta(seconds=timeout_seconds)
+        if device is None:
+            dist.init_process_group("gloo", timeout=timeout)
+        else:
+            dist.init_process_group("nccl", timeout=timeout, device_id=torch.device(device))
+    return TorchComm(device)

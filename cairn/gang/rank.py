@@ -22,17 +22,18 @@ from typing import Any
 from cairn.checkpoint.manager import latest_committed
 from cairn.checkpoint.options import CheckpointOptions
 from cairn.checkpoint.ref import CheckpointRef
+from cairn.config import TrainConfig
 from cairn.distributed.checkpoint import agree, failure_of
 from cairn.distributed.comm import Comm, init_torch_comm
 from cairn.distributed.reduce import reduction_order, summing_in
-from cairn.errors import CairnError, InvariantError
+from cairn.errors import CairnError, ConfigError, InvariantError
 from cairn.gang.job import GangJob, RankResult
 from cairn.session import with_process_numerics
 from cairn.stores import open_store
 from cairn.trainers.base import DataParallelEngine
 from cairn.trainers.loading import load_trainer, require_trusted
 
-__all__ = ["main", "run_rank", "die_with_parent", "write_json_atomic"]
+__all__ = ["main", "run_rank", "die_with_parent", "gang_device", "write_json_atomic"]
 
 PROGRESS_EVERY = 0.1
 """Seconds between progress-file writes of a rank (its supervisor polls at this pace)."""
@@ -65,6 +66,23 @@ def stamp_numerics(comm: Comm, engine: DataParallelEngine, where: str, tolerate:
     except Exception as exc:
         failure = failure_of(exc)
     agree(comm, failure, "numerics")
+
+
+def gang_device(config: TrainConfig, local_rank: int) -> str | None:
+    """The GPU this rank trains on (``cuda:LOCAL_RANK``: one rank per GPU) when the run's trainer
+    options say ``device: cuda``, else None (gloo on the CPU). Read from the options as plain
+    JSON: nothing is imported for it."""
+    options = config.trainer.options if config.trainer is not None else {}
+    device = options.get("device", "cpu")
+    if device == "cpu":
+        return None
+    if device != "cuda":
+        raise ConfigError(
+            "trainer.options.device",
+            expected="cpu or cuda in a gang (each rank takes its LOCAL_RANK's GPU)",
+            found=device,
+        )
+    return f"cuda:{local_rank}"
 
 
 def run_rank(comm: Comm, job: GangJob, workdir: Path, local_rank: int = 0) -> RankResult:
@@ -179,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     try:
         job = GangJob.read(job_path, "gang job")
-        comm = init_torch_comm(job.collective_timeout_seconds)
+        comm = init_torch_comm(job.collective_timeout_seconds, gang_device(job.config, local_rank))
         result = run_rank(comm, job, workdir, local_rank)
         if local_rank == 0:
             write_json_atomic(workdir / "result.json", result.model_dump(mode="json"))

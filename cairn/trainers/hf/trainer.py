@@ -105,14 +105,17 @@ class HFCausalLM(TorchTrainer):
         o = self.options
         text = read_corpus(o.corpus, o.corpus_bytes)
         self.tokenizer = train_tokenizer(text, o.vocab_size)
-        self.hf_config = hf_model_config(o, self.tokenizer.get_vocab_size(), self.tokenizer.token_to_id(EOS))
+        eos = self.tokenizer.token_to_id(EOS)
+        assert eos is not None, "train_tokenizer adds EOS"
+        self.hf_config = hf_model_config(o, self.tokenizer.get_vocab_size(), eos)
         x, y = token_windows(self.tokenizer, text, o.context)
         n_val = max(1, int(x.shape[0] * o.val_fraction))
-        model = AutoModelForCausalLM.from_config(
+        model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
             self.hf_config, attn_implementation=o.attn_implementation, dtype=getattr(torch, o.param_dtype)
         )
         embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
-        decay, no_decay = [], []
+        decay: list[torch.nn.Parameter] = []
+        no_decay: list[torch.nn.Parameter] = []
         for p in model.parameters():
             (decay if p.ndim >= 2 and id(p) not in embeddings else no_decay).append(p)
         optimizer = torch.optim.AdamW(
@@ -146,7 +149,9 @@ class HFCausalLM(TorchTrainer):
         config["use_cache"] = True  # the exported model is for inference
         config["attn_implementation"] = self.options.attn_implementation  # the same logits as trained
         files = {"config.json": (json.dumps(config, indent=2, sort_keys=True) + "\n").encode()}
-        fast = PreTrainedTokenizerFast(tokenizer_object=self.tokenizer, eos_token=EOS, bos_token=EOS)
+        fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+            tokenizer_object=self.tokenizer, eos_token=EOS, bos_token=EOS
+        )
         with tempfile.TemporaryDirectory() as tmp:
             fast.save_pretrained(tmp)
             for path in sorted(Path(tmp).iterdir()):

@@ -7,11 +7,22 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
 from cairn.errors import ConfigError, InvariantError
-from cairn.trainers.base import check_finite
+from cairn.trainers.base import TensorSpec, check_finite
 from cairn.trainers.pytorch.evaluation import MAX_METRICS, METRIC_NAME
-from cairn.trainers.pytorch.state_io import check_rng_tensor, from_json, require_numpy_dtype
+from cairn.trainers.pytorch.probe import probe_optimizer
+from cairn.trainers.pytorch.state_io import (
+    MT_WORDS,
+    check_rng_json,
+    check_rng_tensor,
+    from_json,
+    json_kind,
+    np_dtype,
+    require_numpy_dtype,
+)
+from cairn.trainers.pytorch.streams import Stream
 
 if TYPE_CHECKING:
     from cairn.trainers.pytorch.trainer import TorchTrainer
@@ -26,8 +37,13 @@ __all__ = [
     "check_scheduler_meta",
     "check_setup",
     "check_values",
-    "json_kind",
+    "checkpoint_specs",
+    "check_checkpoint_state",
+    "LEGACY_EVAL",
 ]
+
+LEGACY_EVAL = {"metrics": ["accuracy"]}
+"""``meta.eval`` of a checkpoint written before the adapter recorded it."""
 
 NON_NEGATIVE_STATE = frozenset({"exp_avg_sq", "max_exp_avg_sq", "square_avg", "sum", "acc_delta", "exp_inf"})
 """Optimizer state keys (Adam/AdamW, RMSprop, Adagrad, Adadelta, Adamax) that hold squares."""
@@ -38,22 +54,6 @@ SCHEDULER_PROGRESS = frozenset(
     | {"best", "num_bad_epochs", "cooldown_counter"}  # ReduceLROnPlateau
 )
 """Scheduler state that advances with training; every other field must equal a fresh build's."""
-
-
-def json_kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list | tuple):
-        return "list"
-    if isinstance(value, Mapping):
-        return "object"
-    return type(value).__name__
 
 
 def _check_like(saved: Any, fresh: Any, field: str, *, exact: bool) -> None:
@@ -197,8 +197,8 @@ def check_setup(trainer: TorchTrainer) -> None:
     build, with the option to change, never at the first update or the first evaluation."""
     options, config = trainer.options, trainer.config
     for name, t in [*trainer.params.items(), *trainer.buffers.items()]:
-        if t.device.type != "cpu":
-            raise ConfigError(f"model tensor {name}", expected="on the CPU", found=str(t.device))
+        if t.device != trainer.device:
+            raise ConfigError(f"model tensor {name}", expected=f"on {trainer.device}", found=str(t.device))
         require_numpy_dtype(t, f"model tensor {name}")
     for split in trainer.splits.values():
         for part, data in (("x", getattr(split, "x", None)), ("y", getattr(split, "y", None))):
@@ -295,3 +295,47 @@ def check_values(name: str, values: np.ndarray) -> None:
             expected=">= 0",
             found=float(values.min()),
         )
+
+
+def checkpoint_specs(trainer: TorchTrainer, meta: Mapping[str, Any]) -> dict[str, TensorSpec]:
+    """The tensors a checkpoint of ``trainer`` holds: weights, RNG states (``rng/cuda`` on a CUDA
+    device) and the optimizer state of the parameters ``meta.optimizer`` says have it (their
+    specs probed from the live optimizer)."""
+    out = trainer.weight_specs()
+    out["rng/torch"] = TensorSpec(np_dtype(torch.get_rng_state()), tuple(torch.get_rng_state().shape))
+    out["rng/numpy"] = TensorSpec("<u4", (MT_WORDS,))
+    if trainer.device.type == "cuda":
+        cuda = torch.cuda.get_rng_state(trainer.device)
+        out["rng/cuda"] = TensorSpec(np_dtype(cuda), tuple(cuda.shape))
+    optimizer = meta.get("optimizer") if isinstance(meta, Mapping) else None
+    with_state = optimizer.get("with_state", []) if isinstance(optimizer, Mapping) else []
+    if isinstance(with_state, list) and with_state:
+        names = set(with_state)
+        for key, spec in probe_optimizer(trainer)[0].items():  # NAME/KEY -> spec
+            if key.partition("/")[0] in names:
+                out[f"optim/{key}"] = spec
+    return out
+
+
+def check_checkpoint_state(trainer: TorchTrainer, step: int, rng: Any, meta: Mapping[str, Any]) -> None:
+    """A checkpoint's JSON part fits ``trainer``: data position, RNG form, optimizer, scheduler,
+    loss scaler, evaluation and runtime contract."""
+    train = trainer.splits["train"]
+    if isinstance(train, Stream):
+        train.check(step, meta.get("data"))
+    else:
+        trainer.epoch_sampler.check_cursor(step, meta.get("data"))
+    check_rng_json(rng)
+    check_optimizer_meta(
+        meta.get("optimizer"),
+        step,
+        trainer.optimizer.param_groups,
+        trainer.group_params,
+        trainer.fresh_groups,
+        lambda: probe_optimizer(trainer)[2],
+        lambda: probe_optimizer(trainer)[1],
+    )
+    check_scheduler_meta(meta.get("scheduler"), trainer.scheduler is not None, trainer.fresh_scheduler)
+    check_scaler_meta(meta.get("scaler"), trainer.fresh_scaler)
+    check_eval_meta(meta.get("eval", LEGACY_EVAL if trainer.eval_history else None), trainer.eval_history)
+    check_runtime_meta(meta, trainer.options.threads, trainer.options.deterministic)

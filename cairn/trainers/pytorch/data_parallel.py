@@ -28,6 +28,7 @@ from cairn.errors import ConfigError, InvariantError, ManifestError, NonFiniteEr
 from cairn.runs.stages import initial_state
 from cairn.state import TrainState
 from cairn.stores.base import Store
+from cairn.trainers.pytorch.device import place
 from cairn.trainers.pytorch.state_io import RngStates, np_dtype
 from cairn.trainers.pytorch.streams import Stream
 from cairn.trainers.pytorch.update import apply_update, backward
@@ -54,10 +55,11 @@ def microbatch_seed(seed: int, step: int, index: int) -> np.ndarray:
 
 
 @contextmanager
-def _microbatch_rngs(seed: int, step: int, index: int) -> Iterator[None]:
-    """Torch's, numpy's and Python's global generators seeded for one microbatch; the run's
-    streams (installed by ``TorchTrainer.owned_rngs``) are put back afterwards, untouched."""
-    kept = RngStates.capture()
+def _microbatch_rngs(seed: int, step: int, index: int, device: torch.device) -> Iterator[None]:
+    """Torch's (every device's), numpy's and Python's global generators seeded for one
+    microbatch; the run's streams (installed by ``TorchTrainer.owned_rngs``) are put back
+    afterwards, untouched."""
+    kept = RngStates.capture(device)
     words = [int(w) for w in microbatch_seed(seed, step, index)]
     torch.manual_seed((words[0] << 32) | words[1])
     np.random.seed(np.asarray(words, dtype=np.uint32))
@@ -95,12 +97,12 @@ def _flat(t: torch.Tensor | None, like: torch.Tensor, dtype: np.dtype[Any]) -> n
     if t is None:
         return np.zeros(like.numel(), dtype=dtype)
     wide = torch.float64 if dtype == np.float64 else torch.float32
-    return t.detach().reshape(-1).to(wide).numpy()
+    return t.detach().reshape(-1).to(wide).cpu().numpy()
 
 
 def _as_tensor_of(values: np.ndarray, like: torch.Tensor) -> torch.Tensor:
-    """``values`` (float32/64) in ``like``'s dtype and shape (rounded as torch rounds)."""
-    return torch.from_numpy(np.ascontiguousarray(values)).to(like.dtype).reshape(like.shape)
+    """``values`` (float32/64) in ``like``'s dtype, shape and device (rounded as torch rounds)."""
+    return torch.from_numpy(np.ascontiguousarray(values)).to(like.dtype).reshape(like.shape).to(like.device)
 
 
 def microbatched_update(trainer: TorchTrainer, step: int, comm: Comm) -> tuple[float, float]:
@@ -124,12 +126,12 @@ def microbatched_update(trainer: TorchTrainer, step: int, comm: Comm) -> tuple[f
             whole = split.next_batch()
 
         def micro(i: int) -> tuple[Any, Any]:
-            return whole[0][i * size : (i + 1) * size], whole[1][i * size : (i + 1) * size]
+            return place((whole[0][i * size : (i + 1) * size], whole[1][i * size : (i + 1) * size]), trainer.device)
     else:
         idx = trainer.epoch_sampler.batch(step)
 
         def micro(i: int) -> tuple[Any, Any]:
-            return split.batch(idx[i * size : (i + 1) * size])
+            return place(split.batch(idx[i * size : (i + 1) * size]), trainer.device)
 
     grads: list[np.ndarray] = []
     stats: list[np.ndarray] = []
@@ -142,7 +144,7 @@ def microbatched_update(trainer: TorchTrainer, step: int, comm: Comm) -> tuple[f
                 for b, s in zip(buffers, start, strict=True):
                     b.copy_(s)
             optimizer.zero_grad(set_to_none=True)
-            with _microbatch_rngs(config.seed, step, i):
+            with _microbatch_rngs(config.seed, step, i, trainer.device):
                 with trainer.autocast():
                     loss = trainer.compute_loss(xb, yb)
                 backward(trainer, loss)
@@ -167,7 +169,7 @@ def microbatched_update(trainer: TorchTrainer, step: int, comm: Comm) -> tuple[f
                 b.copy_(
                     _as_tensor_of(mean, b)
                     if b.is_floating_point()
-                    else torch.from_numpy(mean.astype(np_dtype(b))).reshape(b.shape)
+                    else torch.from_numpy(mean.astype(np_dtype(b))).reshape(b.shape).to(b.device)
                 )
                 offset += n
         lr = apply_update(trainer, step)

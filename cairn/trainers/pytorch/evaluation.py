@@ -15,6 +15,7 @@ import torch
 from torch.nn import functional
 
 from cairn.errors import TrainerCodeError
+from cairn.trainers.pytorch.device import place
 
 if TYPE_CHECKING:
     from cairn.trainers.pytorch.trainer import TorchTrainer
@@ -75,9 +76,12 @@ def evaluate_split(trainer: TorchTrainer, split: str) -> dict[str, float]:
     model.eval()
     loss_sum, weight, sequence = 0.0, 0.0, False
     sums: dict[str, list[float]] = {}
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+    cuda = trainer.device.type == "cuda"
+    forked = torch.random.fork_rng(devices=[trainer.device] if cuda else [], device_type="cuda" if cuda else None)
+    with torch.no_grad(), forked:
         np_state, py_state = np.random.get_state(), random.getstate()
-        for xb, yb in data.eval_batches(trainer.options.eval_batch_size):
+        for batch in data.eval_batches(trainer.options.eval_batch_size):
+            xb, yb = place(batch, trainer.device)
             with trainer.autocast():
                 out = trainer.forward(xb)
                 loss = trainer.setup.loss_fn(out, yb)

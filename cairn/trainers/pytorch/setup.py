@@ -9,10 +9,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 from torch import nn
 
 from cairn.trainers.pytorch.data import DataSplit
+from cairn.trainers.pytorch.device import DEVICE_PATTERN
 from cairn.trainers.pytorch.evaluation import default_loss
 
 __all__ = ["TorchOptions", "TorchSetup"]
@@ -49,6 +50,18 @@ class TorchOptions(BaseModel):
     """Run forward and loss under ``torch.autocast`` in this dtype (CPU)."""
     grad_scaler: bool = False
     """Loss scaling for float16 autocast (``torch.amp.GradScaler``; its state is checkpointed)."""
+    device: str = Field(default="cpu", pattern=DEVICE_PATTERN)
+    """``cpu``, ``cuda`` (the current GPU; in a gang, the rank's ``LOCAL_RANK``) or ``cuda:N``:
+    where the model, its optimizer state and its RNG live (``cairn.trainers.pytorch.device``)."""
+
+    @model_serializer(mode="wrap")
+    def _cpu_is_implied(self, handler: Any) -> Any:
+        """``device: cpu`` is left out of a dump: a CPU run's config dumps, hashes and names its run
+        as it did before the option existed."""
+        body = handler(self)
+        if body.get("device") == "cpu":
+            body.pop("device")
+        return body
 
     @model_validator(mode="after")
     def _power_of_two(self) -> TorchOptions:

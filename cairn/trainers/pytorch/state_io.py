@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,7 @@ __all__ = [
     "import_optimizer",
     "from_json",
     "from_numpy",
+    "json_kind",
     "jsonable",
     "np_dtype",
     "require_numpy_dtype",
@@ -41,33 +42,50 @@ NONFINITE = "$float"
 ``ReduceLROnPlateau.best`` starts at infinity."""
 
 MT_WORDS = 624
+Tensor = torch.Tensor
+Device = torch.device
 
 
 @dataclass
 class RngStates:
-    """The three generators a PyTorch training step may draw from: torch's CPU generator,
-    numpy's global ``RandomState`` and Python's ``random``."""
+    """The generators a PyTorch training step may draw from: torch's CPU generator, numpy's
+    global ``RandomState``, Python's ``random`` and, on a CUDA device, that device's generator."""
 
     torch: torch.Tensor
     numpy: tuple[Any, ...]
     python: tuple[Any, ...]
+    cuda: Tensor | None = None
+    device: Device | None = None
+    """The CUDA device whose generator ``cuda`` is (None on CPU)."""
 
     @classmethod
-    def capture(cls) -> RngStates:
+    def capture(cls, device: Device | None = None) -> RngStates:
         numpy_state = np.random.get_state(legacy=True)
         assert isinstance(numpy_state, tuple)
-        return cls(torch=torch.get_rng_state(), numpy=numpy_state, python=random.getstate())
+        on_cuda = device is not None and device.type == "cuda"
+        return cls(
+            torch=torch.get_rng_state(),
+            numpy=numpy_state,
+            python=random.getstate(),
+            cuda=torch.cuda.get_rng_state(device) if device is not None and on_cuda else None,
+            device=device if on_cuda else None,
+        )
 
     def install(self) -> None:
         torch.set_rng_state(self.torch)
         np.random.set_state(self.numpy)
         random.setstate(self.python)
+        if self.cuda is not None and self.device is not None:
+            torch.cuda.set_rng_state(self.cuda, self.device)
 
     def to_checkpoint(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """The states as checkpoint tensors (``rng/torch``, ``rng/numpy``) and ``rng_state`` JSON."""
+        """The states as checkpoint tensors (``rng/torch``, ``rng/numpy``, on CUDA ``rng/cuda``)
+        and ``rng_state`` JSON."""
         kind, keys, pos, has_gauss, cached = self.numpy
         py_version, py_state, py_gauss = self.python
         tensors = {"rng/torch": self.torch.numpy(), "rng/numpy": np.asarray(keys, dtype="<u4")}
+        if self.cuda is not None:
+            tensors["rng/cuda"] = self.cuda.numpy()
         rng = {
             "numpy": {"kind": kind, "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
             "python": {"version": py_version, "state": list(py_state), "gauss": py_gauss},
@@ -75,11 +93,14 @@ class RngStates:
         return tensors, rng
 
     @classmethod
-    def from_checkpoint(cls, tensors: Mapping[str, np.ndarray], rng: Mapping[str, Any]) -> RngStates:
+    def from_checkpoint(
+        cls, tensors: Mapping[str, np.ndarray], rng: Mapping[str, Any], device: Device | None = None
+    ) -> RngStates:
         """The states a checkpoint holds, in fresh storage; the tensors are tried whole first."""
         for name in ("rng/torch", "rng/numpy"):  # whole here, whatever blocks a verify saw
             check_rng_tensor(name, tensors[name], whole=True)
         npr, py = rng["numpy"], rng["python"]
+        on_cuda = device is not None and device.type == "cuda"
         return cls(
             torch=torch.from_numpy(np.array(tensors["rng/torch"], copy=True)),
             numpy=(
@@ -90,6 +111,8 @@ class RngStates:
                 npr["cached_gaussian"],
             ),
             python=(py["version"], tuple(py["state"]), py["gauss"]),
+            cuda=torch.from_numpy(np.array(tensors["rng/cuda"], copy=True)) if on_cuda else None,
+            device=device if on_cuda else None,
         )
 
 
@@ -249,9 +272,11 @@ def export_optimizer(
     params: Mapping[str, torch.Tensor],
     group_params: list[list[str]],
     tensors: dict[str, np.ndarray],
+    stage: Callable[[str, torch.Tensor], np.ndarray] | None = None,
 ) -> dict[str, Any]:
-    """The optimizer's state: its tensors into ``tensors`` (``optim/NAME/KEY``, zero-copy), the
-    rest as ``meta.optimizer`` (param groups by parameter name, scalars, who has state)."""
+    """The optimizer's state: its tensors into ``tensors`` (``optim/NAME/KEY``: zero-copy, or
+    through ``stage`` for a device), the rest as ``meta.optimizer`` (param groups by parameter
+    name, scalars, who has state)."""
     scalars: dict[str, dict[str, Any]] = {}
     with_state = []
     for name, p in params.items():
@@ -261,7 +286,8 @@ def export_optimizer(
         with_state.append(name)
         for key, value in st.items():
             if isinstance(value, torch.Tensor):
-                tensors[f"optim/{name}/{key}"] = to_numpy(value)
+                entry = f"optim/{name}/{key}"
+                tensors[entry] = to_numpy(value) if stage is None else stage(entry, value)
             else:
                 scalars.setdefault(name, {})[key] = jsonable(value, f"optimizer.state[{name}].{key}")
     groups = []
@@ -277,14 +303,23 @@ def import_optimizer(
     tensors: Mapping[str, np.ndarray],
     saved: Mapping[str, Any],
 ) -> None:
-    """Install ``export_optimizer``'s form of a state in ``optimizer``, in fresh storage."""
+    """Install ``export_optimizer``'s form of a state in ``optimizer``, in fresh storage; on a
+    device, each tensor on its parameter's device (a ``step`` counter stays on the CPU, as
+    ``Optimizer.load_state_dict`` keeps it unless the group is fused or capturable)."""
     optimizer.state.clear()
+    host_steps = {
+        id(p): not (g.get("fused") or g.get("capturable")) for g in optimizer.param_groups for p in g["params"]
+    }
     for name in saved["with_state"]:
         entry: dict[str, Any] = {}
         prefix = f"optim/{name}/"
+        param = params[name]
         for key, arr in tensors.items():
             if key.startswith(prefix):
-                entry[key[len(prefix) :]] = from_numpy(np.array(arr, copy=True))
+                value = from_numpy(np.array(arr, copy=True))
+                if param.device.type != "cpu" and not (key.endswith("/step") and host_steps[id(param)]):
+                    value = value.to(param.device)
+                entry[key[len(prefix) :]] = value
         entry.update(saved["scalars"].get(name, {}))
         optimizer.state[params[name]] = entry
     for group, kept in zip(optimizer.param_groups, saved["param_groups"], strict=True):
@@ -319,3 +354,19 @@ def state_dict_names(
         else:
             aliases[key] = name
     return names, aliases
+
+
+def json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list | tuple):
+        return "list"
+    if isinstance(value, Mapping):
+        return "object"
+    return type(value).__name__

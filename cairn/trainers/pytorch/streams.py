@@ -13,8 +13,7 @@ from typing import Any
 import torch
 
 from cairn.errors import ConfigError, InvariantError
-from cairn.trainers.pytorch.checks import json_kind
-from cairn.trainers.pytorch.state_io import from_json, jsonable
+from cairn.trainers.pytorch.state_io import from_json, json_kind, jsonable
 
 __all__ = ["Stream", "is_stateful", "pair", "quiet_torchdata"]
 

@@ -23,41 +23,32 @@ from cairn.state import Lineage, StepCallback, TrainState
 from cairn.stores.base import Store
 from cairn.trainers.base import DataParallelEngine, TensorSpec, Trainer, model_hash
 from cairn.trainers.pytorch.checks import (
-    check_eval_meta,
-    check_optimizer_meta,
-    check_runtime_meta,
-    check_scaler_meta,
-    check_scheduler_meta,
+    LEGACY_EVAL,
+    check_checkpoint_state,
     check_setup,
     check_values,
+    checkpoint_specs,
 )
 from cairn.trainers.pytorch.data import DataSplit, Split, make_split, splits_hash
 from cairn.trainers.pytorch.data_parallel import TorchDP, microbatched_update
+from cairn.trainers.pytorch.device import HostStaging, device_record, place, resolve_device
 from cairn.trainers.pytorch.evaluation import default_metrics, evaluate_split, record_evaluation
-from cairn.trainers.pytorch.probe import probe_optimizer
 from cairn.trainers.pytorch.setup import TorchOptions, TorchSetup
 from cairn.trainers.pytorch.state_io import (
-    MT_WORDS,
     RngStates,
-    check_rng_json,
     export_optimizer,
     from_json,
     from_numpy,
     import_optimizer,
     jsonable,
-    np_dtype,
     scheduler_json,
     state_dict_names,
     tensor_spec,
-    to_numpy,
 )
 from cairn.trainers.pytorch.streams import Stream
 from cairn.trainers.pytorch.update import solo_update, step_scheduler
 
 __all__ = ["TorchOptions", "TorchSetup", "TorchTrainer", "DataSplit"]
-
-LEGACY_EVAL = {"metrics": ["accuracy"]}
-"""``meta.eval`` of a checkpoint written before the adapter recorded it."""
 
 _PROCESS_LOCK = threading.RLock()
 """Global RNGs, thread count and deterministic mode are process-wide: one torch trainer at a time."""
@@ -78,6 +69,10 @@ class TorchTrainer(Trainer):
         self._metric_names: tuple[str, ...] | None = None
         self._live: TrainState | None = None  # what ``train`` returned last: views of the live objects
         self._live_step = -1
+        self.device = resolve_device(options.device, options.deterministic)
+        self.staging = HostStaging(pin=self.device.type == "cuda")
+        self.device_record = device_record(self.device)
+        """Host buffers a device state is exported through (nothing is copied on CPU)."""
         with self.runtime():
             self._setup()
         with self.user_code("hashing the data splits"):
@@ -117,7 +112,7 @@ class TorchTrainer(Trainer):
     def autocast(self) -> AbstractContextManager[Any]:
         """``torch.autocast`` in ``options.autocast``'s dtype (nothing when unset)."""
         dtype = self.options.autocast
-        return nullcontext() if dtype is None else torch.autocast("cpu", dtype=getattr(torch, dtype))
+        return nullcontext() if dtype is None else torch.autocast(self.device.type, dtype=getattr(torch, dtype))
 
     # -- runtime ----------------------------------------------------------------------------
     @contextmanager
@@ -144,36 +139,42 @@ class TorchTrainer(Trainer):
         duration (the user's forward/backward/step draw from them), then take them back and
         restore whatever was there before: code running between updates (a save's retry jitter,
         another thread) can neither perturb the run's streams nor be perturbed by them."""
-        outer = RngStates.capture()
+        outer = RngStates.capture(self.device)
         assert self._rng is not None
         self._rng.install()
         self.pristine = False
         try:
             yield
         finally:
-            self._rng = RngStates.capture()
+            self._rng = RngStates.capture(self.device)
             outer.install()
 
     def _setup(self) -> None:
         seed = self.config.seed
-        outer = RngStates.capture()
+        outer = RngStates.capture(self.device)
         try:
-            torch.manual_seed(seed)
+            torch.manual_seed(seed)  # every device's generator too
             np.random.seed(seed % (1 << 32))
             random.seed(seed)
             with self.user_code("build()"):
                 setup = self.build()
-            self._rng = RngStates.capture()  # the run's streams start after build()
+            self._rng = RngStates.capture(self.device)  # the run's streams start after build()
         finally:
             outer.install()
         if not isinstance(setup, TorchSetup):
             raise ConfigError(f"{self.path}.build()", expected="a TorchSetup", found=type(setup).__name__)
         self.setup, self._live = setup, None
+        tensors = [*setup.model.named_parameters(), *setup.model.named_buffers()]
+        elsewhere = [f"{n} on {t.device}" for n, t in tensors if t.device.type != "cpu"]
+        if elsewhere:  # Cairn places the model (and a gang rank its GPU): build it on the CPU
+            raise ConfigError("TorchSetup.model", expected="built on the CPU (see 'device')", found=elsewhere[0])
+        if self.device.type != "cpu":
+            setup.model.to(self.device)  # the same Parameter objects: the optimizer keeps them
         self.model = setup.model
         self.optimizer = setup.optimizer
         self.scheduler = setup.scheduler
         self.plateau = isinstance(setup.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
-        self.scaler = torch.amp.GradScaler("cpu") if self.options.grad_scaler else None
+        self.scaler = torch.amp.GradScaler(self.device.type) if self.options.grad_scaler else None
         batch = self.config.batch_size
         self.splits: dict[str, Split | Stream] = {
             name: make_split(data, name, batch)
@@ -192,11 +193,11 @@ class TorchTrainer(Trainer):
                     f"optimizer.param_groups[{i}]", expected="parameters of the model only", found="a foreign tensor"
                 ) from None
         check_setup(self)
-        self._fresh_scheduler = scheduler_json(self.scheduler)
-        self._fresh_scaler = None if self.scaler is None else jsonable(self.scaler.state_dict(), "scaler")
+        self.fresh_scheduler = scheduler_json(self.scheduler)
+        self.fresh_scaler = None if self.scaler is None else jsonable(self.scaler.state_dict(), "scaler")
         self.pristine = True
         """The live objects are as ``build()`` made them (``init_state`` need not build again)."""
-        self._fresh_groups = [
+        self.fresh_groups = [
             {k: jsonable(v, f"optimizer.param_groups[{i}].{k}") for k, v in g.items() if k != "params"}
             for i, g in enumerate(self.optimizer.param_groups)
         ]
@@ -236,8 +237,8 @@ class TorchTrainer(Trainer):
         """The whole batch of update ``step + 1``: the sampler's, or the stream's next."""
         train = self.splits["train"]
         if isinstance(train, Stream):
-            return train.next_batch()
-        return train.batch(self.epoch_sampler.batch(step))
+            return place(train.next_batch(), self.device)
+        return place(train.batch(self.epoch_sampler.batch(step)), self.device)
 
     @property
     def reproducibility(self) -> str:
@@ -251,24 +252,24 @@ class TorchTrainer(Trainer):
             tokenizer_version=self.config.tokenizer_version,
             stage_contract=self.config.stage,
             trainer=self.path,
-            model_hash=model_hash({n: s for n, s in self._weight_specs().items()}),
+            model_hash=model_hash({n: s for n, s in self.weight_specs().items()}),
             reproducibility=self.reproducibility,
         )
 
     # -- export / import ----------------------------------------------------------------------
-    def _weight_specs(self) -> dict[str, TensorSpec]:
+    def weight_specs(self) -> dict[str, TensorSpec]:
         out = {f"param/{n}": tensor_spec(p) for n, p in self.params.items()}
         out.update({f"buffer/{n}": tensor_spec(b) for n, b in self.buffers.items()})
         return out
 
     def export_state(self, step: int, history: dict[str, list[float]], lineage: Lineage) -> TrainState:
-        """The live state as a TrainState whose arrays are zero-copy views of the live tensors."""
-        tensors: dict[str, np.ndarray] = {}
-        for name, p in self.params.items():
-            tensors[f"param/{name}"] = to_numpy(p)
-        for name, b in self.buffers.items():
-            tensors[f"buffer/{name}"] = to_numpy(b)
-        optimizer = export_optimizer(self.optimizer, self.params, self.group_params, tensors)
+        """The live state as a TrainState whose arrays are zero-copy views of the live tensors (on
+        a device: of the host buffers they were staged into, ``cairn.trainers.pytorch.device``)."""
+        stage = self.staging.stage
+        tensors = {f"param/{name}": stage(f"param/{name}", p) for name, p in self.params.items()}
+        tensors.update({f"buffer/{name}": stage(f"buffer/{name}", b) for name, b in self.buffers.items()})
+        optimizer = export_optimizer(self.optimizer, self.params, self.group_params, tensors, stage)
+        self.staging.wait()
         assert self._rng is not None
         rng_tensors, rng = self._rng.to_checkpoint()
         tensors.update(rng_tensors)
@@ -283,6 +284,7 @@ class TorchTrainer(Trainer):
                 "threads": self.options.threads,
                 "deterministic": self.options.deterministic,
                 "torch": torch.__version__,
+                **self.device_record,
             },
         }
         if self.scaler is not None:
@@ -307,9 +309,9 @@ class TorchTrainer(Trainer):
         self.pristine, self._live = False, None
         with torch.no_grad():
             for name, p in self.params.items():
-                p.data = from_numpy(np.array(t[f"param/{name}"], copy=True))
+                p.data = from_numpy(np.array(t[f"param/{name}"], copy=True)).to(self.device)
             for name, b in self.buffers.items():
-                b.data = from_numpy(np.array(t[f"buffer/{name}"], copy=True))
+                b.data = from_numpy(np.array(t[f"buffer/{name}"], copy=True)).to(self.device)
         import_optimizer(self.optimizer, self.params, t, state.meta["optimizer"])
         if self.scheduler is not None:
             with self.user_code("scheduler.load_state_dict()"):
@@ -322,7 +324,7 @@ class TorchTrainer(Trainer):
                 train.load(state.meta["data"]["stream"])
         if self.eval_history:
             self._metric_names = self.eval_metrics(state.meta) or None
-        self._rng = RngStates.from_checkpoint(t, state.rng_state)
+        self._rng = RngStates.from_checkpoint(t, state.rng_state, self.device)
 
     # -- the trainer interface ---------------------------------------------------------------
     def init_state(self) -> TrainState:
@@ -408,39 +410,11 @@ class TorchTrainer(Trainer):
         return state_dict_names(self.model, self.params, self.buffers)
 
     def tensor_specs(self, step: int, meta: Mapping[str, Any]) -> dict[str, TensorSpec]:
-        out = self._weight_specs()
-        out["rng/torch"] = TensorSpec(np_dtype(torch.get_rng_state()), tuple(torch.get_rng_state().shape))
-        out["rng/numpy"] = TensorSpec("<u4", (MT_WORDS,))
-        optimizer = meta.get("optimizer") if isinstance(meta, Mapping) else None
-        with_state = optimizer.get("with_state", []) if isinstance(optimizer, Mapping) else []
-        if isinstance(with_state, list) and with_state:
-            names = set(with_state)
-            for key, spec in probe_optimizer(self)[0].items():  # NAME/KEY -> spec
-                if key.partition("/")[0] in names:
-                    out[f"optim/{key}"] = spec
-        return out
+        return checkpoint_specs(self, meta)
 
     def check_state(self, step: int, cursor: int, rng: Any, meta: Mapping[str, Any]) -> None:
         self.check_cursor(step, cursor)
-        train = self.splits["train"]
-        if isinstance(train, Stream):
-            train.check(step, meta.get("data"))
-        else:
-            self.epoch_sampler.check_cursor(step, meta.get("data"))
-        check_rng_json(rng)
-        check_optimizer_meta(
-            meta.get("optimizer"),
-            step,
-            self.optimizer.param_groups,
-            self.group_params,
-            self._fresh_groups,
-            lambda: probe_optimizer(self)[2],
-            lambda: probe_optimizer(self)[1],
-        )
-        check_scheduler_meta(meta.get("scheduler"), self.scheduler is not None, self._fresh_scheduler)
-        check_scaler_meta(meta.get("scaler"), self._fresh_scaler)
-        check_eval_meta(meta.get("eval", LEGACY_EVAL if self.eval_history else None), self.eval_history)
-        check_runtime_meta(meta, self.options.threads, self.options.deterministic)
+        check_checkpoint_state(self, step, rng, meta)
 
     def check_values(self, name: str, values: np.ndarray) -> None:
         check_values(name, values)

@@ -1,0 +1,94 @@
+"""The device path's parts that every machine can run: the ``device`` option resolved and refused,
+batches placed, and host staging (the reused buffers a device state is exported through) forced
+onto CPU tensors: a run exported through it resumes bit for bit, reuses its buffers, and an
+async save's snapshot never sees a later update. The CUDA runs themselves are in tests/gpu."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from cairn import errors as E
+from cairn.checkpoint import CheckpointRef, load_training
+from cairn.checkpoint.async_save import AsyncCheckpointer
+from cairn.checkpoint.compare import compare_states
+from cairn.session import TrainingSession
+from cairn.stores import LocalStore
+from cairn.trainers.loading import load_trainer, normalized_config
+from cairn.trainers.pytorch.device import HostStaging, place, resolve_device
+from tests.conftest import digits_config
+
+pytest.importorskip("sklearn")
+
+
+def test_the_device_option_is_resolved_or_refused_in_one_line() -> None:
+    assert resolve_device("cpu") == torch.device("cpu")
+    for bad in ("tpu", "cuda:x", "CUDA"):
+        with pytest.raises(E.ConfigError, match="trainer.options.device: expected cpu, cuda or cuda:N"):
+            resolve_device(bad)
+    if not torch.cuda.is_available():
+        with pytest.raises(E.ConfigError) as info:
+            load_trainer(digits_config(device="cuda"))
+        assert "trainer.options.device" in str(info.value) and "without one" in str(info.value)
+
+
+def test_cpu_is_implied_so_cpu_configs_keep_their_form() -> None:
+    options = normalized_config(digits_config()).trainer.options  # type: ignore[union-attr]
+    assert "device" not in options
+    cuda = digits_config(device="cuda:1").model_dump(mode="json")["trainer"]["options"]
+    assert cuda["device"] == "cuda:1"
+
+
+def test_placing_on_the_cpu_copies_nothing() -> None:
+    batch = (torch.ones(2), {"y": torch.zeros(3)})
+    assert place(batch, torch.device("cpu")) is batch
+
+
+def test_staging_reuses_one_buffer_per_tensor_and_holds_values_until_the_next_export() -> None:
+    staging = HostStaging(pin=False, always=True)
+    live = torch.arange(6, dtype=torch.float32)
+    first = staging.stage("w", live)
+    assert not np.shares_memory(first, live.numpy())
+    live += 100  # an update after the export
+    assert first.tolist() == [0, 1, 2, 3, 4, 5]
+    second = staging.stage("w", live)
+    assert np.shares_memory(first, second) and staging.allocations == 1
+    assert second.tolist() == [100, 101, 102, 103, 104, 105]
+    staging.stage("w", torch.zeros(2, dtype=torch.float32))  # another shape: a new buffer
+    assert staging.allocations == 2
+
+
+def staged(session: TrainingSession) -> TrainingSession:
+    session.trainer.staging = HostStaging(pin=False, always=True)  # type: ignore[attr-defined]
+    return session
+
+
+def test_a_run_exported_through_staging_resumes_bit_exact(tmp_path: Path) -> None:
+    config = digits_config()
+    straight = TrainingSession.fresh("ref", tmp_path / "ref", config)
+    straight.run(40, checkpoint_at_end=False)
+    at17 = staged(TrainingSession.fresh("run", tmp_path / "run", config)).run(17)
+    assert at17 is not None
+    resumed = staged(TrainingSession.from_checkpoint(at17.ref, config=config))
+    resumed.run(23)
+    assert compare_states(resumed.state, straight.state) == []
+    staging = resumed.trainer.staging  # type: ignore[attr-defined]
+    assert staging.allocations == sum(not n.startswith(("rng/", "history/")) for n in resumed.state.tensors)
+
+
+def test_an_async_save_of_a_staged_state_is_a_snapshot(tmp_path: Path) -> None:
+    config = digits_config()
+    session = staged(TrainingSession.fresh("run", tmp_path / "run", config))
+    session.run(5, checkpoint_at_end=False)
+    expected = session.state.copy()
+    saver = AsyncCheckpointer(LocalStore(tmp_path / "async"), "snap")
+    handle = saver.save_async(session.state)
+    session.run(5, checkpoint_at_end=False)  # re-stages into the same buffers
+    ref: CheckpointRef = handle.result(timeout=60).ref
+    saver.close()
+    saved, _ = load_training(LocalStore(tmp_path / "async"), ref, run_config=config)
+    assert compare_states(saved, expected) == []
+    assert session.state.step == 10
