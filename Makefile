@@ -28,7 +28,7 @@ bench: $(STAMP)
 	$(PY) bench/run_all.py
 
 # On a machine with a CUDA GPU (and torch's CUDA build): the gpu-marked tests, then the
-# save/restore-from-device benchmark (bench/results/gpu.json, section 11 of BENCHMARKS.md).
+# save/restore-from-device benchmark (bench/results/gpu.json, section 12 of BENCHMARKS.md).
 gpu-check: $(STAMP)
 	$(PY) -m pytest -m gpu tests/gpu -rs -p no:cacheprovider
 	$(PY) bench/bench_gpu.py

@@ -288,7 +288,7 @@ async def open_run(inp: OpenRunInput) -> OpenRunResult:
             store_id = store_identity(store, create=True)
             assert store_id is not None
             claim_run(store, inp.run_id, inp.workflow_id, store_id, owner_running=owner_running)
-            trainer = load_trainer(inp.config) if inp.config is not None else None
+            trainer = load_trainer(inp.config, on_host=True) if inp.config is not None else None
             about = (
                 {}
                 if trainer is None

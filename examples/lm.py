@@ -9,9 +9,7 @@ Run it: ``cairn train --config examples/lm.json --store ./ckpt --steps 200``."""
 from __future__ import annotations
 
 import math
-import sysconfig
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -20,26 +18,11 @@ from pydantic import Field
 from torch import nn
 from torch.utils.data import IterableDataset
 
+from cairn.corpus import read_texts, stdlib_paths
 from cairn.errors import ConfigError
 from cairn.trainers.pytorch import TorchOptions, TorchSetup, TorchTrainer
 
 __all__ = ["ByteLM", "LMOptions", "TextStream", "TinyGPT", "corpus_windows"]
-
-CORPUS = (
-    "json/decoder.py",
-    "json/encoder.py",
-    "textwrap.py",
-    "string.py",
-    "heapq.py",
-    "bisect.py",
-    "fractions.py",
-    "shlex.py",
-    "glob.py",
-    "fnmatch.py",
-    "colorsys.py",
-    "calendar.py",
-)
-"""Standard-library sources the corpus is read from, in this order (they ship with every Python)."""
 
 
 class LMOptions(TorchOptions):
@@ -63,16 +46,7 @@ class LMOptions(TorchOptions):
 
 def corpus_windows(context: int, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Non-overlapping windows of ``context + 1`` bytes of the corpus: inputs and next-byte targets."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    chunks: list[bytes] = []
-    total = 0
-    for name in CORPUS:
-        path = root / name
-        if path.is_file() and total < limit:
-            data = path.read_bytes()[: limit - total]
-            chunks.append(data)
-            total += len(data)
-    raw = np.frombuffer(b"".join(chunks), dtype=np.uint8)
+    raw = np.frombuffer(b"".join(read_texts(stdlib_paths(), limit)), dtype=np.uint8)
     n = raw.size // (context + 1)
     if n < 4:
         raise ConfigError("corpus_bytes", expected=f">= {4 * (context + 1)} bytes of text", found=raw.size)

@@ -21,6 +21,7 @@ from cairn.checkpoint.manifest import CheckpointKind
 from cairn.checkpoint.training import training_content, training_tensors
 from cairn.config import TrainConfig, parse_config
 from cairn.distributed.reduce import summing_in
+from cairn.session import TrainingSession
 from cairn.state import TrainState
 from cairn.stores import LocalStore, MemoryStore
 from cairn.stores.base import Store
@@ -93,6 +94,18 @@ def digits_dp_config(microbatches: int = DP_MICROBATCHES, **options: Any) -> Tra
     )
     body["distributed"] = {"microbatches": microbatches, "block_bytes": DP_BLOCK_BYTES}
     return parse_config(body)
+
+
+def seed_fixture(config: TrainConfig, tmp_path: Path) -> tuple[TrainingSession, TrainingSession]:
+    """The seed scenario on ``config``: 40 updates straight, and 17 + checkpoint + restore (a new
+    session, a new trainer) + 23."""
+    straight = TrainingSession.fresh("ref", tmp_path / "ref", config)
+    straight.run(40, checkpoint_at_end=False)
+    at17 = TrainingSession.fresh("run", tmp_path / "run", config).run(17)
+    assert at17 is not None
+    resumed = TrainingSession.from_checkpoint(at17.ref, config=config)
+    resumed.run(23)
+    return straight, resumed
 
 
 HF_MODELS: dict[str, dict[str, Any]] = {

@@ -102,8 +102,6 @@ def export_checkpoint(
                         result.bytes += len(chunk)
                         if progress is not None:
                             progress(result.bytes, total)
-                f.flush()
-                os.fsync(f.fileno())
             result.files.append(plan.name)
             result.tensors += len(plan.tensors)
         if len(plans) > 1:
@@ -117,14 +115,26 @@ def export_checkpoint(
         for name, data in (extra or {}).items():
             (tmp / name).write_bytes(data)
             result.files.append(name)
+        for name in result.files:  # every file durable before the directory is named DIR
+            _fsync(tmp / name)
+        _fsync(tmp)
         _destination(out_dir)  # nothing appeared there meanwhile
         if out_dir.exists():
             out_dir.rmdir()
         os.rename(tmp, out_dir)
+        _fsync(out_dir.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return result
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _stem(extra: dict[str, bytes] | None) -> str:

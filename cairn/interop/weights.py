@@ -37,19 +37,55 @@ class ImportedWeights:
     """``sha256:...`` over the names and bytes of every file read (see ``content_hash``)."""
 
 
+def _digest_line(path: Path, size: int, digest: str) -> str:
+    return f"{path.name}\0{size}\0{digest}\n"
+
+
+def _file_line(path: Path) -> str:
+    inner = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            inner.update(chunk)
+            size += len(chunk)
+    return _digest_line(path, size, inner.hexdigest())
+
+
+def _combined(lines: dict[str, str]) -> str:
+    outer = hashlib.sha256()
+    for name in sorted(lines):
+        outer.update(lines[name].encode())
+    return "sha256:" + outer.hexdigest()
+
+
 def content_hash(files: list[Path]) -> str:
     """sha256 over ``name, size, sha256(bytes)`` of each file, in name order: a directory's
     identity (an identifier, not a signature)."""
-    outer = hashlib.sha256()
-    for path in sorted(files, key=lambda p: p.name):
-        inner = hashlib.sha256()
-        size = 0
-        with open(path, "rb") as f:
-            while chunk := f.read(8 << 20):
-                inner.update(chunk)
-                size += len(chunk)
-        outer.update(f"{path.name}\0{size}\0{inner.hexdigest()}\n".encode())
-    return "sha256:" + outer.hexdigest()
+    return _combined({p.name: _file_line(p) for p in files})
+
+
+def _read_file(path: Path, entries: list[FileEntry], arrays: dict[str, np.ndarray]) -> str:
+    """Read ``path`` once, front to back: each entry's bytes land in its array of ``arrays``,
+    and every byte of the file is hashed on the way (so the hash names exactly what was read)."""
+    inner = hashlib.sha256()
+    with open(path, "rb") as f:
+        pos = 0
+        for entry in sorted(entries, key=lambda e: e.start):
+            while pos < entry.start:
+                gap = f.read(min(8 << 20, entry.start - pos))
+                if not gap:
+                    raise TensorSpecError("file shorter than its header says", field=f"{FIELD}: {path.name}")
+                inner.update(gap)
+                pos += len(gap)
+            view = byte_view(arrays[entry.key])
+            if f.readinto(view) != entry.length:
+                raise TensorSpecError("file shorter than its header says", field=f"{FIELD}: {entry.key}")
+            inner.update(view)
+            pos = entry.stop
+        while chunk := f.read(8 << 20):
+            inner.update(chunk)
+            pos += len(chunk)
+    return _digest_line(path, pos, inner.hexdigest())
 
 
 def _headers(files: list[Path]) -> dict[str, tuple[Path, FileEntry]]:
@@ -91,30 +127,23 @@ def read_weights(path: Path, trainer: Trainer, fresh: Mapping[str, np.ndarray]) 
                 expected=_spec(dtype_tag(want.dtype), want.shape),
                 found=_spec(entry.dtype, entry.shape),
             )
+    by_key = {key: np.empty(entry.shape, dtype=dtype_from_tag(entry.dtype)) for key, (_, entry) in found.items()}
+    lines = {file.name: _read_file(file, [e for p, e in found.values() if p == file], by_key) for file in files}
     arrays: dict[str, np.ndarray] = {}
-    tied: dict[str, np.ndarray] = {}
-    for key, (file, entry) in sorted(found.items(), key=lambda kv: (str(kv[1][0]), kv[1][1].start)):
-        arr = np.empty(entry.shape, dtype=dtype_from_tag(entry.dtype))
-        with open(file, "rb") as f:
-            f.seek(entry.start)
-            view = byte_view(arr)
-            if f.readinto(view) != entry.length:
-                raise TensorSpecError("file shorter than its header says", field=f"{FIELD}: {key}")
+    for key, arr in by_key.items():
         if key in names:
             trainer.check_values(names[key], arr.reshape(-1))
             arrays[names[key]] = arr
-        else:
-            tied[key] = arr
-    for key, arr in tied.items():
-        name = aliases[key]
-        if byte_view(arr) != byte_view(arrays[name]):
+    for key, arr in by_key.items():
+        name = aliases.get(key)
+        if name is not None and byte_view(arr) != byte_view(arrays[name]):
             raise TensorSpecError(
                 "a tied weight differs from the tensor it is tied to",
                 field=f"{FIELD}: {key}",
                 expected=f"equal to {name}",
                 found="other values",
             )
-    directory = path if path.is_dir() else None
-    side = [] if directory is None else [directory / n for n in SIDE_FILES if (directory / n).is_file()]
-    side += [] if directory is None else sorted(directory.glob(f"*{INDEX_SUFFIX}"))
-    return ImportedWeights(arrays, content_hash([*files, *side]))
+    if path.is_dir():
+        side = [path / n for n in SIDE_FILES if (path / n).is_file()] + sorted(path.glob(f"*{INDEX_SUFFIX}"))
+        lines.update({p.name: _file_line(p) for p in side})
+    return ImportedWeights(arrays, _combined(lines))

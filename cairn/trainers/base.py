@@ -9,6 +9,7 @@ import hashlib
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -39,7 +40,13 @@ __all__ = [
     "model_hash",
     "check_finite",
     "check_eval_history",
+    "ON_HOST",
 ]
+
+ON_HOST: ContextVar[bool] = ContextVar("cairn_trainer_on_host", default=False)
+"""True while ``load_trainer(..., on_host=True)`` builds a trainer: one that reads, verifies,
+exports or describes (a checkpoint, a config) and never trains, so a GPU trainer stays on the
+CPU and needs no GPU."""
 
 STEP_HISTORY = HISTORY_KEYS
 """History kept per update: one value per step (``loss``, ``lr``)."""

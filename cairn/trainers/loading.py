@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 
 from cairn.config import BUILTIN_TRAINER, TrainConfig, TrainerSpec, config_error_from
 from cairn.errors import ConfigError, IncompatibleConfigError
-from cairn.trainers.base import Trainer
+from cairn.trainers.base import ON_HOST, Trainer
 
 __all__ = [
     "SHIPPED_TRAINERS",
@@ -82,12 +82,17 @@ def normalized_config(config: TrainConfig) -> TrainConfig:
     return _normalized(_import_factory(config.trainer_path), config)[0]
 
 
-def load_trainer(config: TrainConfig) -> Trainer:
+def load_trainer(config: TrainConfig, *, on_host: bool = False) -> Trainer:
     """Import the config's trainer, validate its options, and build it (``trainer.config`` is
-    the normalized config: see ``normalized_config``)."""
+    the normalized config: see ``normalized_config``). ``on_host``: a trainer that only reads,
+    verifies, exports or describes, built without a GPU (``cairn.trainers.base.ON_HOST``)."""
     factory = _import_factory(config.trainer_path)
     normalized, options = _normalized(factory, config)
-    return factory(normalized, options)
+    token = ON_HOST.set(on_host)
+    try:
+        return factory(normalized, options)
+    finally:
+        ON_HOST.reset(token)
 
 
 def check_trainer_options(config: TrainConfig) -> bool:
@@ -103,10 +108,10 @@ def check_trainer_options(config: TrainConfig) -> bool:
     return True
 
 
-SHIPPED_TRAINERS = frozenset(
-    {BUILTIN_TRAINER, "examples.digits:DigitsCNN", "examples.lm:ByteLM", "cairn.trainers.hf:HFCausalLM"}
-)
-"""Trainers that ship with Cairn: a checkpoint may name them without further trust."""
+SHIPPED_TRAINERS = frozenset({BUILTIN_TRAINER, "examples.digits:DigitsCNN", "examples.lm:ByteLM"})
+"""Trainers that ship with Cairn whose options are bounded: a checkpoint may name them without
+further trust. (``cairn.trainers.hf:HFCausalLM`` ships too, but its options name any model size
+and any local text files: a checkpoint alone must not choose them, so it needs the run's config.)"""
 
 
 def _trusted_paths() -> set[str]:
@@ -114,11 +119,11 @@ def _trusted_paths() -> set[str]:
     return set(SHIPPED_TRAINERS) | {p.strip() for p in raw.split(",") if p.strip()}
 
 
-def trainer_for_checkpoint(found: TrainConfig, run_config: TrainConfig | None) -> Trainer:
+def trainer_for_checkpoint(found: TrainConfig, run_config: TrainConfig | None, *, on_host: bool = False) -> Trainer:
     """The trainer that validates a checkpoint whose config is ``found``, imported only under
     the trust rule (the module docstring): with ``run_config``, only the trainer it names."""
     require_trusted(found, run_config)
-    return load_trainer(found)
+    return load_trainer(found, on_host=on_host)
 
 
 def require_trusted(found: TrainConfig, run_config: TrainConfig | None) -> None:

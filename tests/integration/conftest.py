@@ -203,9 +203,12 @@ def start_worker_process(
     env: dict[str, str] | None = None,
     module: str = "workers.worker",
     extra: tuple[str, ...] = (),
+    inherit_env: bool = True,
 ) -> ServerProcess:
+    """A bare worker process; ``env`` is set over the test's environment, or (``inherit_env``
+    False) is the worker's whole environment."""
     argv = [sys.executable, "-m", module, "--address", address, "--task-queue", task_queue, *extra]
-    proc = ServerProcess("worker", argv, log, env=env, cwd=REPO).start()
+    proc = ServerProcess("worker", argv, log, env=env, cwd=REPO, inherit=inherit_env).start()
     return proc
 
 

@@ -5,6 +5,7 @@ its final checkpoint exports to a directory ``from_pretrained`` loads."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from pathlib import Path
 
@@ -58,5 +59,12 @@ async def test_hf_gpt2_on_temporal_survives_a_sigkill_mid_epoch_bit_identical(
     assert expected.last_commit is not None and manifest.fingerprint == expected.last_commit.manifest.fingerprint
     assert state.history["val_step"] == [float(per_epoch), float(2 * per_epoch)]
     out = tmp_path / "exported"
-    assert main(["ckpt", "export", str(ref), str(out), "--format", "safetensors"]) == 0
+    (tmp_path / "config.json").write_text(json.dumps(config.to_json()))
+    assert main(["ckpt", "export", str(ref), str(out), "--format", "safetensors"]) == 2  # a checkpoint alone: untrusted
+    assert (
+        main(
+            ["ckpt", "export", str(ref), str(out), "--format", "safetensors", "--config", str(tmp_path / "config.json")]
+        )
+        == 0
+    )
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}

@@ -38,7 +38,8 @@ STEPS = 40
 
 
 def machine_env(**extra: str) -> dict[str, str]:
-    """A worker's environment as its host gives it: none of the test process's pins."""
+    """A worker's environment as its host gives it: none of the test process's pins (pass it
+    whole: ``inherit_env=False``, or the test's pins come back)."""
     return {**{k: v for k, v in os.environ.items() if k not in CONTROLS}, **extra}
 
 
@@ -98,11 +99,17 @@ async def hand_over(
     """Start the run on an unrestricted worker (a.log); once it has committed, start a restricted
     worker (b.log) and SIGKILL the first. The workers go into ``procs`` for the caller to stop."""
     flags = ("--numerics", inp.numerics)
-    procs.append(start_worker_process(server.address, task_queue, tmp_path / "a.log", machine_env(), extra=flags))
+    procs.append(
+        start_worker_process(
+            server.address, task_queue, tmp_path / "a.log", machine_env(), extra=flags, inherit_env=False
+        )
+    )
     handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
     await wait_commit(LocalStore(inp.store), inp.run_id, 10, procs[0])
     restricted = machine_env(**RESTRICTED)
-    procs.append(start_worker_process(server.address, task_queue, tmp_path / "b.log", restricted, extra=flags))
+    procs.append(
+        start_worker_process(server.address, task_queue, tmp_path / "b.log", restricted, extra=flags, inherit_env=False)
+    )
     kill(procs[0])
     return handle
 
@@ -163,7 +170,12 @@ async def test_unpinned_segments_wait_for_a_worker_of_their_own_kind(
         assert view is not None and view["state"] != PendingActivityState.PENDING_ACTIVITY_STATE_STARTED, view
         procs.append(
             start_worker_process(
-                temporal_server.address, task_queue, tmp_path / "c.log", machine_env(), extra=("--numerics", "native")
+                temporal_server.address,
+                task_queue,
+                tmp_path / "c.log",
+                machine_env(),
+                extra=("--numerics", "native"),
+                inherit_env=False,
             )
         )
         summary = RunSummary.model_validate(await asyncio.wait_for(handle.result(), timeout=120))

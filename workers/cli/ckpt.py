@@ -28,9 +28,10 @@ from cairn.config import BUILTIN_TRAINER, TrainConfig, load_config
 from cairn.errors import CairnError, CheckpointError, CheckpointNotFoundError, ConfigError, ObjectNotFoundError
 from cairn.numerics import NumericsRecord
 from cairn.runs.exposures import exposure_count
+from cairn.state import TrainState
 from cairn.stores import LocalStore, MemoryStore, open_store
 from cairn.trainers.base import Trainer, check_finite
-from cairn.trainers.loading import trainer_for_checkpoint
+from cairn.trainers.loading import load_trainer, trainer_for_checkpoint
 from workers.cli.args import Common, run_id_arg, store_arg
 from workers.cli.ckpt_export import add_export_parser
 from workers.cli.output import CommandFailed, emit, to_json
@@ -185,7 +186,7 @@ def _trainer_here(found: TrainConfig, given: TrainConfig | None) -> Trainer:
     not on this machine, say so (exit 2) and point at ``--format-only``: a verify that could
     not check the model must not exit 0."""
     try:
-        return trainer_for_checkpoint(found, given)
+        return trainer_for_checkpoint(found, given, on_host=True)
     except ConfigError as exc:
         if "is not installed" in str(exc) or "data.path" in str(exc) or "dataset file" in str(exc):
             raise ConfigError(
@@ -195,14 +196,26 @@ def _trainer_here(found: TrainConfig, given: TrainConfig | None) -> Trainer:
         raise
 
 
+def _load_on_host(ref: CheckpointRef, given: TrainConfig | None) -> tuple[TrainState, Manifest]:
+    """``load_training`` with a trainer built on the host (a GPU run's checkpoint compares on a
+    machine without a GPU): the run's config's trainer, else the checkpoint's under the trust rule."""
+    store = open_store(ref.store_url)
+    if given is not None:
+        trainer = load_trainer(given, on_host=True)
+    else:
+        found = manifest_config(read_manifest(store, ref, expect_kind=CheckpointKind.TRAINING))
+        trainer = trainer_for_checkpoint(found, None, on_host=True)
+    return load_training(store, ref, trainer=trainer)
+
+
 def cmd_ckpt_compare(args: argparse.Namespace) -> int:
     ref_a, ref_b = CheckpointRef.parse(args.a), CheckpointRef.parse(args.b)
     for flag, value in (("--rtol", args.rtol), ("--atol", args.atol)):
         if not (math.isfinite(value) and 0 <= value <= 1):
             raise ConfigError(flag, expected="a number in [0, 1]", found=value)
     given = load_config(args.config) if args.config else None
-    state_a, man_a = load_training(open_store(ref_a.store_url), ref_a, run_config=given)
-    state_b, man_b = load_training(open_store(ref_b.store_url), ref_b, run_config=given)
+    state_a, man_a = _load_on_host(ref_a, given)
+    state_b, man_b = _load_on_host(ref_b, given)
     diffs = compare_states(state_a, state_b, rtol=args.rtol, atol=args.atol)
     tolerant = bool(args.rtol or args.atol)
     profiles = [n.id if (n := s.lineage.numerics) else None for s in (state_a, state_b)]

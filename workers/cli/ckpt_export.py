@@ -61,7 +61,8 @@ def cmd_ckpt_export(args: argparse.Namespace) -> int:
         raise ConfigError("checkpoint", expected="a training checkpoint", found=f"a {ref.kind.value} checkpoint")
     store = open_store(ref.store_url)
     manifest = read_manifest(store, ref, expect_kind=CheckpointKind.TRAINING)
-    trainer = trainer_for_checkpoint(manifest_config(manifest), load_config(args.config) if args.config else None)
+    given = load_config(args.config) if args.config else None
+    trainer = trainer_for_checkpoint(manifest_config(manifest), given, on_host=True)  # a GPU run's too, GPU or not
     check_training_manifest(manifest, trainer=trainer)  # the tensors are this model's
     with tqdm(desc=f"export {ref.run_id}@{ref.step}", unit="B", unit_scale=True, disable=None, leave=False) as bar:
 

@@ -230,7 +230,7 @@ def _train_gang(args: argparse.Namespace, store: Store, config: TrainConfig | No
         raise ConfigError("--world-size", expected="a config with a 'distributed' section", found=args.world_size)
     check_world_size(config.distributed.microbatches, args.world_size, "--world-size")
     require_writable(store, run_id)
-    trainer = load_trainer(config)  # here, once: a trainer that cannot build fails before W ranks start
+    trainer = load_trainer(config, on_host=True)  # once: a trainer that cannot build fails before W ranks start
     every = args.checkpoint_every or default_checkpoint_every(trainer)
     _say(args, _cadence_line(args, run_id, store, start, every, trainer))
     target = start + args.steps

@@ -106,7 +106,9 @@ class ServerProcess:
     argv: Sequence[str]
     log_path: Path
     env: dict[str, str] | None = None
+    """Variables set over this process's environment (or, with ``inherit=False``, the whole of it)."""
     cwd: Path | None = None
+    inherit: bool = True
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     def start(self) -> ServerProcess:
@@ -117,7 +119,7 @@ class ServerProcess:
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, **(self.env or {})},
+            env={**(os.environ if self.inherit else {}), **(self.env or {})},
             cwd=self.cwd,
             start_new_session=True,
         )

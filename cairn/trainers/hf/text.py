@@ -4,57 +4,29 @@ windows a model trains on. Deterministic: the same files give the same tokenizer
 
 from __future__ import annotations
 
-import sysconfig
 from pathlib import Path
 
 import numpy as np
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from cairn.corpus import read_texts, stdlib_paths
 from cairn.errors import ConfigError
 
-__all__ = ["EOS", "STDLIB_CORPUS", "read_corpus", "token_windows", "train_tokenizer"]
+__all__ = ["EOS", "read_corpus", "token_windows", "train_tokenizer"]
 
 EOS = "<|endoftext|>"
 """The one special token: end of text (also the model's bos/eos id)."""
-
-STDLIB_CORPUS = (
-    "json/decoder.py",
-    "json/encoder.py",
-    "textwrap.py",
-    "string.py",
-    "heapq.py",
-    "bisect.py",
-    "fractions.py",
-    "shlex.py",
-    "glob.py",
-    "fnmatch.py",
-    "colorsys.py",
-    "calendar.py",
-)
-"""Standard-library sources read, in this order, when a config names no corpus files."""
 
 
 def read_corpus(files: list[str], limit: int) -> str:
     """At most ``limit`` bytes of text: the files in order (the standard library's sources when
     ``files`` is empty), joined by ``EOS``."""
-    if files:
-        paths = [Path(f) for f in files]
-        for i, path in enumerate(paths):
-            if not path.is_file():
-                raise ConfigError(f"trainer.options.corpus[{i}]", expected="a readable text file", found=str(path))
-    else:
-        root = Path(sysconfig.get_paths()["stdlib"])
-        paths = [root / name for name in STDLIB_CORPUS if (root / name).is_file()]
-    chunks: list[str] = []
-    total = 0
-    for path in paths:
-        if total >= limit:
-            break
-        data = path.read_bytes()[: limit - total]
-        chunks.append(data.decode("utf-8", errors="replace"))
-        total += len(data)
-    return EOS.join(chunks)
+    paths = [Path(f) for f in files] or stdlib_paths()
+    for i, path in enumerate(paths if files else []):
+        if not path.is_file():
+            raise ConfigError(f"trainer.options.corpus[{i}]", expected="a readable text file", found=str(path))
+    return EOS.join(data.decode("utf-8", errors="replace") for data in read_texts(paths, limit))
 
 
 def train_tokenizer(text: str, vocab_size: int) -> Tokenizer:

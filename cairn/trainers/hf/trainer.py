@@ -126,7 +126,9 @@ class HFCausalLM(TorchTrainer):
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, _warmup_cosine(o.warmup, o.decay_steps, o.min_lr_ratio)
         )
-        digest = hashlib.sha256(self.hf_config.to_json_string(use_diff=False).encode()).hexdigest()[:12]
+        described = self.hf_config.to_dict()
+        described.pop("transformers_version", None)  # the architecture, not the library's release
+        digest = hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:12]
         return TorchSetup(
             model=model,
             optimizer=optimizer,

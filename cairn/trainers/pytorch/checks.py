@@ -14,6 +14,7 @@ from cairn.trainers.base import TensorSpec, check_finite
 from cairn.trainers.pytorch.evaluation import MAX_METRICS, METRIC_NAME
 from cairn.trainers.pytorch.probe import probe_optimizer
 from cairn.trainers.pytorch.state_io import (
+    CUDA_RNG_BYTES,
     MT_WORDS,
     check_rng_json,
     check_rng_tensor,
@@ -304,9 +305,8 @@ def checkpoint_specs(trainer: TorchTrainer, meta: Mapping[str, Any]) -> dict[str
     out = trainer.weight_specs()
     out["rng/torch"] = TensorSpec(np_dtype(torch.get_rng_state()), tuple(torch.get_rng_state().shape))
     out["rng/numpy"] = TensorSpec("<u4", (MT_WORDS,))
-    if trainer.device.type == "cuda":
-        cuda = torch.cuda.get_rng_state(trainer.device)
-        out["rng/cuda"] = TensorSpec(np_dtype(cuda), tuple(cuda.shape))
+    if trainer.options.device != "cpu":  # a GPU run's checkpoint, wherever it is read
+        out["rng/cuda"] = TensorSpec("|u1", (CUDA_RNG_BYTES,))
     optimizer = meta.get("optimizer") if isinstance(meta, Mapping) else None
     with_state = optimizer.get("with_state", []) if isinstance(optimizer, Mapping) else []
     if isinstance(with_state, list) and with_state:

@@ -32,11 +32,11 @@ CUBLAS_DETERMINISTIC = ":4096:8"
 """``CUBLAS_WORKSPACE_CONFIG`` for deterministic cuBLAS (what ``use_deterministic_algorithms`` requires)."""
 
 
-def resolve_device(option: str, deterministic: bool = True) -> torch.device:
+def resolve_device(option: str) -> torch.device:
     """The ``device`` option as a torch device; ``cuda`` is the current CUDA device (a gang rank
     binds its ``LOCAL_RANK`` before building the trainer). Refused at once where it is not.
-    A deterministic run on CUDA sets ``CUBLAS_WORKSPACE_CONFIG`` (unless the environment does)
-    before cuBLAS starts."""
+    On CUDA it sets ``CUBLAS_WORKSPACE_CONFIG`` (unless the environment does) before cuBLAS
+    starts: cuBLAS reads it once per process, and deterministic runs need it."""
     if not re.fullmatch(DEVICE_PATTERN, option):
         raise ConfigError("trainer.options.device", expected="cpu, cuda or cuda:N", found=option)
     if option == "cpu":
@@ -47,8 +47,7 @@ def resolve_device(option: str, deterministic: bool = True) -> torch.device:
             expected="a CUDA device (torch.cuda.is_available())",
             found=f"{option} on a machine without one (torch {torch.__version__})",
         )
-    if deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC)  # before cuBLAS first starts
     index = int(option.partition(":")[2] or torch.cuda.current_device())
     if index >= torch.cuda.device_count():
         raise ConfigError("trainer.options.device", expected=f"< {torch.cuda.device_count()} GPUs", found=option)
@@ -86,7 +85,7 @@ class HostStaging:
         self._buffers: dict[str, torch.Tensor] = {}
         self.allocations = 0
         """Buffers allocated so far (an export of an unchanged state allocates none)."""
-        self._pending = False
+        self._pending: set[torch.device] = set()
 
     def stage(self, name: str, tensor: torch.Tensor) -> np.ndarray:
         """A host array holding ``tensor``'s values once ``wait`` returns."""
@@ -98,14 +97,15 @@ class HostStaging:
             self._buffers[name] = buf
             self.allocations += 1
         buf.copy_(tensor.detach(), non_blocking=tensor.device.type != "cpu")
-        self._pending = self._pending or tensor.device.type == "cuda"
+        if tensor.device.type == "cuda":
+            self._pending.add(tensor.device)
         return to_numpy(buf)
 
     def wait(self) -> None:
         """Every copy queued by ``stage`` has landed."""
-        if self._pending:
-            torch.cuda.synchronize()
-            self._pending = False
+        for device in self._pending:  # synchronize() alone waits for the current device only
+            torch.cuda.synchronize(device)
+        self._pending.clear()
 
     @property
     def bytes(self) -> int:

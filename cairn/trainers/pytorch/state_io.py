@@ -18,6 +18,7 @@ from cairn.errors import ConfigError, InvariantError, TensorSpecError
 from cairn.trainers.base import TensorSpec
 
 __all__ = [
+    "CUDA_RNG_BYTES",
     "MT_WORDS",
     "RngStates",
     "check_rng_json",
@@ -42,6 +43,9 @@ NONFINITE = "$float"
 ``ReduceLROnPlateau.best`` starts at infinity."""
 
 MT_WORDS = 624
+CUDA_RNG_BYTES = 16
+"""A CUDA generator's state (``torch.cuda.get_rng_state``): its seed and its Philox offset, 8
+little-endian bytes each; the offset is a multiple of 4."""
 Tensor = torch.Tensor
 Device = torch.device
 
@@ -97,8 +101,9 @@ class RngStates:
         cls, tensors: Mapping[str, np.ndarray], rng: Mapping[str, Any], device: Device | None = None
     ) -> RngStates:
         """The states a checkpoint holds, in fresh storage; the tensors are tried whole first."""
-        for name in ("rng/torch", "rng/numpy"):  # whole here, whatever blocks a verify saw
-            check_rng_tensor(name, tensors[name], whole=True)
+        for name in ("rng/torch", "rng/numpy", "rng/cuda"):  # whole here, whatever blocks a verify saw
+            if name in tensors:
+                check_rng_tensor(name, tensors[name], whole=True)
         npr, py = rng["numpy"], rng["python"]
         on_cuda = device is not None and device.type == "cuda"
         return cls(
@@ -219,6 +224,12 @@ def check_rng_tensor(name: str, values: np.ndarray, *, whole: bool = False) -> N
             problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     elif name == "rng/numpy" and (whole or values.size == MT_WORDS) and not np.any(values):
         problem = "an all-zero MT19937 key"
+    elif name == "rng/cuda" and (whole or values.size == CUDA_RNG_BYTES):
+        raw = np.asarray(values, dtype=np.uint8).reshape(-1)
+        if raw.size != CUDA_RNG_BYTES:
+            problem = f"{raw.size} bytes, not {CUDA_RNG_BYTES}"
+        elif int(raw[8:].view("<i8")[0]) % 4:
+            problem = "a Philox offset that is not a multiple of 4"
     if problem is not None:
         raise InvariantError(
             "RNG state is not a state its generator accepts",

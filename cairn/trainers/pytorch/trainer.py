@@ -21,7 +21,7 @@ from cairn.errors import CairnError, ConfigError, TrainerCodeError
 from cairn.sampler import EpochSampler
 from cairn.state import Lineage, StepCallback, TrainState
 from cairn.stores.base import Store
-from cairn.trainers.base import DataParallelEngine, TensorSpec, Trainer, model_hash
+from cairn.trainers.base import ON_HOST, DataParallelEngine, TensorSpec, Trainer, model_hash
 from cairn.trainers.pytorch.checks import (
     LEGACY_EVAL,
     check_checkpoint_state,
@@ -69,7 +69,9 @@ class TorchTrainer(Trainer):
         self._metric_names: tuple[str, ...] | None = None
         self._live: TrainState | None = None  # what ``train`` returned last: views of the live objects
         self._live_step = -1
-        self.device = resolve_device(options.device, options.deterministic)
+        self.device = torch.device("cpu") if ON_HOST.get() else resolve_device(options.device)
+        """Where the live objects are: the ``device`` option's, or the CPU for a trainer built on
+        the host to read, verify or export (``load_trainer(on_host=True)``), which never trains."""
         self.staging = HostStaging(pin=self.device.type == "cuda")
         self.device_record = device_record(self.device)
         """Host buffers a device state is exported through (nothing is copied on CPU)."""
@@ -340,6 +342,7 @@ class TorchTrainer(Trainer):
     def train(self, state: TrainState, steps: int, on_step: StepCallback | None = None) -> TrainState:
         if steps < 0:
             raise ConfigError("steps", expected=">= 0", found=steps)
+        self.require_placed()
         with self.runtime():
             if state is not self._live or state.step != self._live_step:
                 self.load_state(state)  # else: the live objects are ``state`` (a warm segment)
@@ -401,7 +404,16 @@ class TorchTrainer(Trainer):
 
     def data_parallel(self, comm: Comm, run_id: str, store: Store, options: CheckpointOptions) -> DataParallelEngine:
         """Replicated optimizer state; each rank writes its own share of every checkpoint."""
+        self.require_placed()
         return TorchDP(self, comm, run_id, store, options)
+
+    def require_placed(self) -> None:
+        if self.device.type == "cpu" and self.options.device != "cpu":
+            raise ConfigError(
+                "trainer.options.device",
+                expected="a trainer placed on its device to train",
+                found="one built on the host to read",
+            )
 
     def is_weight(self, name: str) -> bool:
         return name.startswith(("param/", "buffer/"))

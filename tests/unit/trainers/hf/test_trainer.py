@@ -12,23 +12,12 @@ import pytest
 
 from cairn import errors as E
 from cairn.checkpoint.compare import compare_states
-from cairn.config import TrainConfig, parse_config
+from cairn.config import parse_config
 from cairn.session import TrainingSession
-from cairn.trainers.loading import SHIPPED_TRAINERS, load_trainer
-from tests.conftest import REPO, hf_config
+from cairn.trainers.loading import SHIPPED_TRAINERS, load_trainer, require_trusted
+from tests.conftest import REPO, hf_config, seed_fixture
 
 pytest.importorskip("transformers")
-
-
-def seed_fixture(config: TrainConfig, tmp_path: Path) -> tuple[TrainingSession, TrainingSession]:
-    """40 updates straight, and 17 + checkpoint + restore (a new session and trainer) + 23."""
-    straight = TrainingSession.fresh("ref", tmp_path / "ref", config)
-    straight.run(40, checkpoint_at_end=False)
-    at17 = TrainingSession.fresh("run", tmp_path / "run", config).run(17)
-    assert at17 is not None
-    resumed = TrainingSession.from_checkpoint(at17.ref, config=config)
-    resumed.run(23)
-    return straight, resumed
 
 
 @pytest.mark.parametrize(
@@ -84,8 +73,11 @@ def test_a_bad_model_config_is_one_typed_line(model: dict[str, object], needle: 
     assert needle in message and "\n" not in message
 
 
-def test_the_shipped_examples_build_and_are_trusted() -> None:
-    assert "cairn.trainers.hf:HFCausalLM" in SHIPPED_TRAINERS
+def test_the_shipped_examples_build_and_a_checkpoint_alone_cannot_choose_the_model() -> None:
+    # its options name any model size and any local files: only the run's config may choose them
+    assert "cairn.trainers.hf:HFCausalLM" not in SHIPPED_TRAINERS
+    with pytest.raises(E.ConfigError, match="not trusted"):
+        require_trusted(hf_config("gpt2"), None)
     for name in ("hf-gpt2.json", "hf-llama.json"):
         body = json.loads((REPO / "examples" / name).read_text())
         body["trainer"]["options"]["corpus_bytes"] = 20_000

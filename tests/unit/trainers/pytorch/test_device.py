@@ -15,10 +15,11 @@ from cairn import errors as E
 from cairn.checkpoint import CheckpointRef, load_training
 from cairn.checkpoint.async_save import AsyncCheckpointer
 from cairn.checkpoint.compare import compare_states
-from cairn.session import TrainingSession
+from cairn.session import TrainingSession, default_run_id
 from cairn.stores import LocalStore
 from cairn.trainers.loading import load_trainer, normalized_config
 from cairn.trainers.pytorch.device import HostStaging, place, resolve_device
+from cairn.trainers.pytorch.state_io import check_rng_tensor
 from tests.conftest import digits_config
 
 pytest.importorskip("sklearn")
@@ -35,11 +36,34 @@ def test_the_device_option_is_resolved_or_refused_in_one_line() -> None:
         assert "trainer.options.device" in str(info.value) and "without one" in str(info.value)
 
 
-def test_cpu_is_implied_so_cpu_configs_keep_their_form() -> None:
-    options = normalized_config(digits_config()).trainer.options  # type: ignore[union-attr]
-    assert "device" not in options
-    cuda = digits_config(device="cuda:1").model_dump(mode="json")["trainer"]["options"]
-    assert cuda["device"] == "cuda:1"
+def test_cpu_is_implied_so_cpu_configs_keep_their_form_and_run_id() -> None:
+    implied, explicit = normalized_config(digits_config()), normalized_config(digits_config(device="cpu"))
+    assert "device" not in implied.trainer.options  # type: ignore[union-attr]
+    assert default_run_id(implied) == default_run_id(explicit)
+    assert implied.model_dump(mode="json") == explicit.model_dump(mode="json")
+    cuda = normalized_config(digits_config(device="cuda:1"))
+    assert cuda.trainer.options["device"] == "cuda:1"  # type: ignore[union-attr]
+    assert default_run_id(cuda) != default_run_id(implied)
+
+
+def test_a_gpu_runs_checkpoint_is_read_on_the_host_without_a_gpu() -> None:
+    trainer = load_trainer(digits_config(device="cuda"), on_host=True)  # no GPU needed
+    assert trainer.device == torch.device("cpu")  # type: ignore[attr-defined]
+    specs = trainer.tensor_specs(0, {})
+    assert (specs["rng/cuda"].dtype, specs["rng/cuda"].shape) == ("|u1", (16,))
+    with pytest.raises(E.ConfigError, match="built on the host to read"):
+        trainer.train(trainer.init_state(), 1)
+
+
+def test_a_cuda_rng_state_is_checked_by_form() -> None:
+    good = np.zeros(16, dtype=np.uint8)
+    good[:8] = np.frombuffer(np.int64(7).tobytes(), dtype=np.uint8)
+    check_rng_tensor("rng/cuda", good, whole=True)
+    bad = good.copy()
+    bad[8:] = np.frombuffer(np.int64(6).tobytes(), dtype=np.uint8)  # a Philox offset not a multiple of 4
+    for wrong in (bad, good[:12]):
+        with pytest.raises(E.InvariantError, match="rng/cuda"):
+            check_rng_tensor("rng/cuda", wrong, whole=True)
 
 
 def test_placing_on_the_cpu_copies_nothing() -> None:

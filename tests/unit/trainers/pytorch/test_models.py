@@ -25,7 +25,7 @@ from cairn.trainers.loading import load_trainer
 from cairn.trainers.pytorch import TorchSetup, TorchTrainer
 from cairn.trainers.pytorch.evaluation import IGNORE_INDEX, default_loss, default_metrics
 from examples.lm import ByteLM
-from tests.conftest import REPO, write_broken
+from tests.conftest import REPO, seed_fixture, write_broken
 
 TINY_LM = {"context": 16, "width": 16, "heads": 2, "layers": 1, "corpus_bytes": 8000, "eval_every": 10}
 
@@ -37,17 +37,6 @@ def lm_config(**options: Any) -> TrainConfig:
     body["trainer"]["options"].update({**TINY_LM, **options})
     body["trainer"]["options"] = {k: v for k, v in body["trainer"]["options"].items() if v is not None}
     return parse_config(body)
-
-
-def seed_fixture(config: TrainConfig, tmp_path: Path) -> tuple[TrainingSession, TrainingSession]:
-    """40 updates straight, and 17 + checkpoint + restore (a new session, a new trainer) + 23."""
-    straight = TrainingSession.fresh("ref", tmp_path / "ref", config)
-    straight.run(40, checkpoint_at_end=False)
-    at17 = TrainingSession.fresh("run", tmp_path / "run", config).run(17)
-    assert at17 is not None
-    resumed = TrainingSession.from_checkpoint(at17.ref, config=config)
-    resumed.run(23)
-    return straight, resumed
 
 
 def test_bf16_weights_and_moments_resume_bit_exact_stored_in_two_bytes(tmp_path: Path) -> None:
