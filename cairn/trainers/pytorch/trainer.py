@@ -73,8 +73,8 @@ class TorchTrainer(Trainer):
         """Where the live objects are: the ``device`` option's, or the CPU for a trainer built on
         the host to read, verify or export (``load_trainer(on_host=True)``), which never trains."""
         self.staging = HostStaging(pin=self.device.type == "cuda")
-        self.device_record = device_record(self.device)
         """Host buffers a device state is exported through (nothing is copied on CPU)."""
+        self.device_record = device_record(self.device)
         with self.runtime():
             self._setup()
         with self.user_code("hashing the data splits"):
