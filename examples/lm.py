@@ -8,7 +8,6 @@ Run it: ``cairn train --config examples/lm.json --store ./ckpt --steps 200``."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -21,6 +20,7 @@ from torch.utils.data import IterableDataset
 from cairn.corpus import read_texts, stdlib_paths
 from cairn.errors import ConfigError
 from cairn.trainers.pytorch import TorchOptions, TorchSetup, TorchTrainer
+from cairn.trainers.pytorch.schedules import warmup_cosine
 
 __all__ = ["ByteLM", "LMOptions", "TextStream", "TinyGPT", "corpus_windows"]
 
@@ -119,16 +119,6 @@ class TinyGPT(nn.Module):
         for block in self.blocks:
             x = block(x, mask)
         return self.head(self.ln(x))  # B x T x vocab
-
-
-def warmup_cosine(warmup: int, decay_steps: int) -> Any:
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / decay_steps)
-        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return factor
 
 
 class ByteLM(TorchTrainer):

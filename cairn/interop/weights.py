@@ -41,16 +41,6 @@ def _digest_line(path: Path, size: int, digest: str) -> str:
     return f"{path.name}\0{size}\0{digest}\n"
 
 
-def _file_line(path: Path) -> str:
-    inner = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            inner.update(chunk)
-            size += len(chunk)
-    return _digest_line(path, size, inner.hexdigest())
-
-
 def _combined(lines: dict[str, str]) -> str:
     outer = hashlib.sha256()
     for name in sorted(lines):
@@ -61,7 +51,7 @@ def _combined(lines: dict[str, str]) -> str:
 def content_hash(files: list[Path]) -> str:
     """sha256 over ``name, size, sha256(bytes)`` of each file, in name order: a directory's
     identity (an identifier, not a signature)."""
-    return _combined({p.name: _file_line(p) for p in files})
+    return _combined({p.name: _read_file(p, [], {}) for p in files})
 
 
 def _read_file(path: Path, entries: list[FileEntry], arrays: dict[str, np.ndarray]) -> str:
@@ -145,5 +135,5 @@ def read_weights(path: Path, trainer: Trainer, fresh: Mapping[str, np.ndarray]) 
             )
     if path.is_dir():
         side = [path / n for n in SIDE_FILES if (path / n).is_file()] + sorted(path.glob(f"*{INDEX_SUFFIX}"))
-        lines.update({p.name: _file_line(p) for p in side})
+        lines.update({p.name: _read_file(p, [], {}) for p in side})
     return ImportedWeights(arrays, _combined(lines))

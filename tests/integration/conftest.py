@@ -28,7 +28,7 @@ from cairn.session import TrainingSession
 from cairn.stores import LocalStore, MemoryStore
 from cairn.stores.base import Store
 from cairn.stores.s3 import S3Store
-from tests.conftest import REPO, small_config
+from tests.conftest import REPO, digits_config, small_config
 from workers.client import connect
 from workers.stack.servers import ServerProcess, free_port, seaweedfs_command, wait_for_http
 from workflows.training_run import TrainingRun
@@ -308,3 +308,43 @@ def cli(*args: str, env: dict[str, str] | None = None, check: bool = True) -> Co
     if check and code != 0:
         raise AssertionError(f"cairn {' '.join(args)} exited {code}\nstdout: {result.stdout}\nstderr: {result.stderr}")
     return result
+
+
+def torch_run_input(tmp_path: Path, **overrides: Any) -> TrainingRunInput:
+    body: dict[str, Any] = {
+        "run_id": f"digits-{uuid.uuid4().hex[:8]}",
+        "config": digits_config().to_json(),
+        "total_epochs": 2,
+        "segment": {"epochs": 1},
+        "store": str(tmp_path / "store"),
+        "checkpoint": {"every": 10},
+        "heartbeat_timeout_seconds": 3,
+        "throttle_seconds_per_step": 0.03,
+    }
+    body.update(overrides)
+    return TrainingRunInput.model_validate(body)
+
+
+async def killed_mid_epoch(
+    client: Client, server: TemporalServer, task_queue: str, tmp_path: Path, config: TrainConfig, prefix: str
+) -> tuple[RunSummary, TrainingRunInput, int, TrainingSession]:
+    """A two-epoch run of ``config`` on Temporal whose first worker is SIGKILLed after the commit
+    at step 20 (mid-way through the first epoch) and finished by a second worker. Returns its
+    summary, its input, the updates per epoch, and the uninterrupted in-process reference run."""
+    inp = torch_run_input(tmp_path, config=config.to_json(), run_id=f"{prefix}-{uuid.uuid4().hex[:8]}")
+    store = LocalStore(inp.store)
+    first = start_worker_process(server.address, task_queue, tmp_path / "worker-a.log")
+    second: ServerProcess | None = None
+    try:
+        handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
+        await kill_after_commit(first, store, inp.run_id, 20)
+        second = start_worker_process(server.address, task_queue, tmp_path / "worker-b.log")
+        progress = await wait_progress(handle, lambda p: p["steps_per_epoch"] is not None, timeout=120)
+        per_epoch = int(progress["steps_per_epoch"])
+        reference_run = asyncio.create_task(asyncio.to_thread(reference, inp.config, 2 * per_epoch))
+        summary = RunSummary.model_validate(await asyncio.wait_for(handle.result(), timeout=240))
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+    return summary, inp, per_epoch, await reference_run

@@ -4,24 +4,18 @@ its final checkpoint exports to a directory ``from_pretrained`` loads."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import uuid
 from pathlib import Path
 
 import pytest
 from temporalio.client import Client
 
-from activities.views import RunSummary
 from cairn.checkpoint import CheckpointRef, load_training
 from cairn.checkpoint.compare import compare_states
 from cairn.stores import LocalStore
 from tests.conftest import hf_config
-from tests.integration.conftest import TemporalServer, kill_after_commit, reference, start_worker_process, wait_progress
-from tests.integration.test_torch_run import torch_run_input
+from tests.integration.conftest import TemporalServer, killed_mid_epoch
 from workers.cli.main import main
-from workers.stack.servers import ServerProcess
-from workflows.training_run import TrainingRun
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("transformers")
@@ -32,29 +26,15 @@ async def test_hf_gpt2_on_temporal_survives_a_sigkill_mid_epoch_bit_identical(
     client: Client, temporal_server: TemporalServer, task_queue: str, tmp_path: Path
 ) -> None:
     config = hf_config("gpt2", corpus_bytes=12000, eval_every=None, clip_grad_norm=1.0, accumulation=2)
-    inp = torch_run_input(tmp_path, config=config.to_json(), run_id=f"hf-{uuid.uuid4().hex[:8]}")
-    store = LocalStore(inp.store)
-    first = start_worker_process(temporal_server.address, task_queue, tmp_path / "worker-a.log")
-    second: ServerProcess | None = None
-    try:
-        handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
-        await kill_after_commit(first, store, inp.run_id, 20)  # mid-way through the first epoch
-        second = start_worker_process(temporal_server.address, task_queue, tmp_path / "worker-b.log")
-        progress = await wait_progress(handle, lambda p: p["steps_per_epoch"] is not None, timeout=120)
-        per_epoch = int(progress["steps_per_epoch"])
-        assert per_epoch > 20  # the kill was mid-epoch
-        reference_run = asyncio.create_task(asyncio.to_thread(reference, inp.config, 2 * per_epoch))
-        summary = RunSummary.model_validate(await asyncio.wait_for(handle.result(), timeout=240))
-    finally:
-        first.stop()
-        if second is not None:
-            second.stop()
+    summary, inp, per_epoch, expected = await killed_mid_epoch(
+        client, temporal_server, task_queue, tmp_path, config, "hf"
+    )
+    assert per_epoch > 20  # the kill was mid-epoch
     assert summary.steps == summary.total_steps == 2 * per_epoch
     assert summary.attempts[0] >= 2 and summary.recomputed_steps <= inp.checkpoint.every
     assert summary.checkpoint is not None
     ref = CheckpointRef.parse(summary.checkpoint)
     state, manifest = load_training(LocalStore(ref.store_url), ref, run_config=config)
-    expected = await reference_run
     assert compare_states(state, expected.state) == []
     assert expected.last_commit is not None and manifest.fingerprint == expected.last_commit.manifest.fingerprint
     assert state.history["val_step"] == [float(per_epoch), float(2 * per_epoch)]

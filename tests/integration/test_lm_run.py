@@ -4,14 +4,11 @@ and as a gang of W = 2 rank processes; both end on the bits of an uninterrupted 
 
 from __future__ import annotations
 
-import asyncio
-import uuid
 from pathlib import Path
 
 import pytest
 from temporalio.client import Client
 
-from activities.views import RunSummary
 from cairn.checkpoint import CheckpointRef, load_training
 from cairn.checkpoint.compare import compare_states
 from cairn.checkpoint.manifest import CheckpointKind
@@ -22,11 +19,8 @@ from cairn.gang.launch import Gang, GangSpec
 from cairn.gang.rank import run_rank
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore
-from tests.integration.conftest import TemporalServer, kill_after_commit, reference, start_worker_process, wait_progress
-from tests.integration.test_torch_run import torch_run_input
+from tests.integration.conftest import TemporalServer, killed_mid_epoch
 from tests.unit.trainers.pytorch.test_models import lm_config
-from workers.stack.servers import ServerProcess
-from workflows.training_run import TrainingRun
 
 pytestmark = pytest.mark.integration
 
@@ -36,28 +30,14 @@ async def test_lm_on_temporal_survives_a_sigkill_mid_epoch_bit_identical(
     client: Client, temporal_server: TemporalServer, task_queue: str, tmp_path: Path
 ) -> None:
     config = lm_config(eval_every=None)
-    inp = torch_run_input(tmp_path, config=config.to_json(), run_id=f"lm-{uuid.uuid4().hex[:8]}")
-    store = LocalStore(inp.store)
-    first = start_worker_process(temporal_server.address, task_queue, tmp_path / "worker-a.log")
-    second: ServerProcess | None = None
-    try:
-        handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
-        await kill_after_commit(first, store, inp.run_id, 20)  # mid-way through the first epoch
-        second = start_worker_process(temporal_server.address, task_queue, tmp_path / "worker-b.log")
-        progress = await wait_progress(handle, lambda p: p["steps_per_epoch"] is not None, timeout=120)
-        per_epoch = int(progress["steps_per_epoch"])
-        reference_run = asyncio.create_task(asyncio.to_thread(reference, inp.config, 2 * per_epoch))
-        summary = RunSummary.model_validate(await asyncio.wait_for(handle.result(), timeout=240))
-    finally:
-        first.stop()
-        if second is not None:
-            second.stop()
+    summary, inp, per_epoch, expected = await killed_mid_epoch(
+        client, temporal_server, task_queue, tmp_path, config, "lm"
+    )
     assert summary.steps == summary.total_steps == 2 * per_epoch
     assert summary.attempts[0] >= 2 and summary.recomputed_steps <= inp.checkpoint.every
     assert summary.checkpoint is not None
     ref = CheckpointRef.parse(summary.checkpoint)
     state, manifest = load_training(LocalStore(ref.store_url), ref, run_config=config)
-    expected = await reference_run
     assert compare_states(state, expected.state) == []
     assert expected.last_commit is not None and manifest.fingerprint == expected.last_commit.manifest.fingerprint
     assert state.history["val_step"] == [float(per_epoch), float(2 * per_epoch)]

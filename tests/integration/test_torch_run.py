@@ -8,7 +8,6 @@ import asyncio
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 from temporalio.client import Client, WorkflowFailureError
@@ -20,7 +19,13 @@ from cairn.checkpoint.compare import compare_states
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore, MemoryStore
 from tests.conftest import digits_config
-from tests.integration.conftest import TemporalServer, kill_after_commit, start_worker_process, wait_progress
+from tests.integration.conftest import (
+    TemporalServer,
+    kill_after_commit,
+    start_worker_process,
+    torch_run_input,
+    wait_progress,
+)
 from workers.stack.servers import ServerProcess
 from workers.worker import serving
 from workflows.training_run import TrainingRun
@@ -33,21 +38,6 @@ def train_reference(inp: TrainingRunInput, steps: int) -> TrainingSession:
     reference = TrainingSession.fresh("reference", MemoryStore(f"ref-{uuid.uuid4().hex}"), inp.config)
     reference.run(steps)
     return reference
-
-
-def torch_run_input(tmp_path: Path, **overrides: Any) -> TrainingRunInput:
-    body: dict[str, Any] = {
-        "run_id": f"digits-{uuid.uuid4().hex[:8]}",
-        "config": digits_config().to_json(),
-        "total_epochs": 2,
-        "segment": {"epochs": 1},
-        "store": str(tmp_path / "store"),
-        "checkpoint": {"every": 10},
-        "heartbeat_timeout_seconds": 3,
-        "throttle_seconds_per_step": 0.03,
-    }
-    body.update(overrides)
-    return TrainingRunInput.model_validate(body)
 
 
 @pytest.mark.drill

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import tempfile
 from pathlib import Path
 from typing import Any, Literal
@@ -23,6 +22,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, Pre
 from cairn.errors import ConfigError
 from cairn.trainers.hf.text import EOS, read_corpus, token_windows, train_tokenizer
 from cairn.trainers.pytorch import TorchOptions, TorchSetup, TorchTrainer
+from cairn.trainers.pytorch.schedules import warmup_cosine
 
 __all__ = ["HFCausalLM", "HFOptions", "hf_model_config"]
 
@@ -85,16 +85,6 @@ def hf_model_config(options: HFOptions, vocab_size: int, eos_id: int) -> Pretrai
     return config
 
 
-def _warmup_cosine(warmup: int, decay_steps: int, floor: float) -> Any:
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / decay_steps)
-        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return factor
-
-
 class HFCausalLM(TorchTrainer):
     """A ``transformers`` causal LM on a tokenized text corpus; see the module docstring."""
 
@@ -123,9 +113,7 @@ class HFCausalLM(TorchTrainer):
             lr=o.lr,
             betas=o.betas,
         )
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, _warmup_cosine(o.warmup, o.decay_steps, o.min_lr_ratio)
-        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(o.warmup, o.decay_steps, o.min_lr_ratio))
         described = self.hf_config.to_dict()
         described.pop("transformers_version", None)  # the architecture, not the library's release
         digest = hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:12]

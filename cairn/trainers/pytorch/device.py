@@ -106,7 +106,3 @@ class HostStaging:
         for device in self._pending:  # synchronize() alone waits for the current device only
             torch.cuda.synchronize(device)
         self._pending.clear()
-
-    @property
-    def bytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self._buffers.values())
