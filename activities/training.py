@@ -230,7 +230,9 @@ def _session(inp: TrainSegmentInput, attempt: int, store: Store, key: str) -> tu
     held = WARM.take(inp.run_id, key)
     if held is not None and inp.resume_from is None and attempt == 1:
         latest = latest_committed(store, inp.run_id)
-        fingerprint = None if latest is None else read_manifest(store, latest, expect_kind=None).fingerprint
+        fingerprint = (
+            None if latest is None else read_manifest(store, latest, expect_kind=None, expand_index=False).fingerprint
+        )
         if held.matches(None if latest is None else latest.step, fingerprint):
             held.session.store = store
             return held.session, True
@@ -304,7 +306,7 @@ async def open_run(inp: OpenRunInput) -> OpenRunResult:
                 return OpenRunResult(
                     store_id=store_id, checkpoint=None, step=0, fingerprint=None, numerics_id=numerics_id, **about
                 )
-            manifest = read_manifest(store, ref, expect_kind=None)
+            manifest = read_manifest(store, ref, expect_kind=None, expand_index=False)
             recorded = manifest.lineage.numerics if manifest.lineage is not None else None
             if recorded is not None and recorded.profile == inp.numerics:
                 numerics_id = recorded.id  # stay with the workers that computed the run so far
@@ -340,7 +342,7 @@ def latest_checkpoint(inp: LatestCheckpointInput) -> LatestCheckpointResult:
             ref = refs[-1] if refs else None
         if ref is None:
             return LatestCheckpointResult(checkpoint=None, step=0, fingerprint=None)
-        manifest = read_manifest(store, ref, expect_kind=None)
+        manifest = read_manifest(store, ref, expect_kind=None, expand_index=False)
         return LatestCheckpointResult(checkpoint=str(ref), step=ref.step, fingerprint=manifest.fingerprint)
 
 

@@ -297,3 +297,16 @@ async def run_history(client: Any, workflow_id: str, first_run_id: str) -> list[
         if last.HasField("workflow_execution_continued_as_new_event_attributes"):
             run_id = last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
     return runs
+
+
+def state_at(base: Any, step: int, history: dict[str, Any]) -> Any:
+    """``base`` (a ``TrainState``; its arrays shared, read-only) as a valid state at ``step``
+    with ``step`` entries of each ``history`` array."""
+    import dataclasses
+
+    return dataclasses.replace(
+        base,
+        step=step,
+        cursor=step * base.config.batch_size,
+        history={k: v[:step].tolist() for k, v in history.items()},
+    )

@@ -34,6 +34,7 @@ SECTIONS = (
     "recovery_supervised",
     "interop",
     "gpu",
+    "history",
 )
 """The benchmarks in the document's order (``bench_NAME.py``, ``NAME.json``)."""
 PLACEHOLDERS = ("store", "peers", "async", "orchestration", "recovery")

@@ -31,6 +31,7 @@ ORDER = [
     "precision",
     "recovery_supervised",
     "interop",
+    "history",
 ]
 
 

@@ -32,8 +32,8 @@ from cairn.trainers.loading import load_trainer
 __all__ = ["TrainingSession", "default_run_id", "MAX_STEPS", "require_finite", "with_process_numerics"]
 
 MAX_STEPS = 100_000_000
-"""The most updates one command or run may ask for (the loss/lr history rides in every
-checkpoint at 16 bytes per step: 1.6 GB at this bound)."""
+"""The most updates one command or run may ask for (the loss/lr history is held in memory and
+in the run's history segments at 16 bytes per step: 1.6 GB at this bound)."""
 
 CheckpointHook = Callable[[CommitResult], None]
 

@@ -13,11 +13,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+from blake3 import blake3
 
 from cairn import errors as E
 from cairn.checkpoint import CheckpointRef, write_checkpoint
+from cairn.checkpoint.blocks import parts_of, split_blocks
+from cairn.checkpoint.commit import commit_manifest
 from cairn.checkpoint.content import CheckpointContent
-from cairn.checkpoint.manifest import CheckpointKind
+from cairn.checkpoint.index import index_summary, summary_of
+from cairn.checkpoint.manifest import CheckpointKind, HistoryRef, IndexRef
+from cairn.checkpoint.shards import new_save_nonce, write_shards
 from cairn.checkpoint.training import training_content, training_tensors
 from cairn.config import TrainConfig, parse_config
 from cairn.distributed.reduce import summing_in
@@ -64,6 +69,18 @@ def epoch_config(**data: object) -> TrainConfig:
     base = small_config().model_dump(mode="json")
     base["data"].update({"sampling": "epoch", "val_fraction": 0.2, "test_fraction": 0.1, **data})
     return parse_config(base)
+
+
+def write_v2(store: Store, run_id: str, state: TrainState) -> CheckpointRef:
+    """``state`` committed in format v2 (every block listed in the manifest), as releases before
+    format v3 wrote a distributed config's checkpoints: for the tests that older formats read."""
+    assert state.config.distributed is not None
+    content = training_content(run_id, state)
+    tensors = training_tensors(state)
+    parts = parts_of(tensors, state.config.distributed.block_bytes, indexed=False)
+    nonce = new_save_nonce()
+    rank0 = write_shards(store, content, split_blocks(tensors, parts), nonce=nonce)
+    return commit_manifest(store, content, [rank0], nonce=nonce, parts=parts).ref
 
 
 def dist_config(microbatches: int = 8, block_bytes: int = 64, **overrides: object) -> TrainConfig:
@@ -200,15 +217,49 @@ def rewrite_manifest(
                 lineage=lineage,
                 rng=body["rng"],
                 meta=body.get("meta", {}),
+                history=HistoryRef.model_validate(body["history"]) if body.get("history") else None,
             )
             body["fingerprint"] = content.fingerprint(
                 [(t["name"], t["dtype"], t["shape"], t["checksum"]) for t in body["tensors"]],
                 body.get("parts"),
+                None if body.get("indexes") is None else index_summary(IndexRef(**r) for r in body["indexes"]),
             )
         except Exception:  # noqa: BLE001 - a deliberately malformed body keeps its old fingerprint
             pass
     store.delete([key])
     assert store.put_if_absent(key, json.dumps(body).encode())
+
+
+def rewrite_rank_index(
+    store: Store,
+    ref: CheckpointRef,
+    rank: int,
+    mutate: Callable[[dict[str, Any]], None],
+    *,
+    redigest: bool = True,
+) -> None:
+    """Edit one rank's index object of a v3 checkpoint and make the root agree with it (its
+    size and checksum; by default its digest, and so the fingerprint), so the check under test
+    is the one that fires."""
+    root = json.loads(store.read(f"{ref.prefix}/manifest.json"))
+    iref = next(r for r in root["indexes"] if r["rank"] == rank)
+    key = f"{ref.prefix}/{iref['key']}"
+    body = json.loads(store.read(key))
+    mutate(body)
+    raw = json.dumps(body).encode()
+    store.delete([key])
+    store.write_object(key, [raw], size=len(raw))
+
+    def agree(m: dict[str, Any]) -> None:
+        for r in m["indexes"]:
+            if r["rank"] == rank:
+                r["bytes"], r["checksum"] = len(raw), "blake3:" + blake3(raw).hexdigest()
+                if redigest:
+                    r["digest"] = summary_of(
+                        (t["name"], t["dtype"], t["shape"], t["checksum"]) for t in body["tensors"]
+                    )["digest"]
+
+    rewrite_manifest(store, ref, agree)
 
 
 # -- guards for hostile input: a regression fails instead of hanging or exhausting memory ------

@@ -5,7 +5,8 @@ model), ``content`` (what the fingerprint covers), ``tensors`` (bytes and checks
 ``shards`` (phase 1 of a save), ``commit`` (phase 2: the commit protocol), ``reader`` (the
 read path), ``options`` (signer, limits, shard settings), ``training`` (a training state in checkpoint
 form), ``manager`` (save/load/list training checkpoints), ``validate`` (training-state rules),
-``blocks`` (the blocked layout, format v2), ``retention``, ``async_save``, ``compare``.
+``blocks`` (the blocked layout, format v2), ``history`` (a training history's run-level
+segments), ``retention``, ``async_save``, ``compare``.
 """
 
 from cairn.checkpoint.commit import CommitResult, commit_manifest, write_checkpoint

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from cairn.checkpoint.manifest import Manifest, PartSpec
-from cairn.checkpoint.tensors import dtype_from_tag, require_shape
+from cairn.checkpoint.tensors import dtype_from_tag, dtype_tag, require_shape
 from cairn.errors import TensorSpecError
 
 __all__ = [
@@ -34,6 +34,9 @@ __all__ = [
     "plan_blocks",
     "split_blocks",
     "check_parts",
+    "check_part_specs",
+    "block_count",
+    "block_range",
     "logical_specs",
     "parts_json",
 ]
@@ -77,12 +80,28 @@ class Block:
         return self.stop - self.start
 
 
-def parts_of(arrays: Mapping[str, np.ndarray], block_bytes: int) -> dict[str, PartSpec]:
-    """The blocked layout of ``arrays`` at ``block_bytes`` per block."""
+def parts_of(arrays: Mapping[str, np.ndarray], block_bytes: int, *, indexed: bool = True) -> dict[str, PartSpec]:
+    """The blocked layout of ``arrays`` at ``block_bytes`` per block: format v3's (each part
+    names its dtype), or with ``indexed=False`` format v2's."""
     return {
-        name: PartSpec(shape=list(a.shape), block_elems=block_elems_for(a.dtype, block_bytes))
+        name: PartSpec(
+            shape=list(a.shape),
+            block_elems=block_elems_for(a.dtype, block_bytes),
+            dtype=dtype_tag(a.dtype) if indexed else None,
+        )
         for name, a in sorted(arrays.items())
     }
+
+
+def block_count(spec: PartSpec) -> int:
+    """How many blocks ``spec`` is cut into (an empty tensor is one empty block)."""
+    return _count(math.prod(spec.shape), spec.block_elems)
+
+
+def block_range(spec: PartSpec, index: int) -> tuple[int, int]:
+    """Element range ``[start, stop)`` of block ``index`` of ``spec``."""
+    start = index * spec.block_elems
+    return start, min(math.prod(spec.shape), start + spec.block_elems)
 
 
 def plan_blocks(parts: Mapping[str, PartSpec]) -> list[Block]:
@@ -118,13 +137,8 @@ def parts_json(parts: Mapping[str, PartSpec] | None) -> dict[str, Any] | None:
     return {name: spec.model_dump(mode="json") for name, spec in sorted(parts.items())}
 
 
-def check_parts(manifest: Manifest) -> None:
-    """The blocks of a v2 manifest tile its declared tensors exactly; nothing else is listed."""
-    parts = manifest.parts
-    if parts is None:
-        return
-    entries = {t.name: t for t in manifest.tensors}
-    expected: set[str] = set()
+def check_part_specs(parts: Mapping[str, PartSpec]) -> None:
+    """Every part's name, shape and (when given) dtype tag are well formed."""
     for name, spec in parts.items():
         where = f"parts[{name}]"
         if not 1 <= len(name) <= 240 or SEPARATOR in name:
@@ -132,6 +146,24 @@ def check_parts(manifest: Manifest) -> None:
                 field="parts", expected=f"names of 1 to 240 characters without {SEPARATOR!r}", found=name[:80]
             )
         require_shape(spec.shape, f"{where}.shape", max_ndim=8)
+        if spec.dtype is not None:
+            dtype_from_tag(spec.dtype, f"{where}.dtype")
+
+
+def check_parts(manifest: Manifest) -> None:
+    """The blocks of a v2 manifest tile its declared tensors exactly; nothing else is listed.
+    (A v3 root lists no blocks: its parts are checked here, its rank indexes by
+    ``cairn.checkpoint.index``.)"""
+    parts = manifest.parts
+    if parts is None:
+        return
+    check_part_specs(parts)
+    if manifest.indexes is not None:
+        return
+    entries = {t.name: t for t in manifest.tensors}
+    expected: set[str] = set()
+    for name, spec in parts.items():
+        where = f"parts[{name}]"
         n = math.prod(spec.shape)
         count = _count(n, spec.block_elems)
         if count > len(manifest.tensors):  # before building names: a forged count cannot allocate
@@ -163,5 +195,7 @@ def logical_specs(manifest: Manifest) -> dict[str, tuple[str, tuple[int, ...]]]:
     """Logical tensor name -> (dtype tag, shape), for v1 (the entries) and v2 (the parts) alike."""
     if manifest.parts is None:
         return {t.name: (t.dtype, tuple(t.shape)) for t in manifest.tensors}
+    if manifest.indexes is not None:
+        return {name: (str(spec.dtype), tuple(spec.shape)) for name, spec in manifest.parts.items()}
     dtype_of = {base_name(t.name): t.dtype for t in manifest.tensors}
     return {name: (dtype_of[name], tuple(spec.shape)) for name, spec in manifest.parts.items()}

@@ -1,7 +1,8 @@
 """The commit protocol: a checkpoint exists once, and only once, its manifest is committed.
 
-Order (see ``cairn.stores.base``): every rank's shards are durable first (``write_shards``);
-then one manifest listing all of them is written by create-if-absent (``put_if_absent``:
+Order (see ``cairn.stores.base``): every rank's shards are durable first (``write_shards``),
+and for a blocked (v3) save its index object (``cairn.checkpoint.index``); then one manifest
+listing all of them (v3: all the rank indexes) is written by create-if-absent (``put_if_absent``:
 ``link(2)`` on disk, ``If-None-Match: *`` on S3). That write is the commit: readers never see a
 checkpoint without it, and ``latest`` only moves to committed steps.
 
@@ -15,7 +16,7 @@ the condition. A losing writer deletes its own nonce-named shards; nobody else r
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
@@ -23,8 +24,18 @@ import numpy as np
 
 from cairn.checkpoint.blocks import check_parts, parts_json, parts_of, split_blocks
 from cairn.checkpoint.content import CheckpointContent, check_content, index_of
+from cairn.checkpoint.index import attempt_keys, check_index_refs, index_summary, summary_of, write_rank_index
+from cairn.checkpoint.latest import advance_latest
 from cairn.checkpoint.layout import checkpoint_prefix, manifest_key
-from cairn.checkpoint.manifest import BLOCKED_FORMAT_VERSION, FORMAT_VERSION, Manifest, PartSpec, WriterInfo
+from cairn.checkpoint.manifest import (
+    BLOCKED_FORMAT_VERSION,
+    FORMAT_VERSION,
+    INDEXED_FORMAT_VERSION,
+    IndexRef,
+    Manifest,
+    PartSpec,
+    WriterInfo,
+)
 from cairn.checkpoint.options import CheckpointOptions, resolve_options
 from cairn.checkpoint.reader import parse_manifest
 from cairn.checkpoint.ref import CheckpointRef
@@ -33,7 +44,7 @@ from cairn.checkpoint.tensors import as_le_contiguous, dtype_tag, tensor_checksu
 from cairn.errors import CairnError, CheckpointConflictError, SizeLimitError, TensorSpecError
 from cairn.stores.base import Store
 
-__all__ = ["CommitResult", "commit_manifest", "write_checkpoint"]
+__all__ = ["CommitResult", "commit_manifest", "commit_indexed", "write_checkpoint"]
 
 
 @dataclass(frozen=True)
@@ -57,9 +68,11 @@ def commit_manifest(
 ) -> CommitResult:
     """Phase 2, run once (by the coordinator) after every rank's shards are durable:
     commit one manifest listing all of them, by create-if-absent. This is the commit.
-    ``parts``: the blocked layout (format v2) the ranks wrote (``cairn.checkpoint.blocks``)."""
+    ``parts``: the blocked layout (format v2, which lists every block in the manifest: blocked
+    saves write v3 now, ``commit_indexed``) the ranks wrote (``cairn.checkpoint.blocks``)."""
     options = resolve_options(options)
-    mkey = manifest_key(content.run_id, content.kind, content.step)
+    if parts is not None:  # v2 parts name no dtype (the blocks do)
+        parts = {name: spec.model_copy(update={"dtype": None}) for name, spec in parts.items()}
     ref = CheckpointRef(store.url, content.run_id, content.kind, content.step)
     entries = sorted((e for r in ranks for e in r.tensors), key=lambda e: e.name)
     names = [e.name for e in entries]
@@ -79,29 +92,84 @@ def commit_manifest(
             nonce=nonce, ranks=max(1, len(ranks)), created_at=datetime.now(UTC).isoformat(timespec="milliseconds")
         ),
     )
-    if options.signer is not None:
-        manifest = manifest.model_copy(update={"signature": options.signer.sign(manifest.signed_payload())})
     prefix = checkpoint_prefix(content.run_id, content.kind, content.step)
     orphans = [f"{prefix}/{s.key}" for s in shards]
-    if parts is not None:  # ranks that disagreed on their blocks: every reader would refuse it
-        try:
-            check_parts(manifest)
-        except CairnError:
-            store.delete(orphans)
-            raise
-    raw = manifest.to_json_bytes()
-    bound = options.limits.max_manifest_bytes
-    if len(raw) > bound:  # a reader would refuse it: do not commit it
-        store.delete(orphans)
-        raise SizeLimitError(field="manifest", expected=f"<= {bound} bytes", found=len(raw))
+    return _commit(store, ref, manifest, lambda: orphans, options)
+
+
+def commit_indexed(
+    store: Store,
+    content: CheckpointContent,
+    refs: list[IndexRef],
+    *,
+    nonce: str,
+    parts: dict[str, PartSpec],
+    options: CheckpointOptions | None = None,
+) -> CommitResult:
+    """Phase 2 of a v3 save, run once (by the coordinator) after every rank's shards and index
+    object are durable: commit the root manifest — the parts and every rank's ``IndexRef``, no
+    block entries — by create-if-absent. This is the commit. The root is O(ranks + tensors)."""
+    options = resolve_options(options)
+    ref = CheckpointRef(store.url, content.run_id, content.kind, content.step)
+    refs = sorted(refs, key=lambda r: r.rank)
+    manifest = Manifest(
+        **content.manifest_fields(),
+        format_version=INDEXED_FORMAT_VERSION,
+        parts=parts,
+        indexes=refs,
+        tensors=[],
+        shards=[],
+        total_bytes=sum(r.total_bytes for r in refs),
+        fingerprint=content.fingerprint([], parts_json(parts), index_summary(refs)),
+        writer=WriterInfo(
+            nonce=nonce, ranks=max(1, len(refs)), created_at=datetime.now(UTC).isoformat(timespec="milliseconds")
+        ),
+    )
+    return _commit(store, ref, manifest, _attempt_orphans(store, content, nonce), options)
+
+
+def _attempt_orphans(store: Store, content: CheckpointContent, nonce: str) -> Callable[[], list[str]]:
+    """This attempt's objects, listed only when they are to be deleted (ranks' shards and indexes)."""
+    return lambda: list(attempt_keys(store, content.run_id, content.kind, content.step, nonce))
+
+
+def _commit(
+    store: Store,
+    ref: CheckpointRef,
+    manifest: Manifest,
+    orphans: Callable[[], list[str]],
+    options: CheckpointOptions,
+) -> CommitResult:
+    """Sign, check, and create the manifest if absent (else converge on the one committed)."""
+    if options.signer is not None:
+        manifest = manifest.model_copy(update={"signature": options.signer.sign(manifest.signed_payload())})
+    try:
+        check_parts(manifest)  # ranks that disagreed on their blocks: every reader would refuse it
+        if manifest.indexes is not None:
+            check_index_refs(manifest, options.limits)
+        raw = manifest.to_json_bytes()
+        bound = options.limits.max_manifest_bytes
+        if len(raw) > bound:  # a reader would refuse it: do not commit it
+            raise SizeLimitError(field="manifest", expected=f"<= {bound} bytes", found=len(raw))
+    except CairnError:
+        store.delete(orphans())
+        raise
+    mkey = manifest_key(ref.run_id, ref.kind, ref.step)
     if store.put_if_absent(mkey, raw):
         # Trust, then verify: if a store ever ignored the condition and another writer's
         # manifest replaced ours, the fingerprint comparison below still catches it.
         committed = parse_manifest(store.read(mkey), str(ref), limits=options.limits)
-        if committed.writer.nonce == nonce:
+        if committed.writer.nonce == manifest.writer.nonce:
+            advance_latest(store, ref, manifest.fingerprint)
             return CommitResult(ref=ref, manifest=manifest, created=True)
-        return _converge(store, ref, fingerprint, orphan_keys=[], options=options)
-    return _converge(store, ref, fingerprint, orphan_keys=orphans, options=options)
+        return _converge(store, ref, manifest.fingerprint, orphan_keys=[], options=options)
+    # Not created by this call — or created by it, with the answer lost and the retried request
+    # refused: then the committed manifest is ours, and its shards must not be deleted.
+    committed = parse_manifest(store.read(mkey), str(ref), limits=options.limits)
+    if committed.writer.nonce == manifest.writer.nonce:
+        advance_latest(store, ref, manifest.fingerprint)
+        return CommitResult(ref=ref, manifest=manifest, created=True)
+    return _converge(store, ref, manifest.fingerprint, orphan_keys=orphans(), options=options)
 
 
 def write_checkpoint(
@@ -127,12 +195,19 @@ def write_checkpoint(
         check_content(content, tensors, options.limits)  # (write_shards checks it on the other path)
         arrays = {name: as_le_contiguous(a) for name, a in tensors.items()}
         index = [(n, dtype_tag(a.dtype), list(a.shape), tensor_checksum(a)) for n, a in sorted(arrays.items())]
-        fingerprint = content.fingerprint(index, parts_json(parts))
+        if parts is None:
+            fingerprint = content.fingerprint(index)
+        else:
+            fingerprint = content.fingerprint([], parts_json(parts), summary_of(index))
         result = _converge(store, ref, fingerprint, orphan_keys=[], options=options)
     else:
         nonce = new_save_nonce()
         rank0 = write_shards(store, content, tensors, nonce=nonce, options=options)
-        result = commit_manifest(store, content, [rank0], nonce=nonce, options=options, parts=parts)
+        if parts is None:
+            result = commit_manifest(store, content, [rank0], nonce=nonce, options=options)
+        else:
+            index_ref = write_rank_index(store, content, rank0, nonce=nonce)
+            result = commit_indexed(store, content, [index_ref], nonce=nonce, options=options, parts=parts)
     return replace(result, seconds=time.perf_counter() - started)
 
 
@@ -151,4 +226,5 @@ def _converge(
             expected=existing.fingerprint,
             found=fingerprint,
         )
+    advance_latest(store, ref, existing.fingerprint)
     return CommitResult(ref=ref, manifest=existing, created=False)

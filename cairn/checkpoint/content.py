@@ -7,7 +7,10 @@ dtype, shape and checksum), and a reader recomputes the fingerprint from the sam
 The fingerprint is a sha256 identifier, **not** a signature: anyone can recompute it for
 forged content. It leaves out the run id, the shard layout, the writer and ``lineage.parent``
 (provenance, not content), so a retried save of the same state converges on one identity and
-a resumed run's final checkpoint has the same fingerprint as the uninterrupted one.
+a resumed run's final checkpoint has the same fingerprint as the uninterrupted one. A history
+kept in segments is covered as the tensors ``history/KEY`` it used to be (float64, its length,
+the BLAKE3 of all its values), not by its segments: how a history is cut depends on when
+earlier saves ran, and a state's identity must not — nor change with the form it is stored in.
 
 ``check_content`` refuses, before any byte is written, what a reader would refuse: NaN or
 infinity (no JSON form), content that is not plain JSON or is past the reader's bounds, and
@@ -25,16 +28,34 @@ from typing import Any
 
 import numpy as np
 
-from cairn.checkpoint.manifest import BLOCKED_FORMAT_VERSION, FORMAT_VERSION, CheckpointKind, Manifest, TensorEntry
+from cairn.checkpoint.manifest import (
+    BLOCKED_FORMAT_VERSION,
+    FORMAT_VERSION,
+    INDEXED_FORMAT_VERSION,
+    CheckpointKind,
+    HistoryRef,
+    Manifest,
+    TensorEntry,
+)
 from cairn.checkpoint.options import Limits
 from cairn.errors import InvariantError, SizeLimitError, TensorSpecError
 from cairn.jsonio import JsonLimits, parse_json
 from cairn.state import Lineage
 
-__all__ = ["CheckpointContent", "CONTENT_FIELDS", "TensorIndex", "index_of", "check_content", "non_finite_path"]
+__all__ = [
+    "HISTORY_PREFIX",
+    "CheckpointContent",
+    "CONTENT_FIELDS",
+    "TensorIndex",
+    "index_of",
+    "check_content",
+    "non_finite_path",
+]
 
 TensorIndex = tuple[str, str, list[int], str]
 """(name, dtype, shape, checksum): what the fingerprint covers of one tensor."""
+HISTORY_PREFIX = "history/"
+"""Checkpoint tensors under this prefix are the state's history (float64, one value per entry)."""
 
 
 @dataclass
@@ -49,6 +70,8 @@ class CheckpointContent:
     lineage: Lineage | None = None
     rng: dict[str, Any] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    history: HistoryRef | None = None
+    """A training state's history as run-level segments (None: none, or in its tensors)."""
 
     @classmethod
     def of(cls, manifest: Manifest) -> CheckpointContent:
@@ -59,11 +82,16 @@ class CheckpointContent:
         """The manifest's content fields, as keyword arguments for ``Manifest``."""
         return {name: getattr(self, name) for name in CONTENT_FIELDS}
 
-    def fingerprint(self, tensors: Iterable[TensorIndex], parts: dict[str, Any] | None = None) -> str:
-        """sha256 over the content and the tensor index (and, for a blocked v2 checkpoint, its
-        ``parts``: ``cairn.checkpoint.blocks.parts_json``); see the module docstring."""
+    def fingerprint(
+        self, tensors: Iterable[TensorIndex], parts: dict[str, Any] | None = None, index: dict[str, Any] | None = None
+    ) -> str:
+        """sha256 over the content and the tensor index (and, for a blocked checkpoint, its
+        ``parts``: ``cairn.checkpoint.blocks.parts_json``); see the module docstring. A v3
+        checkpoint gives no tensors but ``index``: its block count and index digest
+        (``cairn.checkpoint.index.index_summary``), which cover every block entry."""
+        version = FORMAT_VERSION if parts is None else BLOCKED_FORMAT_VERSION
         body: dict[str, Any] = {
-            "format_version": FORMAT_VERSION if parts is None else BLOCKED_FORMAT_VERSION,
+            "format_version": INDEXED_FORMAT_VERSION if index is not None else version,
             "kind": str(self.kind),
             "step": self.step,
             "cursor": self.cursor,
@@ -71,10 +99,12 @@ class CheckpointContent:
             "lineage": None if self.lineage is None else self.lineage.fingerprint_json(),
             "rng": self.rng,
             "meta": self.meta,
-            "tensors": sorted([n, d, list(s), c] for n, d, s, c in tensors),
+            "tensors": sorted([n, d, list(s), c] for n, d, s, c in [*tensors, *self._history_index()]),
         }
         if parts is not None:
             body["parts"] = parts
+        if index is not None:
+            body["index"] = index
         try:
             text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
         except ValueError:  # NaN or infinity somewhere: it has no JSON form and would not round-trip
@@ -83,6 +113,11 @@ class CheckpointContent:
                 "checkpoint content must be finite JSON", field=path, expected="a finite number", found=value
             ) from None
         return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+    def _history_index(self) -> list[TensorIndex]:
+        """A history in segments, as the tensors it is the same content as (``history/KEY``)."""
+        series = {} if self.history is None else self.history.series
+        return [(HISTORY_PREFIX + k, "<f8", [s.length], s.digest) for k, s in series.items()]
 
 
 CONTENT_FIELDS = tuple(f.name for f in fields(CheckpointContent))
@@ -131,6 +166,7 @@ def check_content(content: CheckpointContent, tensors: Mapping[str, np.ndarray],
         "rng": content.rng,
         "meta": content.meta,
         "tensors": names,
+        "history": None if content.history is None else content.history.model_dump(mode="json"),
     }
     found = non_finite_path(body)
     if found is not None:

@@ -7,10 +7,13 @@
       .cairn/registry/RUN/ENTRY.json        published models                (cairn.effects.registry)
       RUN/owners/SEQ.json                   claims: the latest names the run's trainer (cairn.runs.ownership)
       RUN/pins/NAME.json                    named pins                      (cairn.checkpoint.retention)
+      RUN/history/KEY/START-END-HASH.bin    history segments, shared by checkpoints (cairn.checkpoint.history)
       RUN/lifecycle/SEQ.json                the run's lifecycle log: final-test exposures (cairn.runs.exposures)
       RUN/.preflight-NONCE.{object,commit}  a write probe, deleted at once   (cairn.runs.preflight)
       RUN/KIND/STEP/manifest.json           a committed checkpoint: the commit marker
       RUN/KIND/STEP/NONCE/rankRRR-NNNN.bin  its shards, named per save attempt and rank
+      RUN/KIND/STEP/NONCE/rankRRR.index.json  a rank's index of its blocks (format v3)
+      RUN/KIND/latest.json                  advisory pointer to the latest step (cairn.checkpoint.latest)
 
 STEP has ``STEP_DIGITS`` digits, so keys sort by step. Run ids start with a letter or a digit,
 so nothing Cairn keeps for itself (under ``.cairn/``) can collide with a run — a run named
@@ -37,6 +40,8 @@ __all__ = [
     "checkpoint_prefix",
     "manifest_key",
     "shard_key",
+    "index_key",
+    "attempt_prefix",
     "parse_checkpoint_key",
     "pins_prefix",
     "pin_key",
@@ -46,6 +51,13 @@ __all__ = [
     "lifecycle_prefix",
     "lifecycle_key",
     "registry_entry_key",
+    "HISTORY_NAME_PATTERN",
+    "history_prefix",
+    "history_segment_key",
+    "parse_history_segment_key",
+    "LATEST_NAME",
+    "latest_key",
+    "steps_after",
 ]
 
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -79,6 +91,16 @@ def manifest_key(run_id: str, kind: str, step: int) -> str:
 def shard_key(nonce: str, rank: int, index: int) -> str:
     """A shard's key relative to its checkpoint prefix: ranks and attempts never collide."""
     return f"{nonce}/rank{rank:03d}-{index:04d}.bin"
+
+
+def index_key(nonce: str, rank: int) -> str:
+    """A rank's index object (format v3), relative to its checkpoint prefix, beside its shards."""
+    return f"{nonce}/rank{rank:03d}.index.json"
+
+
+def attempt_prefix(run_id: str, kind: str, step: int, nonce: str) -> str:
+    """Everything one save attempt wrote (every rank's shards and indexes) is under this prefix."""
+    return f"{checkpoint_prefix(run_id, kind, step)}/{nonce}/"
 
 
 @dataclass(frozen=True)
@@ -139,3 +161,49 @@ def registry_prefix(run_id: str) -> str:
 
 def registry_entry_key(run_id: str, digest: str) -> str:
     return f"{registry_prefix(run_id)}{digest}.json"
+
+
+LATEST_NAME = "latest.json"
+
+
+def latest_key(run_id: str, kind: str) -> str:
+    """The advisory latest pointer of a run's checkpoints of one kind (``cairn.checkpoint.latest``).
+
+    It lies directly under ``RUN/KIND/`` and is not a step, so ``parse_checkpoint_key`` (and with
+    it listing and retention) never takes it for a checkpoint key."""
+    return f"{run_id}/{kind}/{LATEST_NAME}"
+
+
+def steps_after(run_id: str, kind: str, step: int) -> str:
+    """A ``start_after`` bound for ``Store.list``: every key of a step above ``step`` sorts after
+    it, every key of ``step`` and below sorts before ('/' < '0', and steps have a fixed width).
+    It names no object or folder (13 digits), which SeaweedFS's ``StartAfter`` needs."""
+    return f"{checkpoint_prefix(run_id, kind, step)}0"
+
+
+HISTORY_NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+"""History keys (``loss``, ``lr``, ``val_<metric>``): they start with a letter, so a segment key
+``RUN/history/KEY/...`` never has a step where ``parse_checkpoint_key`` looks for one."""
+_SEGMENT = re.compile(r"^([0-9]{12})-([0-9]{12})-([0-9a-f]{64})\.bin$")
+
+
+def history_prefix(run_id: str) -> str:
+    """Every history segment of a run is under this prefix (``cairn.checkpoint.history``)."""
+    return f"{run_id}/history/"
+
+
+def history_segment_key(run_id: str, name: str, start: int, end: int, digest: str) -> str:
+    """The segment holding entries ``[start, end)`` of history key ``name`` whose bytes have the
+    BLAKE3 hex ``digest``: the same values always have the same key."""
+    return f"{history_prefix(run_id)}{name}/{start:012d}-{end:012d}-{digest}.bin"
+
+
+def parse_history_segment_key(key: str) -> tuple[str, str, int, int, str] | None:
+    """(run id, history key, start, end, digest) of a segment key; None for any other key."""
+    parts = key.split("/")
+    if len(parts) != 4 or parts[1] != "history":
+        return None
+    found = _SEGMENT.match(parts[3])
+    if not RUN_ID_PATTERN.match(parts[0]) or not HISTORY_NAME_PATTERN.match(parts[2]) or found is None:
+        return None
+    return parts[0], parts[2], int(found[1]), int(found[2]), found[3]

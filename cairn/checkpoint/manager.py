@@ -6,14 +6,16 @@ committed checkpoints (a manifest exists); a half-written prefix is invisible he
 
 from __future__ import annotations
 
+from cairn.checkpoint import latest
 from cairn.checkpoint.commit import CommitResult, write_checkpoint
+from cairn.checkpoint.history import read_history, remember, write_history
 from cairn.checkpoint.layout import parse_checkpoint_key, run_prefix
 from cairn.checkpoint.manifest import CheckpointKind, Manifest
 from cairn.checkpoint.options import CheckpointOptions, resolve_options
 from cairn.checkpoint.reader import read_logical, read_manifest
 from cairn.checkpoint.ref import CheckpointRef
-from cairn.checkpoint.training import split_history, training_content, training_state, training_tensors
-from cairn.checkpoint.validate import check_training_manifest
+from cairn.checkpoint.training import split_history, training_content, training_state
+from cairn.checkpoint.validate import check_training_manifest, run_bounds
 from cairn.config import TrainConfig
 from cairn.state import TrainState
 from cairn.stores.base import Store
@@ -33,15 +35,20 @@ def save_training(
 ) -> CommitResult:
     """Commit the full training state under (run_id, training, step); a run with a
     ``distributed`` config is saved in its blocked layout (format v2), exactly as its ranks
-    would save it."""
+    would save it. The history goes to the run's history segments first, only what is not
+    durable yet (``cairn.checkpoint.history``); the manifest references them."""
+    options = resolve_options(options)
     dist = state.config.distributed
-    return write_checkpoint(
+    history = write_history(store, run_id, state.history, workers=options.max_workers)
+    result = write_checkpoint(
         store,
-        training_content(run_id, state),
-        training_tensors(state),
+        training_content(run_id, state, history),
+        state.tensors,
         options=options,
         block_bytes=None if dist is None else dist.block_bytes,
     )
+    remember(store, run_id, result.manifest.history, state.step)  # the committed one's (the winner's)
+    return result
 
 
 def load_training(
@@ -73,10 +80,21 @@ def load_training_with_trainer(
 ) -> tuple[TrainState, Manifest, Trainer]:
     """``load_training``, also returning the trainer that validated the checkpoint."""
     options = resolve_options(options)
-    manifest = read_manifest(store, ref, expect_kind=CheckpointKind.TRAINING, options=options)
+    run_trainer = trainer
+    sized = None if run_trainer is None else (lambda m: run_bounds(run_trainer, m, options.limits))
+    manifest = read_manifest(store, ref, expect_kind=CheckpointKind.TRAINING, options=options, bounds=sized)
     config, trainer = check_training_manifest(manifest, run_config=run_config, trainer=trainer)
     arrays = read_logical(store, ref, manifest, max_workers=options.max_workers, value_check=trainer.check_values)
-    state = training_state(config, manifest, *split_history(arrays))
+    if manifest.history is None:  # written before history segments: the history is in the tensors
+        tensors, history = split_history(arrays)
+    else:
+        check, workers = trainer.check_values, options.max_workers
+        tensors = arrays
+        history = read_history(
+            store, ref.run_id, manifest.history, limits=options.limits, value_check=check, workers=workers
+        )
+    state = training_state(config, manifest, tensors, history)
+    remember(store, ref.run_id, manifest.history, ref.step)
     return state, manifest, trainer
 
 
@@ -100,6 +118,7 @@ def list_checkpoints(
 
 
 def latest_committed(store: Store, run_id: str, kind: CheckpointKind = CheckpointKind.TRAINING) -> CheckpointRef | None:
-    """The highest committed step of this run and kind: the last durable cursor."""
-    refs = list_checkpoints(store, run_id, kind)
-    return refs[-1] if refs else None
+    """The highest committed step of this run and kind: the last durable cursor. Found from the
+    run's advisory latest pointer in a few store calls, verified, else by listing the run
+    (``cairn.checkpoint.latest``)."""
+    return latest.latest_committed(store, run_id, kind)

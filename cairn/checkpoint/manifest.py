@@ -17,6 +17,19 @@ the block size comes from the run's config, never from the number of writers, so
 saved by 1, 2 or 4 ranks has the same tensor index and the same fingerprint. ``parts`` records
 each logical tensor's shape and block size, and is covered by the fingerprint.
 
+Format v3 keeps v2's blocks and moves their index out of the manifest: each rank commits its
+own *index object* (its shards and block entries, ``cairn.checkpoint.index``) and the root
+manifest lists the rank indexes (``indexes``: key, size, BLAKE3 checksum, entry count, bytes,
+digest, and which block ranges each covers) instead of every block, so it grows with ranks,
+not blocks. ``parts`` then records each logical tensor's dtype too. The root is still the one
+commit marker, created-if-absent last; a rank restoring its slice reads the root and only the
+indexes that cover it.
+
+A training checkpoint's history (loss, lr, evaluations) is either tensors ``history/KEY`` (as
+written before) or, in any version, ``history``: run-level segments shared by the run's
+checkpoints (``cairn.checkpoint.history``); the fingerprint covers each key's length and the
+BLAKE3 of its values, not how they are cut into segments.
+
 Shard keys are relative paths under the checkpoint prefix: '/'-separated segments, none
 empty, '.' or '..', no leading '/', no backslash, NUL or newline. Anything else is refused
 when the manifest is parsed, before a key reaches a store.
@@ -30,7 +43,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_serializer, model_validator
 
-from cairn.checkpoint.layout import RUN_ID_PATTERN
+from cairn.checkpoint.layout import HISTORY_NAME_PATTERN, RUN_ID_PATTERN
 from cairn.state import Lineage
 from cairn.stores.base import key_problem
 
@@ -45,14 +58,22 @@ __all__ = [
     "PartSpec",
     "Manifest",
     "BLOCKED_FORMAT_VERSION",
+    "INDEXED_FORMAT_VERSION",
+    "IndexRef",
+    "Cover",
     "shard_key_problem",
+    "HistorySegment",
+    "HistorySeries",
+    "HistoryRef",
 ]
 
 FORMAT_NAME = "cairn-checkpoint"
 FORMAT_VERSION = 1
 BLOCKED_FORMAT_VERSION = 2
-"""Version of manifests with a blocked layout (``parts``); everything else is written as v1."""
-SUPPORTED_VERSIONS = frozenset({1, 2})
+"""Blocked layout (``parts``) with every block listed in the manifest; read, no longer written."""
+INDEXED_FORMAT_VERSION = 3
+"""Blocked layout with per-rank index objects (``indexes``): what blocked saves write."""
+SUPPORTED_VERSIONS = frozenset({1, 2, 3})
 
 
 def shard_key_problem(key: str) -> str | None:
@@ -110,10 +131,67 @@ class WriterInfo(_Model):
 
 
 class PartSpec(_Model):
-    """One logical tensor of a blocked (v2) checkpoint: its shape and its block size in elements."""
+    """One logical tensor of a blocked checkpoint: its shape, its block size in elements and
+    (format v3, whose root lists no blocks) its dtype tag."""
 
     shape: list[int]
     block_elems: int = Field(gt=0)
+    dtype: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _v2_has_no_dtype(self, handler: Any) -> Any:
+        body = handler(self)
+        if body.get("dtype") is None:
+            body.pop("dtype", None)  # a v2 part stays exactly v2 (and so does its fingerprint)
+        return body
+
+
+Cover = tuple[str, int, int]
+"""(logical tensor, first block, stop block): a range of blocks one rank's index holds."""
+
+
+class IndexRef(_Model):
+    """One rank's index object, as the v3 root manifest references it."""
+
+    rank: int = Field(ge=0)
+    key: ShardKey = Field(description="relative to the checkpoint prefix")
+    bytes: int = Field(ge=0)
+    checksum: str = Field(pattern=r"^blake3:[0-9a-f]{64}$")
+    """Of the index object's bytes: the root (and its signature) vouches for every entry."""
+    entries: int = Field(ge=0)
+    total_bytes: int = Field(ge=0)
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    """This rank's share of the index digest (``cairn.checkpoint.index``)."""
+    covers: list[Cover]
+
+
+class HistorySegment(_Model):
+    """One run-level history object: entries ``[start, end)`` of one history key, raw
+    little-endian float64, named by its range and checksum (``layout.history_segment_key``)."""
+
+    start: int = Field(ge=0)
+    end: int = Field(gt=0)
+    checksum: str = Field(pattern=r"^blake3:[0-9a-f]{64}$")
+
+
+class HistorySeries(_Model):
+    """One history key of a checkpoint: its length, the BLAKE3 of all its values (what the
+    fingerprint covers, however they are cut) and the segments that tile ``[0, length)``."""
+
+    length: int = Field(ge=0)
+    digest: str = Field(pattern=r"^blake3:[0-9a-f]{64}$")
+    segments: list[HistorySegment]
+
+
+HistoryName = Annotated[str, Field(pattern=HISTORY_NAME_PATTERN.pattern)]
+
+
+class HistoryRef(_Model):
+    """A training checkpoint's history, kept in run-level segments (``cairn.checkpoint.history``)."""
+
+    chunk: int = Field(ge=1 << 10, le=1 << 24)
+    """Entries per full chunk segment, a constant of the writer (``history.HISTORY_CHUNK``)."""
+    series: dict[HistoryName, HistorySeries]
 
 
 class Manifest(_Model):
@@ -134,19 +212,33 @@ class Manifest(_Model):
     writer: WriterInfo
     signature: str | None = None
     parts: dict[str, PartSpec] | None = None
-    """v2 only: logical tensor name -> shape and block size (``cairn.checkpoint.blocks``)."""
+    """v2 and v3: logical tensor name -> shape and block size (``cairn.checkpoint.blocks``)."""
+    indexes: list[IndexRef] | None = None
+    """v3 only: the rank index objects, by rank; the root's ``tensors`` and ``shards`` are empty."""
+    history: HistoryRef | None = None
+    """The history as run-level segments; None: the history is in ``tensors`` (``history/KEY``)."""
 
     @model_validator(mode="after")
-    def _parts_iff_v2(self) -> Manifest:
-        if (self.parts is not None) != (self.format_version == BLOCKED_FORMAT_VERSION):
-            raise ValueError(f"parts are given exactly when format_version is {BLOCKED_FORMAT_VERSION}")
+    def _layout_by_version(self) -> Manifest:
+        blocked = self.format_version in (BLOCKED_FORMAT_VERSION, INDEXED_FORMAT_VERSION)
+        if (self.parts is not None) != blocked:
+            raise ValueError(
+                f"parts are given exactly when format_version is {BLOCKED_FORMAT_VERSION} or {INDEXED_FORMAT_VERSION}"
+            )
+        if (self.indexes is not None) != (self.format_version == INDEXED_FORMAT_VERSION):
+            raise ValueError(f"indexes are given exactly when format_version is {INDEXED_FORMAT_VERSION}")
+        if self.indexes is not None and (self.tensors or self.shards):
+            raise ValueError("a v3 root manifest lists its blocks in rank indexes, not in tensors or shards")
+        if self.format_version == INDEXED_FORMAT_VERSION and any(p.dtype is None for p in (self.parts or {}).values()):
+            raise ValueError("every part of a v3 manifest declares its dtype")
         return self
 
     @model_serializer(mode="wrap")
     def _v1_has_no_parts(self, handler: Any) -> Any:
         body = handler(self)
-        if body.get("parts") is None:
-            body.pop("parts", None)  # a v1 manifest stays exactly v1 (older readers refuse unknown fields)
+        for optional in ("parts", "indexes", "history"):
+            if body.get(optional) is None:
+                body.pop(optional, None)  # a v1/v2 manifest stays exactly so (older readers refuse unknown fields)
         return body
 
     def to_json_bytes(self) -> bytes:

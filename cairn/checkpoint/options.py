@@ -12,22 +12,64 @@ and the object is passed down. A library call given no options gets the configur
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass, field
 
 from cairn.checkpoint.signing import Signer, signer_from_env
+from cairn.errors import ConfigError
 
-__all__ = ["Limits", "DEFAULT_LIMITS", "CheckpointOptions", "resolve_options"]
+__all__ = ["Limits", "DEFAULT_LIMITS", "CEILING_ENV", "parse_byte_count", "CheckpointOptions", "resolve_options"]
+
+
+CEILING_ENV = "CAIRN_MAX_CHECKPOINT_BYTES"
+"""Overrides the ceiling on a checkpoint's total bytes (``Limits.max_total_bytes``)."""
 
 
 @dataclass(frozen=True)
 class Limits:
-    """Bounds checked from the manifest alone, before anything is allocated; a writer refuses
-    content past them too, so whatever commits can be read back."""
+    """Ceilings checked from the manifest alone, before anything is allocated; a writer refuses
+    content past them too, so whatever commits can be read back.
+
+    These are only the outer bound, for a reader that knows nothing of the run. A training
+    import is sized by the run itself: its trainer's tensor specs give every tensor's exact
+    dtype and shape, and a checkpoint that claims more than they add up to is refused before
+    any byte is read (``cairn.checkpoint.validate``). The ceilings are set high enough for a
+    trillion-parameter state trained with Adam (16 TB) and low enough that a forged claim of
+    10^15 bytes is refused by the ceiling alone.
+    """
 
     max_manifest_bytes: int = 16 << 20
-    max_tensors: int = 4096
-    max_total_bytes: int = 64 << 30
+    """The manifest (for format v3, the root manifest)."""
+    max_tensors: int = 1 << 16
+    """Logical tensors (a v1 manifest's entries, a blocked manifest's ``parts``)."""
+    max_total_bytes: int = 64 << 40
     max_ndim: int = 8
+    max_blocks: int = 1 << 24
+    """Block entries of a blocked checkpoint, over all its ranks."""
+    max_index_bytes: int = 256 << 20
+    """One rank's index object (format v3)."""
+    sized_by: str = "the ceiling"
+    """Where these bounds come from, for the refusal's message ("the run's trainer", ...)."""
+
+    @classmethod
+    def from_env(cls) -> Limits:
+        """The default ceilings, with ``CAIRN_MAX_CHECKPOINT_BYTES`` (an integer byte count,
+        optionally with a KiB/MiB/GiB/TiB suffix) as the total-bytes ceiling when set."""
+        raw = os.environ.get(CEILING_ENV, "").strip()
+        return cls() if not raw else cls(max_total_bytes=parse_byte_count(raw, CEILING_ENV))
+
+
+_UNITS = {"": 1, "B": 1, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40, "PIB": 1 << 50}
+
+
+def parse_byte_count(text: str, field: str) -> int:
+    """``'64TiB'``, ``'1048576'`` -> bytes; ``ConfigError`` naming ``field`` otherwise."""
+    match = re.fullmatch(r"\s*([0-9]+)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).upper() if match else None
+    if match is None or unit not in _UNITS or int(match.group(1)) <= 0:
+        raise ConfigError(field=field, expected="a positive byte count, e.g. 68719476736 or 64TiB", found=text)
+    return int(match.group(1)) * _UNITS[unit]
 
 
 DEFAULT_LIMITS = Limits()
@@ -45,7 +87,8 @@ class CheckpointOptions:
 
     @classmethod
     def from_env(cls, **overrides: object) -> CheckpointOptions:
-        """The configured signer (``CAIRN_SIGNING_KEY[_FILE]``) and default bounds."""
+        """The configured signer (``CAIRN_SIGNING_KEY[_FILE]``) and ceilings (``Limits.from_env``)."""
+        overrides.setdefault("limits", Limits.from_env())
         return cls(signer=signer_from_env(), **overrides)  # type: ignore[arg-type]
 
 

@@ -27,11 +27,19 @@ from pydantic import ValidationError
 
 from cairn.checkpoint.blocks import base_name, check_parts, parts_json, plan_blocks
 from cairn.checkpoint.content import CheckpointContent, index_of
+from cairn.checkpoint.index import check_index_refs, expand, index_summary
 from cairn.checkpoint.layout import manifest_key
 from cairn.checkpoint.manifest import FORMAT_NAME, SUPPORTED_VERSIONS, CheckpointKind, Manifest, TensorEntry
 from cairn.checkpoint.options import DEFAULT_LIMITS, CheckpointOptions, Limits, resolve_options
 from cairn.checkpoint.ref import CheckpointRef
-from cairn.checkpoint.tensors import CHECK_CHUNK, byte_view, dtype_from_tag, require_checksum, require_shape
+from cairn.checkpoint.tensors import (
+    CHECK_CHUNK,
+    byte_view,
+    dtype_from_tag,
+    require_checksum,
+    require_in_shard,
+    require_shape,
+)
 from cairn.errors import (
     CheckpointNotFoundError,
     FormatVersionError,
@@ -83,12 +91,38 @@ def parse_manifest(raw: bytes, where: str, *, limits: Limits = DEFAULT_LIMITS) -
 
 def _check_structure(manifest: Manifest, limits: Limits) -> None:
     """Declared sizes and layout, checked before any tensor is allocated."""
+    if manifest.indexes is not None:  # v3: the root's parts and rank index refs (O(ranks + tensors))
+        parts = manifest.parts or {}
+        if len(parts) > limits.max_tensors:
+            raise SizeLimitError(field="parts", expected=f"<= {limits.max_tensors} tensors", found=len(parts))
+        if manifest.total_bytes > limits.max_total_bytes:
+            raise SizeLimitError(
+                field="total_bytes",
+                expected=f"<= {limits.max_total_bytes} ({limits.sized_by})",
+                found=manifest.total_bytes,
+            )
+        declared = 0
+        for name, spec in parts.items():
+            require_shape(spec.shape, f"parts[{name}].shape", max_ndim=limits.max_ndim)
+            declared += math.prod(spec.shape) * dtype_from_tag(str(spec.dtype), f"parts[{name}].dtype").itemsize
+            if declared > limits.max_total_bytes:  # Python ints, from the root alone
+                raise SizeLimitError(
+                    "the declared tensors add up past the bound",
+                    field=f"parts[{name}].shape",
+                    expected=f"<= {limits.max_total_bytes} bytes in all ({limits.sized_by})",
+                    found=declared,
+                )
+        check_parts(manifest)
+        check_index_refs(manifest, limits)
+        return
     if len(manifest.tensors) > limits.max_tensors:
         raise SizeLimitError(field="tensors", expected=f"<= {limits.max_tensors} tensors", found=len(manifest.tensors))
     if manifest.total_bytes > limits.max_total_bytes:
-        raise SizeLimitError(field="total_bytes", expected=f"<= {limits.max_total_bytes}", found=manifest.total_bytes)
-    shards = {s.key: s for s in manifest.shards}
-    if len(shards) != len(manifest.shards):
+        raise SizeLimitError(
+            field="total_bytes", expected=f"<= {limits.max_total_bytes} ({limits.sized_by})", found=manifest.total_bytes
+        )
+    sizes = {s.key: s.bytes for s in manifest.shards}
+    if len(sizes) != len(manifest.shards):
         raise ManifestError("a shard is listed twice", field="shards", found=[s.key for s in manifest.shards])
     seen: set[str] = set()
     total = 0
@@ -109,16 +143,7 @@ def _check_structure(manifest: Manifest, limits: Limits) -> None:
                 expected=want,
                 found=t.length,
             )
-        shard = shards.get(t.shard)
-        if shard is None:
-            raise TensorSpecError(field=f"{where}.shard", expected=sorted(shards), found=t.shard)
-        if t.offset + t.length > shard.bytes:
-            raise TensorSpecError(
-                "tensor runs past the end of its shard",
-                field=f"{where}.offset",
-                expected=f"offset + length <= {shard.bytes}",
-                found=t.offset + t.length,
-            )
+        require_in_shard(where, t.shard, t.offset, t.length, sizes)
         total += t.length
     if total != manifest.total_bytes:
         raise TensorSpecError(field="total_bytes", expected=total, found=manifest.total_bytes)
@@ -131,10 +156,19 @@ def read_manifest(
     *,
     expect_kind: CheckpointKind | None,
     options: CheckpointOptions | None = None,
+    expand_index: bool = True,
+    bounds: Callable[[Manifest], Limits] | None = None,
 ) -> Manifest:
     """Read and check a committed manifest: size, format, schema, kind, location, signature
     (when a key is configured: ``options`` defaults to the configured ones),
-    layout and fingerprint."""
+    layout and fingerprint.
+
+    A v3 manifest is returned with every rank index read, checked and filled in (its
+    ``tensors`` and ``shards``); ``expand_index=False`` returns the checked root alone, for a
+    reader that then reads only the indexes it needs (``cairn.checkpoint.index.expand``).
+
+    ``bounds``: the bounds sized by the run (``cairn.checkpoint.validate.run_bounds``: what its
+    trainer declares, under the ceiling), applied to the layout in place of ``options.limits``."""
     options = resolve_options(options)
     limits = options.limits
     key = manifest_key(ref.run_id, ref.kind, ref.step)
@@ -163,8 +197,11 @@ def read_manifest(
             raise IntegrityError("manifest does not match its location", field=name, expected=want, found=found)
     if options.signer is not None:
         options.signer.verify(manifest.signed_payload(), manifest.signature)
-    _check_structure(manifest, limits)
-    recomputed = CheckpointContent.of(manifest).fingerprint(index_of(manifest.tensors), parts_json(manifest.parts))
+    _check_structure(manifest, limits if bounds is None else bounds(manifest))
+    summary = None if manifest.indexes is None else index_summary(manifest.indexes)
+    recomputed = CheckpointContent.of(manifest).fingerprint(
+        index_of(manifest.tensors), parts_json(manifest.parts), summary
+    )
     if recomputed != manifest.fingerprint:
         raise IntegrityError(
             "manifest content does not match its fingerprint (edited or corrupted)",
@@ -172,6 +209,8 @@ def read_manifest(
             expected=recomputed,
             found=manifest.fingerprint,
         )
+    if expand_index and manifest.indexes is not None:
+        return expand(store, ref, manifest, workers=2 * options.max_workers)
     return manifest
 
 

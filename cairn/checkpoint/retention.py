@@ -3,10 +3,12 @@
 Pinned = every ``keep_every`` steps, or named with ``pin`` (an object ``RUN/pins/NAME``
 holding the step). Deleted: older unpinned committed checkpoints (manifest first, so a
 checkpoint stops existing before its shards go), uncommitted prefixes older than the grace
-period (crashed writers), shard files no manifest refers to (losing racers), and incomplete
-multipart uploads under the run (writers killed mid-upload; S3 only), also only after the
-grace period. Never deleted: the latest committed checkpoint, or anything younger
-than the grace period (it may be being written right now).
+period (crashed writers), shard files no manifest refers to (losing racers), history segments
+(``RUN/history/``) no kept checkpoint refers to, and incomplete multipart uploads under the run
+(writers killed mid-upload; S3 only), also only after the grace period. Never deleted: the
+latest committed checkpoint, a segment a kept checkpoint (or a pin) refers to — nor any
+segment while a kept manifest cannot be read — or anything younger than the grace period (it
+may be being written right now: a save writes its segments before its manifest).
 """
 
 from __future__ import annotations
@@ -17,15 +19,18 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from cairn.checkpoint.history import history_ref_keys
 from cairn.checkpoint.layout import (
     MANIFEST_NAME,
     RUN_ID_PATTERN,
+    history_prefix,
     parse_checkpoint_key,
+    parse_history_segment_key,
     pin_key,
     pins_prefix,
     run_prefix,
 )
-from cairn.checkpoint.manifest import CheckpointKind
+from cairn.checkpoint.manifest import CheckpointKind, Manifest
 from cairn.checkpoint.reader import parse_manifest
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.errors import CheckpointError, ConfigError, InvalidObjectError
@@ -63,6 +68,8 @@ class GcPlan:
     """Manifests of the checkpoints in ``delete``: removed first, so each stops existing."""
     remove: list[str] = field(default_factory=list, repr=False)
     """Every other object of the checkpoints in ``delete``, removed after."""
+    segments: list[str] = field(default_factory=list)
+    """History segments no kept checkpoint refers to, past the grace period (removed last)."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -71,6 +78,7 @@ class GcPlan:
             "orphans": self.orphans,
             "deleted_bytes": self.deleted_bytes,
             "aborted_uploads": self.aborted_uploads,
+            "history_segments": len(self.segments),
         }
 
 
@@ -108,10 +116,14 @@ def plan_gc(store: Store, run_id: str, policy: RetentionPolicy, now: float | Non
     are read only for the checkpoints kept (to find shards no manifest refers to)."""
     now = time.time() if now is None else now
     by_prefix: dict[tuple[str, int], list[ObjectInfo]] = defaultdict(list)
+    segments: list[ObjectInfo] = []
     for info in store.list(run_prefix(run_id)):
         key = parse_checkpoint_key(info.key)
         if key is not None and key.run_id == run_id:
             by_prefix[(key.kind, key.step)].append(info)
+        elif info.key.startswith(history_prefix(run_id)) and parse_history_segment_key(info.key) is not None:
+            segments.append(info)
+    referenced: set[str] | None = set()  # None: a kept manifest is unreadable, so nothing is known
     pins = pinned_steps(store, run_id)
     plan = GcPlan()
     committed: dict[str, list[int]] = defaultdict(list)
@@ -130,28 +142,51 @@ def plan_gc(store: Store, run_id: str, policy: RetentionPolicy, now: float | Non
             objects = by_prefix[(kind, step)]
             if step in keep:
                 plan.keep.append(ref)
-                plan.orphans += _unreferenced_shards(store, ref, objects, now, policy)
+                manifest = _kept_manifest(store, ref)
+                plan.orphans += _unreferenced_shards(manifest, ref, objects, now, policy)
+                if manifest is None or referenced is None:
+                    referenced = None
+                elif manifest.history is not None:
+                    referenced |= history_ref_keys(run_id, manifest.history)
             else:
                 plan.delete.append(ref)
                 plan.uncommit += [o.key for o in objects if o.key.endswith("/" + MANIFEST_NAME)]
                 plan.remove += [o.key for o in objects if not o.key.endswith("/" + MANIFEST_NAME)]
+    if referenced is not None:
+        doomed = [o for o in segments if o.key not in referenced and now - o.mtime > policy.grace_seconds]
+        plan.segments = [o.key for o in doomed]
+        plan.deleted_bytes += sum(o.size for o in doomed)
     orphans = set(plan.orphans)
     deleted = {(r.kind.value, r.step) for r in plan.delete}
-    plan.deleted_bytes = sum(
+    plan.deleted_bytes += sum(
         o.size for prefix, objects in by_prefix.items() for o in objects if prefix in deleted or o.key in orphans
     )
     return plan
 
 
-def _unreferenced_shards(
-    store: Store, ref: CheckpointRef, objects: list[ObjectInfo], now: float, policy: RetentionPolicy
-) -> list[str]:
+def _kept_manifest(store: Store, ref: CheckpointRef) -> Manifest | None:
+    """A kept checkpoint's manifest, or None when it cannot be read (for ``verify`` to report,
+    not for GC to act on)."""
     try:
-        manifest = parse_manifest(store.read(f"{ref.prefix}/{MANIFEST_NAME}"), str(ref))
+        return parse_manifest(store.read(f"{ref.prefix}/{MANIFEST_NAME}"), str(ref))
     except (CheckpointError, InvalidObjectError):
+        return None
+
+
+def _unreferenced_shards(
+    manifest: Manifest | None, ref: CheckpointRef, objects: list[ObjectInfo], now: float, policy: RetentionPolicy
+) -> list[str]:
+    if manifest is None:
         return []  # an unreadable manifest is for `verify` to report, not for GC to act on
     used = {f"{ref.prefix}/{s.key}" for s in manifest.shards} | {f"{ref.prefix}/{MANIFEST_NAME}"}
-    return [o.key for o in objects if o.key not in used and now - o.mtime > policy.grace_seconds]
+    committed = None if manifest.indexes is None else f"{ref.prefix}/{manifest.writer.nonce}/"
+    return [
+        o.key
+        for o in objects
+        if o.key not in used
+        and not (committed and o.key.startswith(committed))  # v3: the committed attempt's shards and indexes
+        and now - o.mtime > policy.grace_seconds
+    ]
 
 
 def collect_garbage(
@@ -166,5 +201,7 @@ def collect_garbage(
     store.delete(plan.uncommit)
     store.delete(plan.remove)
     store.delete(plan.orphans)
+    if plan.segments:  # last: what a kept checkpoint refers to is never among them
+        store.delete(plan.segments)
     plan.aborted_uploads = store.abort_stale_uploads(run_prefix(run_id), policy.grace_seconds, now=now)
     return plan

@@ -11,6 +11,7 @@ bfloat16 (``ml_dtypes``), whose numpy string ``<V2`` would not say what its byte
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import ml_dtypes
@@ -31,6 +32,7 @@ __all__ = [
     "HASH_CHUNK",
     "CHECK_CHUNK",
     "MAX_DIM",
+    "require_in_shard",
     "MAX_ELEMENTS",
     "require_shape",
     "as_le_contiguous",
@@ -123,4 +125,19 @@ def require_checksum(name: str, expected: str, hasher: blake3) -> None:
             field=f"tensors[{name}].checksum",
             expected=expected,
             found=found,
+        )
+
+
+def require_in_shard(field: str, shard_key: str, offset: int, length: int, shard_sizes: Mapping[str, int]) -> None:
+    """Refuse an entry whose shard is not listed, or whose bytes run past its shard's end
+    (``field``: the entry, e.g. ``tensors[NAME]``)."""
+    size = shard_sizes.get(shard_key)
+    if size is None:
+        raise TensorSpecError(field=f"{field}.shard", expected=sorted(shard_sizes)[:10], found=shard_key)
+    if offset + length > size:
+        raise TensorSpecError(
+            "tensor runs past the end of its shard",
+            field=f"{field}.offset",
+            expected=f"offset + length <= {size}",
+            found=offset + length,
         )

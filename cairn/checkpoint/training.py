@@ -1,6 +1,7 @@
-"""A training state in checkpoint form, stated once: its tensors (the state's own plus its
-history under ``history/``), the rest of its content, and the state rebuilt from what a
-checkpoint holds."""
+"""A training state in checkpoint form, stated once: its tensors, the rest of its content (its
+history as run-level segments: ``cairn.checkpoint.history``), and the state rebuilt from what a
+checkpoint holds. Checkpoints written before history segments hold the history as tensors
+``history/KEY`` (``training_tensors``, ``split_history``); they still restore."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from cairn.checkpoint.content import CheckpointContent
-from cairn.checkpoint.manifest import CheckpointKind, Manifest
+from cairn.checkpoint.content import HISTORY_PREFIX, CheckpointContent
+from cairn.checkpoint.manifest import CheckpointKind, HistoryRef, Manifest
 from cairn.config import TrainConfig
 from cairn.state import TrainState
 from cairn.trainers.base import check_eval_history
@@ -25,9 +26,6 @@ __all__ = [
     "training_content",
     "training_state",
 ]
-
-HISTORY_PREFIX = "history/"
-"""Checkpoint tensors under this prefix are the state's history (float64, one value per entry)."""
 
 
 def history_name(key: str) -> str:
@@ -51,12 +49,15 @@ def split_history(arrays: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarra
 
 
 def training_tensors(state: TrainState) -> dict[str, np.ndarray]:
-    """The arrays of a training state, by checkpoint tensor name (views, not copies)."""
+    """The arrays of a training state with its history as ``history/KEY`` tensors, by checkpoint
+    tensor name (the state's arrays are views, not copies): the form of checkpoints written
+    before history segments. New saves write ``state.tensors`` and the history as segments."""
     return {**state.tensors, **history_arrays(state.history)}
 
 
-def training_content(run_id: str, state: TrainState) -> CheckpointContent:
-    """Everything but the tensors of a training checkpoint of ``state``."""
+def training_content(run_id: str, state: TrainState, history: HistoryRef | None = None) -> CheckpointContent:
+    """Everything but the tensors of a training checkpoint of ``state``; ``history``: the
+    segments its history was written to (``cairn.checkpoint.history.write_history``)."""
     return CheckpointContent(
         kind=CheckpointKind.TRAINING,
         run_id=run_id,
@@ -66,6 +67,7 @@ def training_content(run_id: str, state: TrainState) -> CheckpointContent:
         lineage=state.lineage,
         rng=state.rng_state,
         meta=state.meta,
+        history=history,
     )
 
 

@@ -13,20 +13,25 @@ fingerprint) live in ``cairn.checkpoint.reader``; this module adds what makes th
 - tensor set: exactly the trainer's ``tensor_specs`` (names, dtypes, shapes — asked of the
   model, not a hard-coded list) plus the history: ``loss``/``lr`` with one value per step and,
   for trainers with a validation split, ``val_step``/``val_loss`` and one ``val_<metric>`` per
-  ``trainer.eval_metrics`` with one value per evaluation passed (``trainer.evaluations(step)``);
+  ``trainer.eval_metrics`` with one value per evaluation passed (``trainer.evaluations(step)``) —
+  as ``history/KEY`` tensors, or as history segments whose ref tiles each key's length exactly;
 - values: finite everywhere, and the trainer's own value rules (the MLP's Adam v >= 0);
 - invariants: the trainer's ``check_state`` (cursor vs step, RNG form, data position, ...).
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
 
 from cairn.checkpoint.blocks import logical_specs
-from cairn.checkpoint.manifest import Manifest
+from cairn.checkpoint.history import check_history_ref
+from cairn.checkpoint.manifest import HistoryRef, Manifest
+from cairn.checkpoint.options import Limits
 from cairn.checkpoint.tensors import dtype_tag
 from cairn.checkpoint.training import history_name, is_history
 from cairn.config import TrainConfig, config_error_from
@@ -34,6 +39,7 @@ from cairn.errors import (
     IncompatibleConfigError,
     InvariantError,
     ManifestError,
+    SizeLimitError,
     TensorSpecError,
 )
 from cairn.trainers.base import (
@@ -46,24 +52,76 @@ from cairn.trainers.loading import load_trainer, normalized_config, require_trus
 __all__ = [
     "IDENTITY_FIELDS",
     "expected_tensors",
+    "expected_history",
     "check_training_manifest",
     "check_config_compatible",
+    "run_bounds",
     "manifest_config",
 ]
 
 IDENTITY_FIELDS = ("trainer", "seed", "batch_size", "model", "data", "tokenizer_version", "init_from", "distributed")
 F8 = dtype_tag(np.float64)
+WIDEST_ITEMSIZE = 8
+"""Bytes per element of the widest dtype a checkpoint may hold (``ALLOWED_DTYPES``)."""
+
+
+def expected_history(trainer: Trainer, manifest: Manifest) -> dict[str, int]:
+    """History key -> how many values a training checkpoint at the manifest's step holds."""
+    out = dict.fromkeys(STEP_HISTORY, manifest.step)
+    if trainer.eval_history:
+        keys = ("val_step", "val_loss", *(f"val_{m}" for m in trainer.eval_metrics(manifest.meta)))
+        out.update(dict.fromkeys(keys, trainer.evaluations(manifest.step)))
+    return out
 
 
 def expected_tensors(trainer: Trainer, manifest: Manifest) -> dict[str, TensorSpec]:
-    """Tensor name -> spec that a training checkpoint of ``trainer`` at the manifest's step must hold."""
+    """Tensor name -> spec that a training checkpoint of ``trainer`` at the manifest's step must
+    hold (its history among them, as ``history/KEY``, unless it is kept in segments)."""
     out = dict(trainer.tensor_specs(manifest.step, manifest.meta))
-    out.update({history_name(k): TensorSpec(F8, (manifest.step,)) for k in STEP_HISTORY})
-    if trainer.eval_history:
-        n = trainer.evaluations(manifest.step)
-        keys = ("val_step", "val_loss", *(f"val_{m}" for m in trainer.eval_metrics(manifest.meta)))
-        out.update({history_name(k): TensorSpec(F8, (n,)) for k in keys})
+    if manifest.history is None:
+        out.update({history_name(k): TensorSpec(F8, (n,)) for k, n in expected_history(trainer, manifest).items()})
     return out
+
+
+def _check_history(ref: HistoryRef, want: dict[str, int]) -> None:
+    """Exactly the expected history keys, each of its expected length, tiled by its segments."""
+    missing, extra = sorted(set(want) - set(ref.series)), sorted(set(ref.series) - set(want))
+    if missing or extra:
+        raise TensorSpecError(
+            "missing history" if missing else "unexpected history",
+            field="history.series",
+            expected=sorted(want),
+            found=sorted(ref.series),
+        )
+    for name, n in want.items():
+        if ref.series[name].length != n:
+            raise InvariantError(
+                "len(history) must equal step" if name in STEP_HISTORY else "one value per evaluation",
+                field=f"history.series[{name}].length",
+                expected=n,
+                found=ref.series[name].length,
+            )
+    check_history_ref(ref)
+
+
+def run_bounds(trainer: Trainer, manifest: Manifest, ceiling: Limits) -> Limits:
+    """The bounds a training checkpoint of ``trainer`` at the manifest's step is read under,
+    sized by what its tensor specs declare (never above the ``ceiling``): at most as many bytes
+    as the declared elements take in the widest dtype a checkpoint may hold (8 bytes), and at
+    most as many blocks as the declared elements make at the manifest's block sizes. Computed
+    from the specs (Python integers): a manifest that claims more is refused before anything
+    is allocated, and one the trainer declares at 2 TB is read. (The exact dtypes and shapes
+    are compared next, by ``check_training_manifest``.)"""
+    specs = expected_tensors(trainer, manifest)
+    parts = manifest.parts or {}
+    elements = {name: math.prod(spec.shape) for name, spec in specs.items()}
+    blocks = sum(max(1, -(-n // parts[name].block_elems)) if name in parts else 1 for name, n in elements.items())
+    return replace(
+        ceiling,
+        max_total_bytes=min(ceiling.max_total_bytes, WIDEST_ITEMSIZE * sum(elements.values())),
+        max_blocks=min(ceiling.max_blocks, blocks),
+        sized_by=f"what the run's trainer declares at step {manifest.step}",
+    )
 
 
 def _first_difference(a: Any, b: Any, path: str) -> tuple[str, Any, Any] | None:
@@ -122,6 +180,13 @@ def check_training_manifest(
         check_config_compatible(normalized_config(run_config) if trainer is None else run_config, config)
     if trainer is None:
         trainer = load_trainer(config)
+    declared = run_bounds(trainer, manifest, Limits())
+    if manifest.total_bytes > declared.max_total_bytes:  # (read_manifest's bounds, if it was not given them)
+        raise SizeLimitError(
+            field="total_bytes",
+            expected=f"<= {declared.max_total_bytes} ({declared.sized_by})",
+            found=manifest.total_bytes,
+        )
     lineage = manifest.lineage
     if lineage is None:
         raise ManifestError(field="lineage", expected="dataset and model versions", found=None)
@@ -164,4 +229,6 @@ def check_training_manifest(
             )
         if got_shape != spec.shape:
             raise TensorSpecError(field=f"tensors[{name}].shape", expected=list(spec.shape), found=list(got_shape))
+    if manifest.history is not None:
+        _check_history(manifest.history, expected_history(trainer, manifest))
     return config, trainer

@@ -2,14 +2,17 @@
 
 Save (``coordinated_save``): rank 0 draws the attempt's nonce and broadcasts it; every rank
 streams its own blocks out as its own shard files (``write_shards``, concurrently across
-ranks); an all-gather of the ranks' shard indexes is the barrier — it completes only when every
-rank's shards are durable, or reports which rank failed; then rank 0 alone commits one manifest
-(``commit_manifest``, create-if-absent) and broadcasts the outcome. A rank that dies before the
+ranks), then its own index object (``cairn.checkpoint.index``); an all-gather of the ranks'
+index refs (a few hundred bytes each, whatever the number of blocks) is the barrier — it
+completes only when every rank's shards and index are durable, or reports which rank failed;
+then rank 0 alone commits the root manifest (``commit_indexed``, create-if-absent, format v3)
+and broadcasts the outcome. A rank that dies before the
 commit leaves nonce-named shards and no manifest: no checkpoint exists, and the retry (a new
 nonce) converges on the same idempotency key (run, kind, step). Retention collects the orphans.
 
-Load (``read_blocks``): every rank reads the manifest and checks it against the run's trainer
-(all metadata rules), then reads exactly the blocks it owns at the *new* world size — ranged
+Load (``read_blocks``): every rank reads the root manifest and checks it against the run's
+trainer (all metadata rules), reads only the rank indexes that cover the blocks it owns at the
+*new* world size, then exactly those blocks — ranged
 reads of those byte ranges only, each block checksummed and value-checked — into its own
 buffers. The outcome of every rank is agreed before anyone uses what it read.
 """
@@ -23,13 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from cairn.checkpoint.commit import commit_manifest
+from cairn.checkpoint.commit import commit_indexed
 from cairn.checkpoint.content import CheckpointContent
-from cairn.checkpoint.manifest import Manifest, PartSpec, ShardEntry, TensorEntry
+from cairn.checkpoint.index import expand, write_rank_index
+from cairn.checkpoint.manifest import IndexRef, Manifest, PartSpec
 from cairn.checkpoint.options import CheckpointOptions
 from cairn.checkpoint.reader import read_tensors
 from cairn.checkpoint.ref import CheckpointRef
-from cairn.checkpoint.shards import RankShards, new_save_nonce, write_shards
+from cairn.checkpoint.shards import new_save_nonce, write_shards
 from cairn.distributed.comm import Comm
 from cairn.errors import CairnError, StorageError, error_named
 from cairn.faults import maybe_crash
@@ -78,31 +82,20 @@ def coordinated_save(
     report: dict[str, Any]
     try:
         shards = write_shards(store, content, mine, nonce=nonce, rank=comm.rank, options=options)
-        report = {
-            "rank": comm.rank,
-            "shards": [s.model_dump(mode="json") for s in shards.shards],
-            "tensors": [t.model_dump(mode="json") for t in shards.tensors],
-        }
+        report = {"index": write_rank_index(store, content, shards, nonce=nonce).model_dump(mode="json")}
     except Exception as exc:  # reported to every rank below, then raised everywhere
         report = {"error": failure_of(exc)}
     maybe_crash("rank-mid-save", tag=f"{comm.rank}@{content.step}")
-    reports = comm.all_gather_json(report)  # the barrier: every rank's shards are durable
+    reports = comm.all_gather_json(report)  # the barrier: every rank's shards and index are durable
     for rank, r in enumerate(reports):  # every rank sees the same reports: all raise alike
         if "error" in r:
             raise error_named(r["error"][0], f"rank {rank} of {comm.world}: save: {r['error'][1]}")
     outcome: dict[str, Any] | None = None
     failure: list[str] | None = None
     if comm.rank == 0:
-        ranks = [
-            RankShards(
-                rank=r["rank"],
-                shards=[ShardEntry.model_validate(s) for s in r["shards"]],
-                tensors=[TensorEntry.model_validate(t) for t in r["tensors"]],
-            )
-            for r in reports
-        ]
         try:
-            result = commit_manifest(store, content, ranks, nonce=nonce, options=options, parts=parts)
+            refs = [IndexRef.model_validate(r["index"]) for r in reports]
+            result = commit_indexed(store, content, refs, nonce=nonce, options=options, parts=parts)
             outcome = {
                 "ref": str(result.ref),
                 "fingerprint": result.manifest.fingerprint,
@@ -130,6 +123,8 @@ def read_blocks(
     block checked; then agree with every rank that all reads passed."""
     failure: list[str] | None = None
     try:
+        if manifest.indexes is not None and not manifest.tensors:  # a v3 root: only the indexes this rank needs
+            manifest = expand(store, ref, manifest, set(targets), workers=2 * options.max_workers)
         read_tensors(
             store,
             ref,

@@ -65,8 +65,12 @@ class FlatLayout:
             cursor = stop
         return out
 
-    def parts(self, group: str) -> dict[str, PartSpec]:
-        return {f"{group}/{n}": PartSpec(shape=list(self.shapes[n]), block_elems=self.block_elems) for n in self.names}
+    def parts(self, group: str, dtype: str = "<f8") -> dict[str, PartSpec]:
+        """The blocked layout (format v3) of one group of these parameters (float64 by default)."""
+        return {
+            f"{group}/{n}": PartSpec(shape=list(self.shapes[n]), block_elems=self.block_elems, dtype=dtype)
+            for n in self.names
+        }
 
 
 def flat_layout(shapes: Mapping[str, tuple[int, ...]], block_elems: int) -> FlatLayout:

@@ -49,7 +49,7 @@ def require_same_config(store: Store, run_id: str, config: TrainConfig) -> None:
     latest = latest_committed(store, run_id)
     if latest is None:
         return
-    found = manifest_config(read_manifest(store, latest, expect_kind=None))
+    found = manifest_config(read_manifest(store, latest, expect_kind=None, expand_index=False))
     ours = normalized_config(config)
     same_trainer = found.trainer_path == ours.trainer_path  # only then is the found config's trainer ours to import
     if same_trainer and normalized_config(found).canonical_json() == ours.canonical_json():

@@ -114,7 +114,7 @@ def run_record(store: Store, run_id: str, run_config: TrainConfig | None = None)
     state, _ = load_training(store, refs[-1], run_config=run_config)
     commits = []
     for ref in refs:
-        manifest = read_manifest(store, ref, expect_kind=CheckpointKind.TRAINING)
+        manifest = read_manifest(store, ref, expect_kind=CheckpointKind.TRAINING, expand_index=False)
         commits.append(CommitPoint(ref.step, _parse_time(manifest.writer.created_at), manifest.total_bytes, str(ref)))
     history = state.history
     val_step = [float(s) for s in history.get("val_step", [])]

@@ -46,7 +46,7 @@ def initial_state(trainer: Trainer, *, options: CheckpointOptions | None = None)
     ref = CheckpointRef.parse(init.checkpoint)
     options = resolve_options(options)
     source = open_store(ref.store_url)
-    manifest = read_manifest(source, ref, expect_kind=CheckpointKind.TRAINING, options=options)
+    manifest = read_manifest(source, ref, expect_kind=CheckpointKind.TRAINING, options=options, expand_index=False)
     ref_config = manifest_config(manifest)
     _check_stage_contract(trainer, ref_config.model_dump(mode="json"), init.may_change)
     ref_trainer = trainer_for_checkpoint(ref_config, trainer.config)  # the same factory: checked above

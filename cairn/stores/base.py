@@ -14,10 +14,11 @@ A checkpoint save calls, in order:
    says whether this call created it.
 
 A load calls ``size`` and ``read`` for the manifest, then ``read_into`` for tensor bytes
-(ranged, concurrently). Listing (``list``) and deletion (``delete``) serve ``latest`` and
-retention; retention also calls ``abort_stale_uploads`` with its grace period (``stale_uploads``
-in a dry run), to collect uploads that a crashed writer left incomplete: ``list`` does not show
-them, yet the store keeps (and bills) their parts.
+(ranged, concurrently). ``latest`` calls ``read`` (its advisory pointer), ``size`` (the
+manifest it names) and ``list`` with ``start_after`` (only what sorts after that step).
+Retention calls ``list`` and ``delete``, then ``abort_stale_uploads`` with its grace period
+(``stale_uploads`` in a dry run), to collect uploads that a crashed writer left incomplete:
+``list`` does not show them, yet the store keeps (and bills) their parts.
 Implementations raise ``ObjectNotFoundError`` for a missing key, ``InvalidObjectError`` as
 above, and ``StorageError`` for everything else that went wrong underneath.
 """
@@ -105,8 +106,14 @@ class Store(ABC):
         """Object size in bytes (without reading it)."""
 
     @abstractmethod
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        """Every object whose key starts with ``prefix``, in no particular order."""
+    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
+        """Every object whose key starts with ``prefix``, in no particular order.
+
+        ``start_after``: only keys that sort strictly after it (by code point, which is S3's
+        UTF-8 byte order). Stores skip what sorts before it without visiting it (S3's
+        ``StartAfter``; on disk, directories whose every key sorts before it are not entered),
+        so a listing that resumes after a known step costs what is after it, not the run.
+        """
 
     @abstractmethod
     def delete(self, keys: Iterable[str]) -> None:

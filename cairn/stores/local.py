@@ -256,9 +256,10 @@ class LocalStore(Store):
         os.close(dir_fd)
         return st.st_size
 
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
         # Start at the deepest directory the prefix names fully; descend only into real
-        # directories whose keys can still match; yield regular files only (no symlinks).
+        # directories whose keys can still match (the prefix, and some key after start_after);
+        # yield regular files only (no symlinks).
         head = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         start = self.root
         if head:
@@ -279,9 +280,15 @@ class LocalStore(Store):
                         key = base + entry.name
                         if entry.is_dir(follow_symlinks=False):
                             below = key + "/"
-                            if below.startswith(prefix) or prefix.startswith(below):
+                            if (below.startswith(prefix) or prefix.startswith(below)) and not _all_before(
+                                below, start_after
+                            ):
                                 pending.append((Path(entry.path), below))
-                        elif key.startswith(prefix) and entry.is_file(follow_symlinks=False):
+                        elif (
+                            key.startswith(prefix)
+                            and (start_after is None or key > start_after)
+                            and entry.is_file(follow_symlinks=False)
+                        ):
                             try:
                                 st = entry.stat(follow_symlinks=False)
                             except FileNotFoundError:
@@ -321,6 +328,12 @@ class LocalStore(Store):
                         break
                     raise StorageError(f"cannot remove {parent}: {exc.strerror}") from exc
                 parent = parent.parent
+
+
+def _all_before(directory: str, start_after: str | None) -> bool:
+    """Whether every key under ``directory`` (ending in '/') sorts at or before ``start_after``:
+    it sorts before it and is not a prefix of it (then no key below can pass it)."""
+    return start_after is not None and directory < start_after and not start_after.startswith(directory)
 
 
 def _unlink_quietly(name: str, dir_fd: int) -> None:

@@ -55,9 +55,13 @@ class MemoryStore(Store):
     def size(self, key: str) -> int:
         return len(self._get(key))
 
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
         with self._lock:
-            items = [(k, len(d), t) for k, (d, t) in self._objects.items() if k.startswith(prefix)]
+            items = [
+                (k, len(d), t)
+                for k, (d, t) in self._objects.items()
+                if k.startswith(prefix) and (start_after is None or k > start_after)
+            ]
         for key, size, mtime in items:
             yield ObjectInfo(key=key, size=size, mtime=mtime)
 

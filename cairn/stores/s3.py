@@ -9,8 +9,11 @@
   ``abort_stale_uploads`` collects the uploads a crashed writer left behind.
 - Reads are ranged GETs, issued concurrently and written straight into the caller's buffer.
 - The commit is ``PutObject`` with ``If-None-Match: *`` (create-if-absent).
-- Transient faults (5xx, throttling, connection resets) are retried by botocore's "standard"
-  retry mode; a failed multipart part is retried again here, and a failed upload is aborted.
+- Every request (a part, a ranged GET with its body, a commit, a listing page) goes through
+  ``cairn.stores.s3_retry``: throttling (503 SlowDown, 429), server faults and broken
+  connections are retried with capped exponential backoff and full jitter, and a process-wide
+  bound caps the requests in flight. botocore's own retries are off, so that one policy is the
+  whole story. A failed upload is aborted.
 
 Every botocore error is translated to ``StorageError`` / ``ObjectNotFoundError`` in
 ``_translate``, the one edge where third-party errors enter Cairn.
@@ -20,13 +23,15 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import itertools
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from dataclasses import replace
+from typing import Any, TypeVar
 
 import boto3
 import botocore.loaders
@@ -36,10 +41,12 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from cairn.errors import ConfigError, ObjectNotFoundError, StorageError, StoreNotFoundError
 from cairn.stores.base import Chunk, ObjectInfo, Store, split_key
+from cairn.stores.s3_retry import InflightLimit, RetryPolicy, call_with_retries, process_limit
 
 __all__ = ["S3Store"]
 
 MiB = 1 << 20
+T = TypeVar("T")
 _NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
 _NO_STORE = {"NoSuchBucket": "no such bucket", "AccessDenied": "access denied",
              "InvalidAccessKeyId": "the access key is not known to the server",
@@ -90,8 +97,13 @@ class S3Store(Store):
         client: Any = None,
         part_size: int = 16 * MiB,
         max_concurrency: int = 8,
-        part_attempts: int = 4,
+        part_attempts: int | None = None,
+        retry: RetryPolicy | None = None,
+        inflight: InflightLimit | None = None,
     ) -> None:
+        """``retry``: the backoff policy (default: ``RetryPolicy.from_env()``); ``part_attempts``
+        overrides its attempts for multipart parts; ``inflight``: the bound on requests in flight
+        (default: the process's, ``process_limit()``)."""
         if part_size < 5 * MiB:
             raise ConfigError("part_size", expected=">= 5 MiB (S3 minimum)", found=part_size)
         self.bucket = bucket
@@ -100,11 +112,13 @@ class S3Store(Store):
         self.part_size = part_size
         self.read_piece_bytes = part_size  # one ranged GET per piece
         self.max_concurrency = max_concurrency
-        self.part_attempts = part_attempts
+        self.retry = RetryPolicy.from_env() if retry is None else retry
+        self.part_retry = self.retry if part_attempts is None else replace(self.retry, attempts=part_attempts)
+        self.inflight = process_limit() if inflight is None else inflight
         if client is None:
             overridden = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
             config = Config(
-                retries={"mode": "standard", "max_attempts": 8},
+                retries={"mode": "standard", "total_max_attempts": 1},  # retried by s3_retry
                 max_pool_connections=max(16, 2 * max_concurrency),
                 connect_timeout=10,
                 read_timeout=60,
@@ -131,6 +145,10 @@ class S3Store(Store):
         split_key(key)  # InvalidObjectError for '..', empty segments, NUL, line breaks
         return f"{self._base}{key}"
 
+    def _call(self, request: Callable[[], T], retry: RetryPolicy | None = None) -> T:
+        """One S3 request under the store's retry policy and the in-flight bound."""
+        return call_with_retries(request, self.retry if retry is None else retry, self.inflight)
+
     @property
     def _base(self) -> str:
         """What the store's prefix adds in front of every key."""
@@ -148,8 +166,9 @@ class S3Store(Store):
                     stream = itertools.chain([head], stream)
                     break
             else:
+                put = functools.partial(self.client.put_object, Bucket=self.bucket, Key=full, Body=bytes(head))
                 with _translate(f"put {where}"):
-                    self.client.put_object(Bucket=self.bucket, Key=full, Body=bytes(head))
+                    self._call(put)
                 return
         self._multipart(full, stream, where)
 
@@ -168,21 +187,18 @@ class S3Store(Store):
             yield bytes(buf)
 
     def _upload_part(self, full: str, upload_id: str, number: int, body: bytes) -> dict[str, Any]:
-        for attempt in range(1, self.part_attempts + 1):
-            try:
-                resp = self.client.upload_part(
-                    Bucket=self.bucket, Key=full, UploadId=upload_id, PartNumber=number, Body=body
-                )
-                return {"PartNumber": number, "ETag": resp["ETag"]}
-            except (ClientError, BotoCoreError):
-                if attempt == self.part_attempts:
-                    raise
-                time.sleep(min(2.0, 0.1 * 2**attempt))
-        raise AssertionError("unreachable")
+        resp = self._call(
+            lambda: self.client.upload_part(
+                Bucket=self.bucket, Key=full, UploadId=upload_id, PartNumber=number, Body=body
+            ),
+            self.part_retry,
+        )
+        return {"PartNumber": number, "ETag": resp["ETag"]}
 
     def _multipart(self, full: str, chunks: Iterable[Chunk], where: str) -> None:
         with _translate(f"create multipart upload {where}"):
-            upload_id = self.client.create_multipart_upload(Bucket=self.bucket, Key=full)["UploadId"]
+            created = self._call(lambda: self.client.create_multipart_upload(Bucket=self.bucket, Key=full))
+            upload_id = created["UploadId"]
         in_flight = self._parts_in_flight
         futures: list[Future[dict[str, Any]]] = []
         try:
@@ -195,21 +211,24 @@ class S3Store(Store):
                 parts = [f.result() for f in futures]
                 if not parts:  # an empty object still needs one (empty) part
                     parts = [self._upload_part(full, upload_id, 1, b"")]
-                self.client.complete_multipart_upload(
-                    Bucket=self.bucket, Key=full, UploadId=upload_id, MultipartUpload={"Parts": parts}
+                done = {"Parts": parts}
+                self._call(
+                    lambda: self.client.complete_multipart_upload(
+                        Bucket=self.bucket, Key=full, UploadId=upload_id, MultipartUpload=done
+                    )
                 )
         except BaseException:
             for f in futures:
                 f.cancel()
             with contextlib.suppress(ClientError, BotoCoreError):
-                self.client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id)
+                self._call(lambda: self.client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id))
             raise
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         full = self._key(key)
         for attempt in range(1, 6):
             try:
-                self.client.put_object(Bucket=self.bucket, Key=full, Body=data, IfNoneMatch="*")
+                self._call(lambda: self.client.put_object(Bucket=self.bucket, Key=full, Body=data, IfNoneMatch="*"))
                 return True
             except ClientError as exc:
                 code = str(exc.response.get("Error", {}).get("Code", ""))
@@ -228,13 +247,14 @@ class S3Store(Store):
     # -- reads --------------------------------------------------------------------------------
     def read(self, key: str) -> bytes:
         with _translate(f"get {self.url}/{key}"):
-            body: bytes = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+            full = self._key(key)
+            body: bytes = self._call(lambda: self.client.get_object(Bucket=self.bucket, Key=full)["Body"].read())
             return body
 
     def _read_range(self, full: str, offset: int, out: memoryview, where: str) -> None:
+        span = f"bytes={offset}-{offset + len(out) - 1}"
         with _translate(f"get {where}"):
-            resp = self.client.get_object(Bucket=self.bucket, Key=full, Range=f"bytes={offset}-{offset + len(out) - 1}")
-            data = resp["Body"].read()
+            data = self._call(lambda: self.client.get_object(Bucket=self.bucket, Key=full, Range=span)["Body"].read())
         if len(data) != len(out):
             raise StorageError(field=where, expected=f"{len(out)} bytes at {offset}", found=f"{len(data)} bytes")
         out[:] = data
@@ -254,19 +274,30 @@ class S3Store(Store):
 
     def size(self, key: str) -> int:
         with _translate(f"head {self.url}/{key}"):
-            return int(self.client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"])
+            full = self._key(key)
+            return int(self._call(lambda: self.client.head_object(Bucket=self.bucket, Key=full))["ContentLength"])
 
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
+        """``Store.list``; ``start_after`` is S3's ``StartAfter``. SeaweedFS skips a whole
+        "folder" whose path equals the bound (S3 lists the keys below it): pass bounds that name
+        none, as ``cairn.checkpoint.layout.steps_after`` does."""
         base = self._base
-        paginator = self.client.get_paginator("list_objects_v2")
-        with _translate(f"list {self.url}/{prefix}"):
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=base + prefix):
-                for obj in page.get("Contents", []):
-                    yield ObjectInfo(
-                        key=obj["Key"][len(base) :],
-                        size=int(obj["Size"]),
-                        mtime=obj["LastModified"].timestamp(),
-                    )
+        query: dict[str, str] = {"Bucket": self.bucket, "Prefix": base + prefix}
+        if start_after is not None:
+            query["StartAfter"] = base + start_after  # the server skips to it: no pages before
+        while True:
+            with _translate(f"list {self.url}/{prefix}"):
+                page = self._call(functools.partial(self.client.list_objects_v2, **query))
+            for obj in page.get("Contents", []):
+                yield ObjectInfo(
+                    key=obj["Key"][len(base) :],
+                    size=int(obj["Size"]),
+                    mtime=obj["LastModified"].timestamp(),
+                )
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+            query["ContinuationToken"] = token
 
     def delete(self, keys: Iterable[str]) -> None:
         batch: builtins.list[dict[str, str]] = []
@@ -280,7 +311,9 @@ class S3Store(Store):
 
     def _delete_batch(self, batch: builtins.list[dict[str, str]]) -> None:
         with _translate(f"delete from {self.url}"):
-            resp = self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+            resp = self._call(
+                lambda: self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+            )
         errors = [e for e in resp.get("Errors", []) if e.get("Code") not in _NOT_FOUND]
         if errors:
             raise StorageError(f"delete from {self.url}: {errors[0].get('Code')}: {errors[0].get('Key')}")
@@ -291,15 +324,19 @@ class S3Store(Store):
         """(full key, upload id) of each multipart upload under ``prefix`` initiated
         ``older_than_seconds`` or more before ``now``."""
         now = time.time() if now is None else now
-        stale: builtins.list[tuple[str, str]] = []
-        # botocore's paginator, not hand-made markers: SeaweedFS pages by upload id alone.
-        paginator = self.client.get_paginator("list_multipart_uploads")
-        with _translate(f"list uploads {self.url}/{prefix}"):
+
+        def collect() -> builtins.list[tuple[str, str]]:  # retried whole: a failed page starts over
+            stale: builtins.list[tuple[str, str]] = []
+            # botocore's paginator, not hand-made markers: SeaweedFS pages by upload id alone.
+            paginator = self.client.get_paginator("list_multipart_uploads")
             for page in paginator.paginate(Bucket=self.bucket, Prefix=self._base + prefix):
                 for upload in page.get("Uploads", []):
                     if now - upload["Initiated"].timestamp() >= older_than_seconds:
                         stale.append((upload["Key"], upload["UploadId"]))
-        return stale
+            return stale
+
+        with _translate(f"list uploads {self.url}/{prefix}"):
+            return self._call(collect)
 
     def stale_uploads(self, prefix: str, older_than_seconds: float, now: float | None = None) -> builtins.list[str]:
         """Keys of the multipart uploads under ``prefix`` initiated ``older_than_seconds`` or
@@ -316,7 +353,8 @@ class S3Store(Store):
         for full, upload_id in self._stale_uploads(prefix, older_than_seconds, now):
             try:
                 with _translate(f"abort upload s3://{self.bucket}/{full}"):
-                    self.client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id)
+                    abort = self.client.abort_multipart_upload
+                    self._call(functools.partial(abort, Bucket=self.bucket, Key=full, UploadId=upload_id))
             except ObjectNotFoundError:
                 continue
             aborted.append(full[len(self._base) :])
@@ -326,22 +364,24 @@ class S3Store(Store):
         """The bucket exists and, with a prefix, holds at least one object under it."""
         try:
             with _translate(f"head bucket {self.bucket}"):
-                self.client.head_bucket(Bucket=self.bucket)
+                self._call(lambda: self.client.head_bucket(Bucket=self.bucket))
         except (ObjectNotFoundError, StoreNotFoundError):
             return False
         if not self.prefix:
             return True
         with _translate(f"list {self.url}"):
-            resp = self.client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix + "/", MaxKeys=1)
+            resp = self._call(
+                functools.partial(self.client.list_objects_v2, Bucket=self.bucket, Prefix=f"{self.prefix}/", MaxKeys=1)
+            )
         return bool(resp.get("KeyCount", 0))
 
     def ensure_bucket(self) -> None:
         """Create the bucket if it does not exist (dev stacks and tests)."""
         try:
-            self.client.head_bucket(Bucket=self.bucket)
+            self._call(lambda: self.client.head_bucket(Bucket=self.bucket))
         except ClientError:
             with _translate(f"create bucket {self.bucket}"):
-                self.client.create_bucket(Bucket=self.bucket)
+                self._call(lambda: self.client.create_bucket(Bucket=self.bucket))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

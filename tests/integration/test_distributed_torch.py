@@ -100,8 +100,13 @@ def test_checkpoints_name_no_world_size(w2_then_w4: tuple[RankResult, RankResult
     at3 = read_manifest(store, CheckpointRef.parse(first.checkpoint), expect_kind=None)
     at6 = read_manifest(store, CheckpointRef.parse(second.checkpoint), expect_kind=None)
     assert at3.parts is not None and at6.parts is not None
-    # the same block size for every tensor both hold (the first evaluation, at step 5, added its metric)
-    assert set(at6.parts) - set(at3.parts) == {"history/val_accuracy"}
+    # the same tensors with the same block sizes (the history is in run-level segments: the first
+    # evaluation, at step 5, added its metric there)
+    assert set(at6.parts) == set(at3.parts)
     assert {n: p.block_elems for n, p in at3.parts.items()} == {n: at6.parts[n].block_elems for n in at3.parts}
+    assert at3.history is not None and at6.history is not None
+    assert set(at6.history.series) - set(at3.history.series) == {"val_accuracy"}
+    assert at3.indexes is not None and at6.indexes is not None
+    assert [r.rank for r in at3.indexes] == [0, 1] and [r.rank for r in at6.indexes] == [0, 1, 2, 3]
     assert {s.rank for s in at3.shards} == {0, 1}
     assert {s.rank for s in at6.shards} == {0, 1, 2, 3}

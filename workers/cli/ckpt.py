@@ -22,6 +22,7 @@ from cairn.checkpoint import (
     verify_tensors,
 )
 from cairn.checkpoint.compare import compare_states
+from cairn.checkpoint.history import verify_history
 from cairn.checkpoint.retention import RetentionPolicy, collect_garbage, pin, pinned_steps, unpin
 from cairn.checkpoint.validate import check_training_manifest, manifest_config
 from cairn.config import BUILTIN_TRAINER, TrainConfig, load_config
@@ -116,6 +117,7 @@ def cmd_ckpt_show(args: argparse.Namespace) -> int:
         print(
             f"bytes        {manifest.total_bytes} in {len(manifest.parts)} tensors cut into {len(manifest.tensors)} "
             f"blocks, {len(manifest.shards)} shards"
+            + ("" if manifest.indexes is None else f", {len(manifest.indexes)} rank indexes")
         )
     print(f"written by   {manifest.writer.ranks} rank(s)")
     if lineage is not None:
@@ -169,6 +171,9 @@ def cmd_ckpt_verify(args: argparse.Namespace) -> int:
         else:
             verify_tensors(store, ref, manifest, value_check=check_finite)
             data_note = "--format-only: integrity and finiteness checked, not the model or the data"
+        if manifest.history is not None:  # the history's segments, one at a time
+            check = check_finite if trainer is None else trainer.check_values
+            verify_history(store, ref.run_id, manifest.history, value_check=check)
         detail = f"training state at step {manifest.step}, cursor {manifest.cursor}, {data_note}"
     else:
         verify_tensors(store, ref, manifest)
@@ -203,7 +208,7 @@ def _load_on_host(ref: CheckpointRef, given: TrainConfig | None) -> tuple[TrainS
     if given is not None:
         trainer = load_trainer(given, on_host=True)
     else:
-        found = manifest_config(read_manifest(store, ref, expect_kind=CheckpointKind.TRAINING))
+        found = manifest_config(read_manifest(store, ref, expect_kind=CheckpointKind.TRAINING, expand_index=False))
         trainer = trainer_for_checkpoint(found, None, on_host=True)
     return load_training(store, ref, trainer=trainer)
 
@@ -271,7 +276,7 @@ def cmd_ckpt_gc(args: argparse.Namespace) -> int:
 def cmd_ckpt_pin(args: argparse.Namespace) -> int:
     ref = CheckpointRef.parse(args.checkpoint)
     store = open_store(ref.store_url)
-    read_manifest(store, ref, expect_kind=None)  # only committed checkpoints can be pinned
+    read_manifest(store, ref, expect_kind=None, expand_index=False)  # only committed checkpoints can be pinned
     pin(store, ref, args.name)
     emit(args, {"checkpoint": str(ref), "pin": args.name}, f"pinned {ref} as {args.name!r}")
     return 0
@@ -302,7 +307,7 @@ def cmd_ckpt_list(args: argparse.Namespace) -> int:
 
     def read(ref: CheckpointRef) -> Manifest | CairnError | None:
         try:
-            return read_manifest(store, ref, expect_kind=None, options=options)
+            return read_manifest(store, ref, expect_kind=None, options=options, expand_index=False)
         except (CheckpointNotFoundError, ObjectNotFoundError):
             return None  # collected since it was listed: no longer committed
         except CheckpointError as exc:

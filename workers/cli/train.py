@@ -213,7 +213,7 @@ def _train_gang(args: argparse.Namespace, store: Store, config: TrainConfig | No
         run_id = args.run_id or ref.run_id
         if run_id != ref.run_id:
             raise ConfigError("--run-id", expected=ref.run_id, found=run_id)
-        manifest = read_manifest(store, ref, expect_kind=None)
+        manifest = read_manifest(store, ref, expect_kind=None, expand_index=False)
         found = manifest_config(manifest)
         require_trusted(found, config)  # the ranks import the trainer: only one the trust rule allows
         trust_checkpoint = config is None

@@ -2,8 +2,9 @@
 
 The drill's workers and the S3 fault tests reach the store through it. A seeded ``FaultPolicy``
 picks the requests that fail: ``503`` (SlowDown), ``reset`` (dropped without a response), ``cut``
-(half the body, then the connection closes) or ``latency`` (held up to ``latency_s``); an
-unreachable upstream is answered 503. ``arm_manifest_kill(callback)`` hands the next checkpoint
+(half the body, then the connection closes) or ``latency`` (held up to ``latency_s``), alone or
+in bursts (``burst``: the requests right after a pick fail the same way, as a throttled prefix
+does); an unreachable upstream is answered 503. ``arm_manifest_kill(callback)`` hands the next checkpoint
 manifest PUT's peer port to ``callback`` and drops the request: shards written, commit not.
 """
 
@@ -40,6 +41,8 @@ class FaultPolicy:
     kinds: tuple[str, ...] = FAULT_KINDS
     latency_s: float = 0.3
     seed: int = 0
+    burst: int = 1
+    """Requests that fail in a row from each pick (the picked one included)."""
 
     def __post_init__(self) -> None:
         unknown = [k for k in self.kinds if k not in FAULT_KINDS]
@@ -47,6 +50,8 @@ class FaultPolicy:
             raise ValueError(f"fault kinds must be among {FAULT_KINDS}, found {self.kinds}")
         if not 0.0 <= self.rate <= 1.0:
             raise ValueError(f"fault rate must be in [0, 1], found {self.rate}")
+        if self.burst < 1:
+            raise ValueError(f"fault burst must be >= 1, found {self.burst}")
 
 
 def pid_of_connection(peer_port: int, candidates: Iterable[int]) -> int | None:
@@ -89,6 +94,7 @@ class FaultProxy:
         self._policy = policy or FaultPolicy()
         self._rng = random.Random(self._policy.seed)
         self._kill: Callable[[int], None] | None = None
+        self._burst: tuple[str, int] | None = None  # (kind, requests still to fail)
         self.count = 0
         self.injected: Counter[str] = Counter()
         self.upstream_down = 0
@@ -108,6 +114,7 @@ class FaultProxy:
         with self._lock:
             self._policy = policy
             self._rng = random.Random(policy.seed)
+            self._burst = None
 
     def arm_manifest_kill(self, callback: Callable[[int], None]) -> None:
         with self._lock:
@@ -135,12 +142,18 @@ class FaultProxy:
                 self.manifest_kills.append((time.time(), int(manifest["step"])))
                 return None, 0.0, kill
             policy = self._policy
-            hit = (policy.every > 0 and self.count % policy.every == 0) or (
-                policy.rate > 0 and self._rng.random() < policy.rate
-            )
-            if not hit:
-                return None, 0.0, None
-            kind = policy.kinds[0] if len(policy.kinds) == 1 else self._rng.choice(policy.kinds)
+            if self._burst is not None:  # inside a burst: fail like the request that started it
+                kind, left = self._burst
+                self._burst = (kind, left - 1) if left > 1 else None
+            else:
+                hit = (policy.every > 0 and self.count % policy.every == 0) or (
+                    policy.rate > 0 and self._rng.random() < policy.rate
+                )
+                if not hit:
+                    return None, 0.0, None
+                kind = policy.kinds[0] if len(policy.kinds) == 1 else self._rng.choice(policy.kinds)
+                if policy.burst > 1:
+                    self._burst = (kind, policy.burst - 1)
             self.injected[kind] += 1
             latency = self._rng.uniform(0.5, 1.0) * policy.latency_s if kind == "latency" else 0.0
             return kind, latency, None

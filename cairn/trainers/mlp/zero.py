@@ -25,21 +25,15 @@ import numpy as np
 
 from cairn.checkpoint.blocks import block_name, plan_blocks
 from cairn.checkpoint.content import CheckpointContent
-from cairn.checkpoint.manifest import Manifest, PartSpec
+from cairn.checkpoint.manifest import HistoryRef, Manifest, PartSpec
 from cairn.checkpoint.options import CheckpointOptions
 from cairn.checkpoint.reader import read_manifest
 from cairn.checkpoint.ref import CheckpointRef
-from cairn.checkpoint.training import (
-    history_arrays,
-    history_name,
-    is_history,
-    split_history,
-    training_content,
-    training_state,
-)
+from cairn.checkpoint.training import is_history, split_history, training_content, training_state
 from cairn.checkpoint.validate import check_training_manifest
 from cairn.distributed.checkpoint import SaveOutcome, agree, coordinated_save, failure_of, read_blocks
 from cairn.distributed.comm import Comm
+from cairn.distributed.history import gang_history_committed, read_gang_history, write_gang_history
 from cairn.distributed.partition import check_world_size, flat_layout
 from cairn.distributed.reduce import SliceReducer, combine, tree_sum
 from cairn.errors import ConfigError, InvariantError, ManifestError, TrainingDivergedError
@@ -107,12 +101,13 @@ class ZeroMLP:
 
     def load(self, ref: CheckpointRef) -> Manifest:
         """The coordinated load path onto this world size: each rank checks the manifest against
-        the run's trainer, reads the blocks of its own slice (theta, m, v) and the history,
-        then the theta slices are all-gathered."""
+        the run's trainer, reads the blocks of its own slice (theta, m, v) and the whole history
+        (its segments, or in a checkpoint written before them its blocks), then the theta
+        slices are all-gathered."""
         failure: list[str] | None = None
         manifest: Manifest | None = None
         try:
-            manifest = read_manifest(self.store, ref, expect_kind=None, options=self.options)
+            manifest = read_manifest(self.store, ref, expect_kind=None, options=self.options, expand_index=False)
             check_training_manifest(manifest, trainer=self.trainer)
             self._check_layout(manifest)
         except Exception as exc:
@@ -129,6 +124,9 @@ class ZeroMLP:
         )
         self._gather_theta()
         _, hist = split_history(history)
+        if manifest.history is not None:
+            check = self.trainer.check_values
+            hist = read_gang_history(self.comm, self.store, ref, manifest.history, self.options, value_check=check)
         self.state = training_state(self.trainer.config, manifest, self._views(), hist)
         self.rng.bit_generator.state = self.state.rng_state
         return manifest
@@ -149,7 +147,7 @@ class ZeroMLP:
     def _check_layout(self, manifest: Manifest) -> None:
         if manifest.parts is None:
             raise ManifestError(
-                "a distributed run restores only blocked checkpoints", field="format_version", expected=2, found=1
+                "a distributed run restores only blocked checkpoints", field="format_version", expected=[2, 3], found=1
             )
         for name in self.layout.names:
             for group in GROUPS:
@@ -224,24 +222,17 @@ class ZeroMLP:
         out: dict[str, PartSpec] = {}
         for group in GROUPS:
             out.update(self.layout.parts(group))
-        for key, values in self.state.history.items():
-            out[history_name(key)] = PartSpec(shape=[len(values)], block_elems=self.block_elems)
         return dict(sorted(out.items()))
 
     def my_blocks(self) -> dict[str, np.ndarray]:
-        """The blocks this rank writes: its slice of theta, m and v; rank 0 also the history."""
+        """The blocks this rank writes: its slice of theta, m and v (rank 0 writes the history's
+        segments before the save: ``cairn.distributed.history``)."""
         assert self.state is not None
-        out = self._own_blocks()
-        if self.comm.rank == 0:
-            history = history_arrays(self.state.history)
-            parts = {n: p for n, p in self.parts().items() if is_history(n)}
-            for block in plan_blocks(parts):
-                out[block.name] = history[block.tensor].reshape(-1)[block.start : block.stop]
-        return out
+        return self._own_blocks()
 
-    def content(self) -> CheckpointContent:
+    def content(self, history: HistoryRef | None = None) -> CheckpointContent:
         assert self.state is not None
-        return training_content(self.run_id, self.state)
+        return training_content(self.run_id, self.state, history)
 
     def save(self) -> SaveOutcome:
         """A coordinated checkpoint of the current step (every rank calls it)."""
@@ -259,6 +250,13 @@ class ZeroMLP:
                 break
         agree(self.comm, failure, "save")
         assert self.state is not None
-        saved = coordinated_save(self.comm, self.store, self.content(), self.my_blocks(), self.parts(), self.options)
+        check = self.trainer.check_values
+        history = write_gang_history(
+            self.comm, self.store, self.run_id, self.state.history, self.options, value_check=check
+        )
+        content = self.content(history)
+        saved = coordinated_save(self.comm, self.store, content, self.my_blocks(), self.parts(), self.options)
+        if self.comm.rank == 0:
+            gang_history_committed(self.store, self.run_id, self.state.step, history, saved)
         self.state.lineage = self.state.lineage.model_copy(update={"parent": saved.fingerprint})  # provenance
         return saved

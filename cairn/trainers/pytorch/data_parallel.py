@@ -18,10 +18,11 @@ from cairn.checkpoint.manifest import CheckpointKind, Manifest, PartSpec
 from cairn.checkpoint.options import CheckpointOptions
 from cairn.checkpoint.reader import read_manifest
 from cairn.checkpoint.ref import CheckpointRef
-from cairn.checkpoint.training import split_history, training_content, training_state, training_tensors
+from cairn.checkpoint.training import split_history, training_content, training_state
 from cairn.checkpoint.validate import check_training_manifest
 from cairn.distributed.checkpoint import SaveOutcome, agree, coordinated_save, failure_of, read_blocks
 from cairn.distributed.comm import Comm
+from cairn.distributed.history import gang_history_committed, read_gang_history, write_gang_history
 from cairn.distributed.partition import check_world_size
 from cairn.distributed.reduce import combine, tree_sum
 from cairn.errors import ConfigError, InvariantError, ManifestError, NonFiniteError, TrainingDivergedError
@@ -242,7 +243,9 @@ class TorchDP:
         failure: list[str] | None = None
         manifest: Manifest | None = None
         try:
-            manifest = read_manifest(self.store, ref, expect_kind=CheckpointKind.TRAINING, options=self.options)
+            manifest = read_manifest(
+                self.store, ref, expect_kind=CheckpointKind.TRAINING, options=self.options, expand_index=False
+            )
             check_training_manifest(manifest, trainer=self.trainer)
             self._check_layout(manifest)
         except Exception as exc:
@@ -259,9 +262,13 @@ class TorchDP:
             value_check=self.trainer.check_values,
             options=self.options,
         )
+        tensors, history = split_history(arrays)  # a checkpoint written before history segments
+        if manifest.history is not None:
+            check = self.trainer.check_values
+            history = read_gang_history(self.comm, self.store, ref, manifest.history, self.options, value_check=check)
         failure = None
         try:
-            self._adopt(training_state(self.trainer.config, manifest, *split_history(arrays)))
+            self._adopt(training_state(self.trainer.config, manifest, tensors, history))
         except Exception as exc:
             failure = failure_of(exc)
         agree(self.comm, failure, f"restore of {ref}")
@@ -271,7 +278,7 @@ class TorchDP:
         """Blocked (format v2), cut at this run's block size."""
         if manifest.parts is None:
             raise ManifestError(
-                "a distributed run restores only blocked checkpoints", field="format_version", expected=2, found=1
+                "a distributed run restores only blocked checkpoints", field="format_version", expected=[2, 3], found=1
             )
         for name, (dtype, _) in logical_specs(manifest).items():
             want = block_elems_for(dtype, self.block_bytes)
@@ -305,13 +312,13 @@ class TorchDP:
     def parts(self) -> dict[str, PartSpec]:
         """The checkpoint's blocked layout: exactly what a single writer of the same state writes."""
         assert self.state is not None
-        return parts_of(training_tensors(self.state), self.block_bytes)
+        return parts_of(self.state.tensors, self.block_bytes)
 
     def my_blocks(self) -> dict[str, np.ndarray]:
         """This rank's contiguous, byte-balanced share of the blocks (views of the live state)."""
         assert self.state is not None
         parts = self.parts()
-        views = split_blocks(training_tensors(self.state), parts)
+        views = split_blocks(self.state.tensors, parts)
         names = [b.name for b in plan_blocks(parts)]
         share = byte_shares([views[n].nbytes for n in names], self.comm.world)[self.comm.rank]
         return {names[k]: views[names[k]] for k in share}
@@ -331,7 +338,13 @@ class TorchDP:
         except Exception as exc:
             failure = failure_of(exc)
         agree(self.comm, failure, "save")
-        content = training_content(self.run_id, self.state)
+        check = self.trainer.check_values
+        history = write_gang_history(
+            self.comm, self.store, self.run_id, self.state.history, self.options, value_check=check
+        )
+        content = training_content(self.run_id, self.state, history)
         saved = coordinated_save(self.comm, self.store, content, mine, self.parts(), self.options)
+        if self.comm.rank == 0:
+            gang_history_committed(self.store, self.run_id, self.state.step, history, saved)
         self.state.lineage = self.state.lineage.model_copy(update={"parent": saved.fingerprint})  # provenance
         return saved

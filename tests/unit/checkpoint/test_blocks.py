@@ -1,6 +1,8 @@
-"""The blocked checkpoint layout (format v2, ``cairn.checkpoint.blocks``): blocks tile every tensor
-and split without copying; a distributed config saves format v2 that loads back exactly; a
-tampered blocked manifest, or a stray entry, is refused before any tensor is read."""
+"""The blocked checkpoint layout (``cairn.checkpoint.blocks``): blocks tile every tensor and split
+without copying; a distributed config saves format v3 that loads back exactly; a format v2
+checkpoint (every block in the manifest, as older releases wrote) still loads back exactly; a
+tampered v2 manifest, or a stray entry, is refused before any tensor is read. (Format v3's
+rank indexes: ``test_index.py``.)"""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from cairn.checkpoint.layout import manifest_key
 from cairn.errors import FormatVersionError, IntegrityError, ManifestError, TensorSpecError
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore
-from tests.conftest import dist_config
+from tests.conftest import dist_config, write_v2
 
 
 def test_blocks_tile_every_tensor_and_split_without_copying() -> None:
@@ -31,12 +33,16 @@ def test_blocks_tile_every_tensor_and_split_without_copying() -> None:
     assert np.array_equal(np.concatenate([views[f"a#{i:05d}"] for i in range(3)]), arrays["a"].reshape(-1))
 
 
-def _blocked_checkpoint(tmp_path: Path) -> tuple[LocalStore, CheckpointRef, TrainingSession]:
+def _blocked_checkpoint(tmp_path: Path, version: int = 2) -> tuple[LocalStore, CheckpointRef, TrainingSession]:
+    """A distributed config's checkpoint at step 6: as it saves now (v3), or the same state
+    written as format v2 (as older releases wrote it) under its own run id."""
     store = LocalStore(tmp_path / "store")
     session = TrainingSession.fresh("blocked", store, dist_config())
     session.run(6, checkpoint_every=6)
     ref = latest_committed(store, "blocked")
     assert ref is not None and ref.step == 6
+    if version == 2:
+        ref = write_v2(store, "blocked-v2", session.state)
     return store, ref, session
 
 
@@ -49,10 +55,23 @@ def _rewrite_manifest(store: LocalStore, ref: CheckpointRef, edit: object) -> No
     path.write_text(json.dumps(body))
 
 
-def test_a_distributed_config_saves_format_v2_that_loads_back_exactly(tmp_path: Path) -> None:
+def test_a_distributed_config_saves_format_v3_that_loads_back_exactly(tmp_path: Path) -> None:
+    store, ref, session = _blocked_checkpoint(tmp_path, version=3)
+    root = read_manifest(store, ref, expect_kind=CheckpointKind.TRAINING, expand_index=False)
+    assert root.format_version == 3 and root.parts is not None and root.indexes is not None
+    assert root.tensors == [] and root.shards == [] and root.parts["theta/W1"].dtype == "<f8"
+    manifest = read_manifest(store, ref, expect_kind=CheckpointKind.TRAINING)  # the index read in
+    assert manifest.parts is not None
+    assert manifest.parts["theta/W1"].shape == [8, 16] and manifest.parts["theta/W1"].block_elems == 8
+    assert block_name("theta/W1", 15) in {t.name for t in manifest.tensors}  # 128 values = 16 blocks
+    state, _ = load_training(store, ref)
+    assert compare_states(state, session.state) == []
+
+
+def test_a_format_v2_checkpoint_still_loads_back_exactly(tmp_path: Path) -> None:
     store, ref, session = _blocked_checkpoint(tmp_path)
     manifest = read_manifest(store, ref, expect_kind=CheckpointKind.TRAINING)
-    assert manifest.format_version == 2 and manifest.parts is not None
+    assert manifest.format_version == 2 and manifest.parts is not None and manifest.indexes is None
     assert manifest.parts["theta/W1"].shape == [8, 16] and manifest.parts["theta/W1"].block_elems == 8
     assert block_name("theta/W1", 15) in {t.name for t in manifest.tensors}  # 128 values = 16 blocks
     state, _ = load_training(store, ref)
@@ -66,7 +85,8 @@ def test_a_distributed_config_saves_format_v2_that_loads_back_exactly(tmp_path: 
         (lambda b: b["parts"]["theta/W1"].update(shape=[16, 8]), IntegrityError, "fingerprint"),  # same tiling
         (lambda b: b["parts"]["theta/W1"].update(shape=[8, 17]), TensorSpecError, None),  # blocks do not tile
         (lambda b: b.pop("parts"), ManifestError, None),  # v2 without parts
-        (lambda b: b.update(format_version=3), FormatVersionError, "format_version"),
+        (lambda b: b.update(format_version=3), ManifestError, None),  # v3 without indexes
+        (lambda b: b.update(format_version=4), FormatVersionError, "format_version"),
     ],
 )
 def test_a_tampered_blocked_manifest_is_refused_before_any_tensor_is_read(

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from cairn import errors as E
 from cairn.checkpoint import CheckpointContent, CheckpointKind, read_manifest, read_tensors, write_checkpoint
+from cairn.checkpoint.options import Limits
 from cairn.config import TrainConfig
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore, MemoryStore
@@ -60,13 +61,14 @@ def test_content_the_reader_would_refuse_is_not_committed(memory_store: MemorySt
 
 @pytest.mark.parametrize("kind", ["too-many-tensors", "too-many-dims", "too-many-bytes"])
 def test_tensors_over_the_read_bounds_are_not_written(memory_store: MemoryStore, kind: str) -> None:
+    ceiling = Limits()
     if kind == "too-many-tensors":
-        tensors = {f"t{i}": np.zeros(1) for i in range(4097)}
+        tensors = {f"t{i}": np.zeros(1) for i in range(ceiling.max_tensors + 1)}
         error: type[E.CheckpointError] = E.SizeLimitError
     elif kind == "too-many-dims":
         tensors, error = {"t": np.zeros((1,) * 9)}, E.TensorSpecError
-    else:  # a 65 GiB view of one element: refused from its size, never copied
-        tensors, error = {"t": np.broadcast_to(np.zeros(1), ((65 << 30) // 8,))}, E.SizeLimitError
+    else:  # a view of one element one element past the ceiling: refused from its size, never copied
+        tensors, error = {"t": np.broadcast_to(np.zeros(1), (ceiling.max_total_bytes // 8 + 1,))}, E.SizeLimitError
     content = CheckpointContent(kind=INFERENCE, run_id="big", step=1)
     refused_within_bounds(lambda: write_checkpoint(memory_store, content, tensors), error)
     assert list(memory_store.list()) == []

@@ -34,7 +34,7 @@ from cairn.stores import LocalStore
 from cairn.trainers.base import TensorSpec, check_finite
 from cairn.trainers.loading import load_trainer
 from cairn.trainers.mlp import MLPTrainer
-from tests.conftest import dist_config, rewrite_manifest, small_config
+from tests.conftest import dist_config, rewrite_manifest, rewrite_rank_index, small_config
 
 pytestmark = pytest.mark.usefixtures("no_signing_key")
 
@@ -78,7 +78,7 @@ def _bits(arr: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(arr).view(np.uint16 if arr.itemsize == 2 else np.uint8)
 
 
-CONFIGS = {"v1": small_config, "v2-blocked": dist_config}
+CONFIGS = {"v1": small_config, "blocked": dist_config}
 
 
 @pytest.mark.parametrize("tag", sorted(ALLOWED_DTYPES))
@@ -104,16 +104,16 @@ def test_bf16_and_fp16_round_trip_bit_exact_at_two_bytes_an_element(local_store:
     state = _state(config)
     result = save_training(local_store, "mixed", state)
     manifest = read_manifest(local_store, result.ref, expect_kind=CheckpointKind.TRAINING)
-    assert manifest.format_version == (2 if layout == "v2-blocked" else 1)
+    assert manifest.format_version == (3 if layout == "blocked" else 1)
     entries = [t for t in manifest.tensors if base_name(t.name) in HALF_TENSORS]
     assert {t.dtype for t in entries} == {BF16, F16}
     for name, tag in HALF_TENSORS.items():  # stored natively: 2 bytes an element, never widened
         mine = [t for t in entries if base_name(t.name) == name]
         assert {t.dtype for t in mine} == {tag}
         assert sum(t.length for t in mine) == 2 * state.tensors[name].size
-    stored = sum(o.size for o in local_store.list(result.ref.prefix) if not o.key.endswith("manifest.json"))
-    arrays = training_tensors(state)
-    assert stored == manifest.total_bytes == sum(a.nbytes for a in arrays.values())
+    stored = sum(o.size for o in local_store.list(result.ref.prefix) if not o.key.endswith(".json"))
+    # the state's tensors: its history is in the run's history segments, not under the prefix
+    assert stored == manifest.total_bytes == sum(a.nbytes for a in state.tensors.values())
     first = next(t for t in manifest.tensors if t.name in ("theta/W1", "theta/W1#00000"))
     raw = local_store.read(f"{result.ref.prefix}/{first.shard}")[first.offset : first.offset + first.length]
     assert raw == state.tensors["theta/W1"].reshape(-1)[: first.length // 2].tobytes()
@@ -156,7 +156,7 @@ def test_a_non_finite_half_value_is_refused(local_store: LocalStore, layout: str
     state = _state(config)
     arrays = {k: np.array(v, copy=True) for k, v in training_tensors(state).items()}
     arrays[name].reshape(-1)[-1] = bad
-    if layout == "v2-blocked":
+    if layout == "blocked":
         ref = _write_v2(local_store, state, arrays)
     else:
         ref = write_checkpoint(local_store, training_content("mixed", state), arrays).ref
@@ -206,17 +206,22 @@ def test_the_built_in_trainer_refuses_a_bf16_tensor_where_it_declares_float64(lo
 def test_a_manifest_with_an_unknown_dtype_tag_is_refused(local_store: LocalStore, layout: str, tag: str) -> None:
     config = CONFIGS[layout]()
     ref = save_training(local_store, "mixed", _state(config)).ref
-    victim = "theta/W1#00000" if layout == "v2-blocked" else "theta/W1"
+    victim = "theta/W1#00000" if layout == "blocked" else "theta/W1"
 
     def edit(body: dict[str, Any]) -> None:
         for t in body["tensors"]:
             if t["name"] == victim:
                 t["dtype"] = tag
 
-    rewrite_manifest(local_store, ref, edit)
+    if layout == "blocked":  # format v3: the block entries are in the rank index
+        rewrite_rank_index(local_store, ref, 0, edit)
+        field = f"indexes[0].tensors[{victim}].dtype"
+    else:
+        rewrite_manifest(local_store, ref, edit)
+        field = f"tensors[{victim}].dtype"
     with pytest.raises(E.TensorSpecError) as info:
         load_training(local_store, ref, trainer=_trainer(config))
-    assert (info.value.field, info.value.found) == (f"tensors[{victim}].dtype", tag)
+    assert (info.value.field, info.value.found) == (field, tag)
 
 
 def test_a_reader_without_bfloat16_refuses_it_naming_the_dtype(

@@ -22,9 +22,9 @@ class CountingStore(MemoryStore):
     def _count(self, name: str) -> None:
         self.calls[name] = self.calls.get(name, 0) + 1
 
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
         self._count("list")
-        return super().list(prefix)
+        return super().list(prefix, start_after)
 
     def read(self, key: str) -> bytes:
         self._count("read")

@@ -68,7 +68,7 @@ def test_missing_manifest(session: TrainingSession, good: CheckpointRef, local_s
 def test_format_version(session: TrainingSession, good: CheckpointRef, local_store: LocalStore) -> None:
     rewrite_manifest(local_store, good, lambda m: m.update(format_version=99))
     err = assert_refused(session, good, E.FormatVersionError, "format_version")
-    assert err.expected == [1, 2] and err.found == 99
+    assert err.expected == [1, 2, 3] and err.found == 99
 
 
 def test_kind_mismatch(session: TrainingSession, local_store: LocalStore) -> None:

@@ -27,9 +27,9 @@ class RefusingStore(MemoryStore):
         if call == self.refuse:
             raise self.error
 
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectInfo]:
         self._maybe("list")
-        return super().list(prefix)
+        return super().list(prefix, start_after)
 
     def write_object(self, key: str, chunks: Iterable[Chunk], size: int | None = None) -> None:
         self._maybe("write_object")

@@ -48,10 +48,15 @@ def test_v1_checkpoint_reads_and_the_builtin_trainer_is_unchanged(tmp_path: Path
     resumed = TrainingSession.resume_latest("v1-run", store, config)
     assert resumed.state.step == 7 and resumed.trainer.path == "cairn.trainers.mlp:MLPTrainer"
     # What today's code writes for the built-in trainer is a v1 manifest, field for field, plus
-    # the numerics profile it was computed under (provenance: outside the fingerprint).
+    # the numerics profile it was computed under (provenance: outside the fingerprint) and its
+    # history as segments (``history``, in place of the ``history/KEY`` tensors: same fingerprint).
     old_body = json.loads(store.read(f"{ref.prefix}/manifest.json"))
     new_body = json.loads(now.store.read(f"{result.ref.prefix}/manifest.json"))
-    assert set(new_body) == set(old_body) and new_body["format_version"] == 1
+    assert set(new_body) == set(old_body) | {"history"} and new_body["format_version"] == 1
+    assert {t["name"] for t in old_body["tensors"]} - {t["name"] for t in new_body["tensors"]} == {
+        "history/loss",
+        "history/lr",
+    }
     assert set(new_body["lineage"]) == set(old_body["lineage"]) | {"numerics"}
     assert new_body["lineage"]["numerics"]["profile"] == "x86-64-v3" and "numerics" not in old_body["lineage"]
     assert new_body["config"] == old_body["config"] and new_body["meta"] == old_body["meta"] == {}

@@ -306,7 +306,7 @@ def test_blocked_checkpoint_round_trips_through_the_adapters_import(tmp_path: Pa
     held = engine.state.copy()
     restored = solo_engine(config, store)
     manifest: Manifest = restored.load(CheckpointRef.parse(saved.ref))
-    assert manifest.parts is not None and manifest.format_version == 2
+    assert manifest.parts is not None and manifest.format_version == 3
     assert restored.state is not None and restored.state.step == 3
     assert restored.state.meta == held.meta and restored.state.rng_state == held.rng_state
     assert restored.state.history == held.history

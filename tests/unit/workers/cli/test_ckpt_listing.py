@@ -193,7 +193,7 @@ def test_list_json_has_every_field_of_each_manifest(tmp_path: Path, capsys: pyte
     assert listed["store"] == store.url
     rows = listed["checkpoints"]
     assert [r["checkpoint"] for r in rows] == [str(v1), str(v2), str(ranks2)]
-    expected: dict[str, list[Any]] = {"format_version": [1, 2, 1], "world_size": [1, 1, 2], "pins": [[], ["best"], []]}
+    expected: dict[str, list[Any]] = {"format_version": [1, 3, 1], "world_size": [1, 1, 2], "pins": [[], ["best"], []]}
     for i, (row, ref) in enumerate(zip(rows, (v1, v2, ranks2), strict=True)):
         manifest = read_manifest(store, ref, expect_kind=None)
         assert row == {
