@@ -35,6 +35,8 @@ SECTIONS = (
     "interop",
     "gpu",
     "history",
+    "metadata",
+    "large",
 )
 """The benchmarks in the document's order (``bench_NAME.py``, ``NAME.json``)."""
 PLACEHOLDERS = ("store", "peers", "async", "orchestration", "recovery")

@@ -32,6 +32,8 @@ ORDER = [
     "recovery_supervised",
     "interop",
     "history",
+    "metadata",
+    "large",
 ]
 
 

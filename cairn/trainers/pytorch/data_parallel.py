@@ -181,17 +181,16 @@ def byte_shares(sizes: Sequence[int], world: int) -> list[range]:
     """Contiguous ranges of items (blocks of ``sizes`` bytes, in order), one per rank, balanced by
     bytes: item k goes to the rank whose share of the total its first byte falls in."""
     total = max(1, sum(sizes))
-    owners: list[int] = []
+    counts = [0] * world  # one pass: owners are non-decreasing in k
     cursor = 0
     for size in sizes:
-        owners.append(min(world - 1, cursor * world // total))
+        counts[min(world - 1, cursor * world // total)] += 1
         cursor += size
     out: list[range] = []
     lo = 0
-    for rank in range(world):
-        hi = lo + owners.count(rank)
-        out.append(range(lo, hi))
-        lo = hi
+    for count in counts:
+        out.append(range(lo, lo + count))
+        lo += count
     return out
 
 
