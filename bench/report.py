@@ -57,7 +57,18 @@ def machine_section(results: dict[str, dict[str, Any]]) -> list[str]:
     return [
         "## Machine",
         "",
-        f"- CPU: {m['cpu']}, {m['cores']} cores; memory {m['memory_bytes'] / 2**30:.0f} GiB; Linux {m['kernel']}",
+        *(
+            [f"- CPU: {m['cpu']}, {m['cores']} cores; memory {m['memory_bytes'] / 2**30:.0f} GiB; Linux {m['kernel']}"]
+            if len({r["machine"]["cpu"] for r in results.values()}) == 1
+            else [
+                "- CPUs (the sections were measured on more than one machine of the same size): "
+                + "; ".join(
+                    f"{cpu}: {', '.join(n for n, r in results.items() if r['machine']['cpu'] == cpu)}"
+                    for cpu in sorted({r["machine"]["cpu"] for r in results.values()})
+                ),
+                f"- {m['cores']} cores; memory {m['memory_bytes'] / 2**30:.0f} GiB; Linux {m['kernel']}",
+            ]
+        ),
         f"- disk: {m['disk']} (stores in the temp dir; SeaweedFS and Temporal on loopback on the same machine)",
         f"- {v}",
         f"- load average (1 min) when each benchmark started — {loads}. **Other work ran on this machine during the "
@@ -123,11 +134,13 @@ def main() -> int:
 
 def headline(results: dict[str, dict[str, Any]], targets: Targets) -> list[str]:
     lines = [README_BEGIN, ""]
-    m = next(iter(results.values()))["machine"]
     busiest = max(r["machine"]["loadavg_at_start"][0] for r in results.values())
-    stamp = max(r["measured_at"] for r in results.values())
+    first = min(r["measured_at"] for r in results.values())
+    last = max(r["measured_at"] for r in results.values())
+    cpus = sorted({f"{r['machine']['cpu']} ({r['machine']['cores']} cores)" for r in results.values()})
+    when = f"Run of {last}" if first == last else f"Sections measured from {first} to {last}"
     lines += [
-        f"Run of {stamp} on {m['cpu']} ({m['cores']} cores), shared with other work (load average up to "
+        f"{when} on {' and '.join(cpus)}, shared with other work (load average up to "
         f"{busiest:.1f}): see [BENCHMARKS.md](BENCHMARKS.md) for min–max, peers, async, orchestration, "
         "recovery, scale, where the time goes and what was fixed.",
         "",
