@@ -17,7 +17,7 @@ from cairn.checkpoint.layout import checkpoint_prefix, manifest_key, steps_after
 from cairn.checkpoint.reader import read_tensors
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.stores.s3 import S3Store
-from cairn.stores.s3_retry import InflightLimit
+from cairn.stores.s3_retry import InflightLimit, RetryPolicy
 from tests.integration.conftest import S3Server
 from workers.drills.faultproxy import FaultPolicy, FaultProxy
 
@@ -41,7 +41,8 @@ def _prefix() -> str:
 def test_a_save_with_many_shards_completes_through_bursts_of_slowdown(proxy: FaultProxy, seaweedfs: S3Server) -> None:
     prefix = _prefix()
     limit = InflightLimit(6)
-    store = S3Store(seaweedfs.bucket, prefix, endpoint_url=proxy.url, part_size=5 << 20, inflight=limit)
+    fast = RetryPolicy(throttle_base_s=0.05)  # the schedule's shape, not its scale, is under test here
+    store = S3Store(seaweedfs.bucket, prefix, endpoint_url=proxy.url, part_size=5 << 20, inflight=limit, retry=fast)
     rng = np.random.default_rng(7)
     tensors = {f"layer{i}": rng.random((1 << 20) // 8) for i in range(8)}  # eight 1 MiB shards
     tensors["embedding"] = rng.random((12 << 20) // 8)  # one 12 MiB shard: a multipart upload of 3 parts
