@@ -312,7 +312,7 @@ async def distributed_on_temporal(web_ui: str) -> bool:
             summaries.append(summary)
             assert summary.checkpoint is not None
             ref = CheckpointRef.parse(summary.checkpoint)
-            ranks = read_manifest(LocalStore(ref.store_url), ref, expect_kind=None).writer.ranks
+            ranks = read_manifest(LocalStore(ref.store_url), ref, expect_kind=None, expand_index=False).writer.ranks
             print(
                 f"world size {world} ({where}): trained to step {summary.steps}, loss {summary.loss:.4f}; "
                 f"checkpoint {ref.step} written by {ranks} ranks, each its own blocks, one commit"

@@ -1,12 +1,14 @@
-"""Checkpoints: format v1 (manifest + shards), the commit protocol, validated import.
+"""Checkpoints: formats v1 (manifest + shards) and v3 (blocks, per-rank indexes), the commit
+protocol, validated import.
 
 One module per concern: ``layout`` (where things live in a store), ``manifest`` (the data
 model), ``content`` (what the fingerprint covers), ``tensors`` (bytes and checksums),
 ``shards`` (phase 1 of a save), ``commit`` (phase 2: the commit protocol), ``reader`` (the
 read path), ``options`` (signer, limits, shard settings), ``training`` (a training state in checkpoint
 form), ``manager`` (save/load/list training checkpoints), ``validate`` (training-state rules),
-``blocks`` (the blocked layout, format v2), ``history`` (a training history's run-level
-segments), ``retention``, ``async_save``, ``compare``.
+``blocks`` (the blocked layout), ``index`` (format v3's per-rank indexes), ``latest`` (the
+latest pointer), ``sparse`` (checkpoints of any declared size without their bytes),
+``history`` (a training history's run-level segments), ``retention``, ``async_save``, ``compare``.
 """
 
 from cairn.checkpoint.commit import CommitResult, commit_manifest, write_checkpoint

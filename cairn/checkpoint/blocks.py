@@ -1,4 +1,4 @@
-"""Blocked tensors (format v2): fixed-size 1-D blocks, whatever the number of writers.
+"""Blocked tensors (formats v2 and v3): fixed-size 1-D blocks, whatever the number of writers.
 
 A distributed save cuts every logical tensor (C order, flattened) into blocks of
 ``block_elems`` elements — the last one shorter, an empty tensor one empty block — and stores
@@ -192,7 +192,7 @@ def check_parts(manifest: Manifest) -> None:
 
 
 def logical_specs(manifest: Manifest) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """Logical tensor name -> (dtype tag, shape), for v1 (the entries) and v2 (the parts) alike."""
+    """Logical tensor name -> (dtype tag, shape), for v1 (the entries) and v2/v3 (the parts) alike."""
     if manifest.parts is None:
         return {t.name: (t.dtype, tuple(t.shape)) for t in manifest.tensors}
     if manifest.indexes is not None:

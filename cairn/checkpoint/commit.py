@@ -181,8 +181,8 @@ def write_checkpoint(
     block_bytes: int | None = None,
 ) -> CommitResult:
     """Single-writer save: shards, then the manifest, under the (run, kind, step) key.
-    ``block_bytes``: write the blocked layout (format v2) a distributed save of the same state
-    writes, so both have the same fingerprint."""
+    ``block_bytes``: write the blocked layout (format v3: one rank index) a distributed save of
+    the same state writes, so both have the same fingerprint."""
     started = time.perf_counter()
     options = resolve_options(options)
     ref = CheckpointRef(store.url, content.run_id, content.kind, content.step)

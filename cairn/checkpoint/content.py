@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from cairn.checkpoint.blocks import base_name
 from cairn.checkpoint.manifest import (
     BLOCKED_FORMAT_VERSION,
     FORMAT_VERSION,
@@ -152,8 +153,11 @@ def check_content(content: CheckpointContent, tensors: Mapping[str, np.ndarray],
     for name in names:
         if not 1 <= len(name) <= 256:
             raise TensorSpecError(field="tensors", expected="names of 1 to 256 characters", found=name[:80])
-    if len(names) > limits.max_tensors:
-        raise SizeLimitError(field="tensors", expected=f"<= {limits.max_tensors} tensors", found=len(names))
+    logical = len({base_name(n) for n in names})  # a blocked save's entries are blocks of fewer tensors
+    if logical > limits.max_tensors:
+        raise SizeLimitError(field="tensors", expected=f"<= {limits.max_tensors} tensors", found=logical)
+    if len(names) > limits.max_blocks:
+        raise SizeLimitError(field="tensors", expected=f"<= {limits.max_blocks} blocks", found=len(names))
     total = sum(int(a.nbytes) for a in tensors.values())
     if total > limits.max_total_bytes:
         raise SizeLimitError(field="total_bytes", expected=f"<= {limits.max_total_bytes}", found=total)

@@ -70,6 +70,8 @@ __all__ = [
 ]
 
 INDEX_FORMAT = "cairn-rank-index"
+INDEX_BYTES_PER_ENTRY = 2048
+"""The most an index object may weigh per block entry (an entry and its share of a shard: ~400 B)."""
 _MODULUS = 1 << 256
 
 
@@ -119,7 +121,7 @@ def index_summary(refs: Iterable[IndexRef]) -> dict[str, object]:
 
 def _block_index(entry_name: str) -> int:
     head, sep, tail = entry_name.rpartition(SEPARATOR)
-    if not sep or not head or len(tail) != 5 or not tail.isdigit():
+    if not sep or not head or not 5 <= len(tail) <= 12 or not tail.isdigit() or f"{int(tail):05d}" != tail:
         raise TensorSpecError(field="tensors", expected="block entries named NAME#IIIII", found=entry_name[:80])
     return int(tail)
 
@@ -189,8 +191,13 @@ def check_index_refs(manifest: Manifest, limits: Limits) -> None:
             raise ManifestError(
                 field=f"{where}.key", expected=index_key(manifest.writer.nonce, ref.rank), found=ref.key[:80]
             )
-        if ref.bytes > limits.max_index_bytes:
-            raise SizeLimitError(field=f"{where}.bytes", expected=f"<= {limits.max_index_bytes}", found=ref.bytes)
+        if ref.bytes > min(limits.max_index_bytes, INDEX_BYTES_PER_ENTRY * (ref.entries + 1)):
+            raise SizeLimitError(
+                field=f"{where}.bytes",
+                expected=f"<= {min(limits.max_index_bytes, INDEX_BYTES_PER_ENTRY * (ref.entries + 1))} "
+                f"({INDEX_BYTES_PER_ENTRY} a block entry, at most {limits.max_index_bytes})",
+                found=ref.bytes,
+            )
         covered, nbytes = 0, 0
         for tensor, first, stop in ref.covers:
             spec = parts.get(tensor)
@@ -245,6 +252,20 @@ def read_rank_index(store: Store, ref: CheckpointRef, manifest: Manifest, iref: 
             f"{where}.checksum", "a rank index does not match its checksum", expected=iref.checksum, found=found
         )
     data = parse_json(raw, where=key, error=ManifestError, limits=JsonLimits(max_bytes=max(iref.bytes, 1)))
+    # Counts before the model is built: a forged index cannot make the schema check allocate.
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("tensors"), list)
+        or not isinstance(data.get("shards"), list)
+    ):
+        raise ManifestError(field=where, expected="a rank index object with tensors and shards lists", found=None)
+    if len(data["tensors"]) != iref.entries or len(data["shards"]) > max(1, iref.entries):
+        raise TensorSpecError(
+            "a rank index's entries disagree with the manifest",
+            field=f"{where}.tensors",
+            expected=f"{iref.entries} entries in at most {max(1, iref.entries)} shards",
+            found=f"{len(data['tensors'])} entries in {len(data['shards'])} shards",
+        )
     try:
         index = RankIndex.model_validate(data)
     except ValidationError as exc:

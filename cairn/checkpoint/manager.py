@@ -34,7 +34,7 @@ def save_training(
     store: Store, run_id: str, state: TrainState, *, options: CheckpointOptions | None = None
 ) -> CommitResult:
     """Commit the full training state under (run_id, training, step); a run with a
-    ``distributed`` config is saved in its blocked layout (format v2), exactly as its ranks
+    ``distributed`` config is saved in its blocked layout (format v3), exactly as its ranks
     would save it. The history goes to the run's history segments first, only what is not
     durable yet (``cairn.checkpoint.history``); the manifest references them."""
     options = resolve_options(options)

@@ -115,8 +115,11 @@ def _check_structure(manifest: Manifest, limits: Limits) -> None:
         check_parts(manifest)
         check_index_refs(manifest, limits)
         return
-    if len(manifest.tensors) > limits.max_tensors:
-        raise SizeLimitError(field="tensors", expected=f"<= {limits.max_tensors} tensors", found=len(manifest.tensors))
+    if manifest.parts is not None and len(manifest.parts) > limits.max_tensors:  # v2: parts are the tensors
+        raise SizeLimitError(field="parts", expected=f"<= {limits.max_tensors} tensors", found=len(manifest.parts))
+    bound = limits.max_tensors if manifest.parts is None else limits.max_blocks
+    if len(manifest.tensors) > bound:
+        raise SizeLimitError(field="tensors", expected=f"<= {bound} entries", found=len(manifest.tensors))
     if manifest.total_bytes > limits.max_total_bytes:
         raise SizeLimitError(
             field="total_bytes", expected=f"<= {limits.max_total_bytes} ({limits.sized_by})", found=manifest.total_bytes
@@ -389,7 +392,7 @@ def read_logical(
     max_workers: int = 4,
     value_check: ValueCheck | None = None,
 ) -> dict[str, np.ndarray]:
-    """The checkpoint's logical tensors (``names``: only these), v1 or v2 alike: a blocked
+    """The checkpoint's logical tensors (``names``: only these), any format: a blocked
     tensor is allocated once and its blocks are read straight into their places."""
     if manifest.parts is None:
         return read_tensors(store, ref, manifest, max_workers=max_workers, value_check=value_check, only=names)
@@ -411,7 +414,7 @@ def read_logical(
 def stream_logical(
     store: Store, ref: CheckpointRef, manifest: Manifest, name: str, buffer: np.ndarray
 ) -> Iterator[memoryview]:
-    """The bytes of logical tensor ``name`` (v1 or v2) in order, in chunks read through
+    """The bytes of logical tensor ``name`` (any format) in order, in chunks read through
     ``buffer`` (reused: use each chunk before asking for the next). Every entry's checksum is
     verified before its last chunk is handed over (an ``IntegrityError`` instead), so a consumer
     that keeps what it wrote only when the stream ends never keeps an unverified byte."""

@@ -1,7 +1,7 @@
 """Checkpoints of any declared size without their bytes: a test and benchmark double.
 
 ``SparseStore`` is a ``MemoryStore`` that keeps metadata objects (manifests, rank indexes,
-pointers) whole and shard files (``*.bin``) as sizes only: their bytes read back as zeros.
+pointers, history segments) whole and checkpoint shard files as sizes only: their bytes read back as zeros.
 ``zero_rank`` writes one rank's share of a blocked (v3) checkpoint whose tensors are all zeros
 — shard sizes declared, every block's real BLAKE3 checksum (of zeros, computed once per block
 length) — so a 2 TB, 1,024-rank checkpoint can be planned, committed, read back through every
@@ -11,6 +11,7 @@ metadata check and restore-planned on a laptop, and a rank's slice really read (
 from __future__ import annotations
 
 import functools
+import re
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -30,12 +31,14 @@ from cairn.stores.memory import MemoryStore
 
 __all__ = ["SparseStore", "zero_checksum", "zero_rank"]
 
-SPARSE_SUFFIX = ".bin"
+_SHARD = re.compile(r"/rank[0-9]{3,}-[0-9]{4,}\.bin$")
+"""Checkpoint shard files (``layout.shard_key``): the objects kept as sizes; everything else
+(manifests, rank indexes, history segments, pointers) is kept whole."""
 _ZEROS = bytes(8 << 20)
 
 
 class SparseStore(MemoryStore):
-    """Shard files as sizes (reading as zeros), everything else kept; counts reads per key."""
+    """Checkpoint shard files as sizes (reading as zeros), everything else kept; counts reads per key."""
 
     def __init__(self, name: str = "sparse") -> None:
         super().__init__(name)
@@ -53,16 +56,18 @@ class SparseStore(MemoryStore):
             self._sparse[key] = (size, time.time())
 
     def write_object(self, key: str, chunks: Iterable[Chunk], size: int | None = None) -> None:
-        if not key.endswith(SPARSE_SUFFIX):
+        if not _SHARD.search(key):
             data = b"".join(bytes(memoryview(c).cast("B")) for c in chunks)
-            self.written_bytes += len(data)
+            with self._sparse_lock:
+                self.written_bytes += len(data)
             super().write_object(key, [data])
             return
         self.declare(key, sum(len(memoryview(c).cast("B")) for c in chunks))
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         created = super().put_if_absent(key, data)
-        self.written_bytes += len(data) if created else 0
+        with self._sparse_lock:
+            self.written_bytes += len(data) if created else 0
         return created
 
     def _count(self, key: str) -> None:

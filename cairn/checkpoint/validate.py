@@ -36,6 +36,7 @@ from cairn.checkpoint.tensors import dtype_tag
 from cairn.checkpoint.training import history_name, is_history
 from cairn.config import TrainConfig, config_error_from
 from cairn.errors import (
+    CairnError,
     IncompatibleConfigError,
     InvariantError,
     ManifestError,
@@ -104,14 +105,21 @@ def _check_history(ref: HistoryRef, want: dict[str, int]) -> None:
     check_history_ref(ref)
 
 
-def run_bounds(trainer: Trainer, manifest: Manifest, ceiling: Limits) -> Limits:
+def run_bounds(trainer: Trainer, manifest: Manifest, ceiling: Limits, *, checked: bool = False) -> Limits:
     """The bounds a training checkpoint of ``trainer`` at the manifest's step is read under,
     sized by what its tensor specs declare (never above the ``ceiling``): at most as many bytes
     as the declared elements take in the widest dtype a checkpoint may hold (8 bytes), and at
     most as many blocks as the declared elements make at the manifest's block sizes. Computed
     from the specs (Python integers): a manifest that claims more is refused before anything
     is allocated, and one the trainer declares at 2 TB is read. (The exact dtypes and shapes
-    are compared next, by ``check_training_manifest``.)"""
+    are compared next, by ``check_training_manifest``.) The trainer's ``check_state`` runs first
+    unless ``checked`` (its specs may read ``meta``, which must be well formed); a state it refuses
+    is read under the ``ceiling`` and refused by ``check_training_manifest``."""
+    if not checked:  # the trainer's specs read the manifest's meta: its form first
+        try:
+            trainer.check_state(manifest.step, manifest.cursor, manifest.rng, manifest.meta)
+        except CairnError:
+            return ceiling  # refused later, in ``check_training_manifest``'s order (the config first)
     specs = expected_tensors(trainer, manifest)
     parts = manifest.parts or {}
     elements = {name: math.prod(spec.shape) for name, spec in specs.items()}
@@ -180,13 +188,6 @@ def check_training_manifest(
         check_config_compatible(normalized_config(run_config) if trainer is None else run_config, config)
     if trainer is None:
         trainer = load_trainer(config)
-    declared = run_bounds(trainer, manifest, Limits())
-    if manifest.total_bytes > declared.max_total_bytes:  # (read_manifest's bounds, if it was not given them)
-        raise SizeLimitError(
-            field="total_bytes",
-            expected=f"<= {declared.max_total_bytes} ({declared.sized_by})",
-            found=manifest.total_bytes,
-        )
     lineage = manifest.lineage
     if lineage is None:
         raise ManifestError(field="lineage", expected="dataset and model versions", found=None)
@@ -208,6 +209,13 @@ def check_training_manifest(
                 found=got,
             )
     trainer.check_state(manifest.step, manifest.cursor, manifest.rng, manifest.meta)
+    declared = run_bounds(trainer, manifest, Limits(), checked=True)
+    if manifest.total_bytes > declared.max_total_bytes:  # (read_manifest's bounds, if it was not given them)
+        raise SizeLimitError(
+            field="total_bytes",
+            expected=f"<= {declared.max_total_bytes} ({declared.sized_by})",
+            found=manifest.total_bytes,
+        )
     want_specs = expected_tensors(trainer, manifest)
     have = logical_specs(manifest)
     missing = sorted(set(want_specs) - set(have))

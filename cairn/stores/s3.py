@@ -24,6 +24,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import functools
+import hashlib
 import itertools
 import os
 import threading
@@ -212,17 +213,36 @@ class S3Store(Store):
                 if not parts:  # an empty object still needs one (empty) part
                     parts = [self._upload_part(full, upload_id, 1, b"")]
                 done = {"Parts": parts}
-                self._call(
-                    lambda: self.client.complete_multipart_upload(
-                        Bucket=self.bucket, Key=full, UploadId=upload_id, MultipartUpload=done
+                try:
+                    self._call(
+                        lambda: self.client.complete_multipart_upload(
+                            Bucket=self.bucket, Key=full, UploadId=upload_id, MultipartUpload=done
+                        )
                     )
-                )
+                except ClientError as exc:
+                    # A retried completion whose first answer was lost finds the upload gone:
+                    # the object is complete iff it carries this upload's multipart ETag.
+                    if str(exc.response.get("Error", {}).get("Code", "")) != "NoSuchUpload":
+                        raise
+                    if not self._completed_as(full, parts):
+                        raise
+                    return
         except BaseException:
             for f in futures:
                 f.cancel()
             with contextlib.suppress(ClientError, BotoCoreError):
                 self._call(lambda: self.client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id))
             raise
+
+    def _completed_as(self, full: str, parts: list[dict[str, Any]]) -> bool:
+        """Whether the object at ``full`` is the completion of exactly these parts (S3's multipart
+        ETag: the MD5 of the parts' MD5s, then ``-N``)."""
+        try:
+            head = self._call(lambda: self.client.head_object(Bucket=self.bucket, Key=full))
+        except ClientError:
+            return False
+        digests = b"".join(bytes.fromhex(str(p["ETag"]).strip('"')) for p in parts)
+        return str(head.get("ETag", "")).strip('"') == f"{hashlib.md5(digests).hexdigest()}-{len(parts)}"
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         full = self._key(key)

@@ -89,3 +89,41 @@ def test_failed_multipart_is_aborted_and_invisible(s3_store: S3Store) -> None:
     assert not s3_store.exists("parts/never.bin")
     uploads = s3_store.client.list_multipart_uploads(Bucket=s3_store.bucket, Prefix=s3_store.prefix).get("Uploads", [])
     assert not [u for u in uploads if u["Key"].endswith("parts/never.bin")]
+
+
+class _LostCompletion:
+    """Wraps a real client; ``complete_multipart_upload`` answers NoSuchUpload, as a retried
+    completion does when the first one succeeded and its answer was lost (``really``: the first
+    one did complete)."""
+
+    def __init__(self, client: Any, really: bool) -> None:
+        self._client = client
+        self.really = really
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def complete_multipart_upload(self, **kwargs: Any) -> Any:
+        from botocore.exceptions import ClientError
+
+        if self.really:
+            self._client.complete_multipart_upload(**kwargs)
+        raise ClientError(
+            {"Error": {"Code": "NoSuchUpload"}, "ResponseMetadata": {"HTTPStatusCode": 404}}, "CompleteMultipartUpload"
+        )
+
+
+@pytest.mark.parametrize("really", [True, False])
+def test_a_completion_whose_answer_was_lost_is_recognised_by_its_etag(s3_store: S3Store, really: bool) -> None:
+    lossy = S3Store(s3_store.bucket, s3_store.prefix, client=_LostCompletion(s3_store.client, really), part_size=5 << 20)
+    data = np.arange(2 * (5 << 20) // 8 + 3, dtype=np.float64)
+    key = f"parts/lost-{really}.bin"
+    if really:
+        lossy.write_object(key, [memoryview(data).cast("B")], size=data.nbytes)
+        out = np.empty_like(data)
+        s3_store.read_into(key, 0, memoryview(out).cast("B"))
+        assert np.array_equal(out, data)
+    else:  # nothing was completed: the write fails, typed, and nothing is there
+        with pytest.raises(E.CairnError):
+            lossy.write_object(key, [memoryview(data).cast("B")], size=data.nbytes)
+        assert not s3_store.exists(key)

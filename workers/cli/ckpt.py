@@ -97,8 +97,9 @@ def register(sub: Any, common: Common) -> None:
 def cmd_ckpt_show(args: argparse.Namespace) -> int:
     ref = CheckpointRef.parse(args.checkpoint)
     store = open_store(ref.store_url)
-    manifest = read_manifest(store, ref, expect_kind=None)
-    body = manifest.model_dump(mode="json")
+    root = read_manifest(store, ref, expect_kind=None, expand_index=False)
+    manifest = read_manifest(store, ref, expect_kind=None) if root.indexes is not None else root
+    body = root.model_dump(mode="json")  # as committed (a v3 root lists its rank indexes, not its blocks)
     body["checkpoint"] = str(ref)
     lineage = manifest.lineage
     exposures = exposure_count(store, ref.run_id, lineage) if ref.kind == CheckpointKind.TRAINING else 0

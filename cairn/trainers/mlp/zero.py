@@ -30,7 +30,7 @@ from cairn.checkpoint.options import CheckpointOptions
 from cairn.checkpoint.reader import read_manifest
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.training import is_history, split_history, training_content, training_state
-from cairn.checkpoint.validate import check_training_manifest
+from cairn.checkpoint.validate import check_training_manifest, run_bounds
 from cairn.distributed.checkpoint import SaveOutcome, agree, coordinated_save, failure_of, read_blocks
 from cairn.distributed.comm import Comm
 from cairn.distributed.history import gang_history_committed, read_gang_history, write_gang_history
@@ -107,7 +107,14 @@ class ZeroMLP:
         failure: list[str] | None = None
         manifest: Manifest | None = None
         try:
-            manifest = read_manifest(self.store, ref, expect_kind=None, options=self.options, expand_index=False)
+            manifest = read_manifest(
+                self.store,
+                ref,
+                expect_kind=None,
+                options=self.options,
+                expand_index=False,
+                bounds=lambda m: run_bounds(self.trainer, m, self.options.limits),
+            )
             check_training_manifest(manifest, trainer=self.trainer)
             self._check_layout(manifest)
         except Exception as exc:

@@ -19,7 +19,7 @@ from cairn.checkpoint.options import CheckpointOptions
 from cairn.checkpoint.reader import read_manifest
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.training import split_history, training_content, training_state
-from cairn.checkpoint.validate import check_training_manifest
+from cairn.checkpoint.validate import check_training_manifest, run_bounds
 from cairn.distributed.checkpoint import SaveOutcome, agree, coordinated_save, failure_of, read_blocks
 from cairn.distributed.comm import Comm
 from cairn.distributed.history import gang_history_committed, read_gang_history, write_gang_history
@@ -243,7 +243,12 @@ class TorchDP:
         manifest: Manifest | None = None
         try:
             manifest = read_manifest(
-                self.store, ref, expect_kind=CheckpointKind.TRAINING, options=self.options, expand_index=False
+                self.store,
+                ref,
+                expect_kind=CheckpointKind.TRAINING,
+                options=self.options,
+                expand_index=False,
+                bounds=lambda m: run_bounds(self.trainer, m, self.options.limits),
             )
             check_training_manifest(manifest, trainer=self.trainer)
             self._check_layout(manifest)
@@ -274,7 +279,7 @@ class TorchDP:
         return manifest
 
     def _check_layout(self, manifest: Manifest) -> None:
-        """Blocked (format v2), cut at this run's block size."""
+        """Blocked (format v2 or v3), cut at this run's block size."""
         if manifest.parts is None:
             raise ManifestError(
                 "a distributed run restores only blocked checkpoints", field="format_version", expected=[2, 3], found=1

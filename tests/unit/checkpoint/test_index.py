@@ -211,6 +211,9 @@ def _declared(step: int, specs: dict[str, TensorSpec], parts: dict[str, PartSpec
         def tensor_specs(self, step: int, meta: dict[str, Any]) -> dict[str, TensorSpec]:
             return specs
 
+        def check_state(self, *args: object) -> None:
+            return None
+
     del step, parts
     return Declares()
 
@@ -291,3 +294,25 @@ def test_the_ceiling_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch)
         assert info.value.field == CEILING_ENV and info.value.found == bad
     monkeypatch.delenv(CEILING_ENV)
     assert Limits.from_env() == Limits()
+
+
+def test_one_rank_writes_more_blocks_than_the_tensor_ceiling_with_six_digit_block_names() -> None:
+    """Block entries count against the blocks ceiling, not the tensors one, and a tensor of more
+    than 99,999 blocks is named NAME#100000 onward (the writer's ``{:05d}``) and reads back."""
+    assert Limits().max_tensors < 100_001
+    arrays = {"w": np.arange(100_001, dtype=np.float64)}
+    store = _RealBytes("many")
+    result = write_checkpoint(store, _content("many"), arrays, block_bytes=8, options=UNSIGNED)
+    manifest = read_manifest(store, result.ref, expect_kind=INFERENCE, options=UNSIGNED)
+    assert len(manifest.tensors) == 100_001 and "w#100000" in {t.name for t in manifest.tensors}
+    back = read_tensors(store, result.ref, manifest)
+    assert np.array_equal(np.concatenate([back[f"w#{i:05d}"] for i in range(100_001)]), arrays["w"])
+
+
+def test_a_rank_index_padded_with_shards_is_refused_from_its_counts() -> None:
+    store, ref = _v3()
+    rewrite_rank_index(store, ref, 0, lambda b: b["shards"].extend([{}] * 50_000))
+    _refused(store, ref, E.SizeLimitError, "indexes[0].bytes")  # too big for its entries, before reading it
+    store, ref = _v3()
+    rewrite_rank_index(store, ref, 0, lambda b: b["shards"].extend([{}] * 20))
+    _refused(store, ref, E.TensorSpecError, "indexes[0].tensors")  # counted before the schema is built

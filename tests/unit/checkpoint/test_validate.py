@@ -295,3 +295,20 @@ class TestSignatures:
         result = TrainingSession.fresh("kf", local_store, config).run(2)
         assert result is not None
         assert result.manifest.signature == Signer(self.KEY).sign(result.manifest.signed_payload())
+
+
+@pytest.mark.parametrize("with_trainer", [True, False])
+def test_malformed_trainer_state_is_refused_typed_before_the_trainer_sizes_the_checkpoint(
+    local_store: LocalStore, with_trainer: bool
+) -> None:
+    """The run's bounds come from the trainer's specs, which read ``meta``: a forged ``meta`` is
+    refused by the trainer's own state check (typed), never with whatever the specs raise."""
+    from cairn.trainers.loading import load_trainer
+    from tests.conftest import digits_config
+
+    config = digits_config()
+    ref = TrainingSession.fresh("forged-meta", local_store, config).run(2).ref
+    rewrite_manifest(local_store, ref, lambda b: b["meta"]["optimizer"].update(with_state=[{"x": 1}]))
+    with pytest.raises(E.InvariantError) as info:
+        load_training(local_store, ref, trainer=load_trainer(config) if with_trainer else None)
+    assert info.value.field == "meta.optimizer.with_state"
