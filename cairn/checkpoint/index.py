@@ -11,8 +11,9 @@ The fingerprint stays independent of the world size: it covers the block count a
 digest*, the sum modulo 2**256 of a sha256 per block entry (name, dtype, shape, checksum).
 Each rank computes its own share; the shares add up to the same digest however the blocks were
 split among ranks. Like the fingerprint, the digest is an identifier that detects accidental
-change, not a signature: authenticity comes from the root's signature, which covers every
-index's checksum and so every entry.
+change, not a signature — and, being additive, weaker than a sequential hash against a forger
+searching for collisions (generalized birthday): authenticity comes from the root's signature,
+which covers every index's checksum and so every entry.
 
 What is checked, before anything is allocated: from the root alone (``check_index_refs``) that
 the refs' covers tile every declared tensor's blocks exactly once and their counts and bytes
