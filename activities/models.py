@@ -12,10 +12,12 @@ import os
 import uuid
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from activities.effect_models import DecisionInput, EffectInput, EffectReceipt, EffectsSpec, Model
 from cairn.checkpoint.layout import RUN_ID_PATTERN
 from cairn.config import TrainConfig
+from cairn.interval import AutoInterval, IntervalChoice, IntervalState
 from cairn.numerics import DEFAULT_PROFILE, ProfileName
 from cairn.runs.ownership import store_url_problem
 
@@ -48,49 +50,34 @@ __all__ = [
     "EffectReceipt",
     "DecisionInput",
     "RunInfo",
+    "IntervalChoice",
 ]
 
 DEFAULT_TASK_QUEUE = "cairn-training"
 WORKFLOW_TYPE = "TrainingRun"
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+_Model = Model
 
 
 class CheckpointPolicy(_Model):
-    every: Annotated[int, Field(gt=0)] = 10
+    every: Annotated[int, Field(gt=0)] | Literal["auto"] = 10
     """Commit a full-state checkpoint every K steps (absolute step numbers, so every attempt
-    of a segment commits under the same idempotency keys)."""
+    of a segment commits under the same idempotency keys); ``"auto"``: K chosen before each
+    segment from the save cost and failure rate the run measured (``cairn.interval``)."""
     mode: Literal["sync", "async"] = "sync"
+    auto: AutoInterval = AutoInterval()
+    """How ``every: "auto"`` chooses, and its bounds."""
 
 
 class RetentionSpec(_Model):
     keep_last: Annotated[int, Field(ge=1)] = 3
     keep_every: Annotated[int, Field(ge=1)] | None = None
     grace_seconds: Annotated[float, Field(ge=0)] = 3600.0
-
-
-class EffectsSpec(_Model):
-    """External side effects of the run (reserve before, publish on success, release at end)."""
-
-    service_url: str
-    resource: str = "FILTER-A"
-    units: Annotated[int, Field(gt=0)] = 2
-    registry: str | None = None
-    """Store URL of the model registry that ``publish`` writes to (default: the run's store);
-    absolute or ``s3://``, like ``store``."""
-    timeout_seconds: Annotated[float, Field(gt=0, le=600)] = 15.0
-    """Start-to-close timeout of each effect activity: how soon a worker that died mid-effect
-    is given up on and the effect retried (with the same key) elsewhere."""
-
-    @field_validator("registry")
-    @classmethod
-    def _registry_is_absolute(cls, value: str | None) -> str | None:
-        problem = None if value is None else store_url_problem(value)
-        if problem:
-            raise ValueError(problem)
-        return value
+    every_seconds: Annotated[float, Field(ge=0)] | None = None
+    """At most one retention pass per this many seconds, and never two at once, when passes
+    run beside the segments (``grace_seconds`` >= the segment timeout): a pass can delete
+    nothing younger than the grace period anyway. None: ``min(60, grace_seconds)``."""
 
 
 ATTEMPTS_WINDOW = 32
@@ -137,6 +124,8 @@ class RunCarry(_Model):
     warm_queue: str | None = None
     """The own task queue of the worker that holds the run's state in memory (its last segment
     completed there): the next segment is offered to it first."""
+    interval: IntervalState | None = None
+    """What ``checkpoint.every: "auto"`` has measured and chosen so far."""
     lost: tuple[int | None, int] | None = None
     """(reached step, attempts) of a segment whose attempt was lost on the warm worker's queue
     and that was not picked up there again: its re-offer carries them on (``TrainSegmentInput``)."""
@@ -380,6 +369,11 @@ class TrainSegmentResult(_Model):
     ``HEARTBEAT_THROTTLE`` stale, or the checkpoints it committed) minus the resume step."""
     warm: bool = False
     """The segment continued from the worker's memory (no restore): see ``cairn.runs.warm``."""
+    saves: int = 0
+    blocked_save_seconds: float = 0.0
+    """Checkpoints this attempt committed and the seconds they blocked training."""
+    train_seconds: float = 0.0
+    """This attempt's training time, its saves excluded."""
     worker_queue: str | None = None
     """The own task queue of the worker that ran it, which now holds the run's state."""
 
@@ -404,35 +398,6 @@ class CollectInput(_Model):
     store: str
     store_id: str | None = None
     retention: RetentionSpec
-
-
-class EffectInput(_Model):
-    run_id: str
-    store: str
-    store_id: str | None = None
-    effects: EffectsSpec
-    checkpoint: str | None = None
-    fingerprint: str | None = None
-    reservation_id: str | None = None
-    reason: str = "completed"
-
-
-class EffectReceipt(_Model):
-    effect: str
-    key: str
-    receipt: str
-    replayed: bool = False
-    """The journal (or the service) already held this key's outcome: nothing was redone."""
-    reconciled: bool = False
-    """The outcome was unknown (a pending intent) and was learnt by asking the service."""
-
-
-class DecisionInput(_Model):
-    run_id: str
-    store: str
-    store_id: str | None = None
-    decision: str
-    detail: dict[str, object] = Field(default_factory=dict)
 
 
 class RunInfo(_Model):

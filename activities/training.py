@@ -182,6 +182,7 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
             beats.update(step=result.ref.step, checkpoint=str(result.ref), committed_step=result.ref.step)
             beats.beat()
 
+        started = time.perf_counter()
         last = session.run(
             inp.target_step - resumed,
             checkpoint_every=inp.checkpoint_every,
@@ -190,6 +191,7 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
             on_checkpoint=on_checkpoint,
         )
         assert last is not None
+        train_seconds = max(0.0, time.perf_counter() - started - session.blocked_seconds)
         state = session.state
         loss = state.history["loss"][-1] if state.history["loss"] else None
         val_loss = state.history["val_loss"][-1] if state.history.get("val_loss") else None
@@ -214,6 +216,9 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
             resumed_from_step=resumed,
             recomputed_steps=recomputed,
             warm=warm,
+            saves=session.saves,
+            blocked_save_seconds=session.blocked_seconds,
+            train_seconds=train_seconds,
             worker_queue=own_queue(info.task_queue),
         )
         if not interrupted:

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from activities.models import _Model
+from activities.models import IntervalChoice, _Model
 
 __all__ = ["RunProgress", "RunSummary"]
 
@@ -33,6 +33,8 @@ class RunProgress(_Model):
     reproducibility: str | None = None
     world_size: int = 1
     """Ranks the run trains with now (an elastic run may have shrunk it)."""
+    checkpoint_every: int | None = None
+    """Steps between checkpoints now (``checkpoint.every: "auto"``: the latest choice)."""
 
 
 class RunSummary(_Model):
@@ -56,3 +58,7 @@ class RunSummary(_Model):
     reproducibility: str | None = None
     world_size: int = 1
     """Ranks the run ended with (an elastic run may have shrunk it)."""
+    checkpoint_every: int | None = None
+    checkpoint_interval: list[IntervalChoice] = Field(default_factory=list)
+    """``checkpoint.every: "auto"``: the latest choices of the interval (a bounded window,
+    oldest first), each with the measurements behind it (``IntervalChoice.why``)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -108,6 +109,10 @@ class TrainingSession:
         the lineage records both profiles (``numerics.mixed``)."""
         self.last_commit: CommitResult | None = None
         self.restored_from: CheckpointRef | None = None
+        self.saves = 0
+        self.blocked_seconds = 0.0
+        """Checkpoints the last ``run`` committed and the seconds they blocked training (a sync
+        save whole; an async one its snapshot and any wait for the save before it)."""
 
     # -- construction -------------------------------------------------------------------
     @classmethod
@@ -227,6 +232,7 @@ class TrainingSession:
         self.state.lineage = with_process_numerics(self.state, self.trainer, where, self.tolerate_numerics)
         saver = AsyncCheckpointer(self.store, self.run_id, options=self.checkpoint_options) if async_save else None
         pending: SaveHandle | None = None
+        self.saves, self.blocked_seconds = 0, 0.0  # what this call's checkpoints cost the trainer
 
         def settle(work: TrainState) -> None:
             nonlocal pending
@@ -241,6 +247,8 @@ class TrainingSession:
             nonlocal pending
             require_finite(work, self.last_commit, arrays=False)
             if checkpoint_every and work.step % checkpoint_every == 0:
+                blocked = time.perf_counter()
+                self.saves += 1
                 require_finite(work, self.last_commit)
                 if saver is None:
                     result = save_training(self.store, self.run_id, work, options=self.checkpoint_options)
@@ -250,6 +258,7 @@ class TrainingSession:
                 else:
                     settle(work)  # the previous save's fingerprint becomes this one's parent
                     pending = saver.save_async(work)
+                self.blocked_seconds += time.perf_counter() - blocked
             return bool(on_step is not None and on_step(work))
 
         try:
@@ -266,7 +275,9 @@ class TrainingSession:
                 saver.close()
         last = self.last_commit
         if checkpoint_at_end and (last is None or last.manifest.step != self.state.step):
+            blocked = time.perf_counter()
             last = self.checkpoint()
+            self.saves, self.blocked_seconds = self.saves + 1, self.blocked_seconds + time.perf_counter() - blocked
             if on_checkpoint:
                 on_checkpoint(last)
         return last

@@ -72,8 +72,9 @@ def adopt_length(carry: RunCarry, inp: TrainingRunInput, latest: OpenRunResult) 
         )
 
 
-def record_result(carry: RunCarry, result: TrainSegmentResult) -> None:
-    """A segment completed: its cursor, loss and evaluation become the run's."""
+def record_result(carry: RunCarry, result: TrainSegmentResult, inp: TrainingRunInput) -> None:
+    """A segment completed: its cursor, loss and evaluation become the run's; what it measured
+    feeds ``checkpoint.every: "auto"`` (its failed attempts count as the run's failures)."""
     carry.record_segment(result.attempt)
     carry.recomputed_steps += result.recomputed_steps
     carry.step = result.step
@@ -81,6 +82,15 @@ def record_result(carry: RunCarry, result: TrainSegmentResult) -> None:
     carry.fingerprint = result.fingerprint
     carry.loss = result.loss
     carry.warm_queue = result.worker_queue
+    if carry.interval is not None and inp.checkpoint.every == "auto":
+        carry.interval.observe(
+            inp.checkpoint.auto,
+            saves=result.saves,
+            blocked_seconds=result.blocked_save_seconds,
+            steps=result.step - result.resumed_from_step,
+            train_seconds=result.train_seconds,
+            failures=result.attempt - 1,
+        )
     if result.val_loss is not None:
         carry.val_loss = result.val_loss
         carry.val_accuracy = result.val_accuracy
@@ -164,7 +174,16 @@ def progress(inp: TrainingRunInput | None, carry: RunCarry, phase: str) -> RunPr
         val_accuracy=carry.val_accuracy,
         reproducibility=carry.reproducibility,
         world_size=carry.world_size or (inp.world_size if inp else 1),
+        checkpoint_every=current_every(inp, carry),
     )
+
+
+def current_every(inp: TrainingRunInput | None, carry: RunCarry) -> int | None:
+    """The interval the run checkpoints at now (``"auto"``: its latest choice)."""
+    if inp is None:
+        return None
+    every = inp.checkpoint.every
+    return every if every != "auto" else carry.interval.every if carry.interval else None
 
 
 def summary(inp: TrainingRunInput, carry: RunCarry) -> RunSummary:
@@ -187,4 +206,6 @@ def summary(inp: TrainingRunInput, carry: RunCarry) -> RunSummary:
         val_accuracy=carry.val_accuracy,
         reproducibility=carry.reproducibility,
         world_size=carry.world_size or (inp.world_size if inp else 1),
+        checkpoint_every=current_every(inp, carry),
+        checkpoint_interval=list(carry.interval.choices) if carry.interval else [],
     )

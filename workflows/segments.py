@@ -21,6 +21,7 @@ from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 with workflow.unsafe.imports_passed_through():
     from activities.edge import INTERRUPTED, heartbeat_reach
     from activities.models import DEFAULT_SEGMENT_SECONDS, GANG_SEGMENT_STEPS
+    from cairn.interval import IntervalState
     from cairn.numerics import profile_queue
 
 if TYPE_CHECKING:
@@ -38,7 +39,9 @@ __all__ = [
     "picked_up_late",
     "lost_attempt",
     "collect_beside",
+    "collect_due",
     "segment_fields",
+    "checkpoint_every",
     "training_queue",
     "interrupted",
 ]
@@ -109,8 +112,24 @@ def segment_end(inp: TrainingRunInput, carry: RunCarry) -> int:
     return (step // spe + seg.epochs) * spe
 
 
+def checkpoint_every(inp: TrainingRunInput, carry: RunCarry) -> tuple[int, float | None]:
+    """The next segment's checkpoint interval in steps — ``checkpoint.every``, or for ``"auto"``
+    the choice from what the run measured (recorded in the carry when it changes) — and its
+    time budget: a default time-sized segment is stretched to hold at least one interval."""
+    seconds = segment_seconds(inp)
+    if inp.checkpoint.every != "auto":
+        return inp.checkpoint.every, seconds
+    carry.interval = carry.interval or IntervalState()
+    choice = carry.interval.choose(inp.checkpoint.auto, carry.step)
+    default = inp.segment is None and inp.steps_per_segment is None
+    if default and seconds is not None and choice.step_seconds is not None:
+        seconds = max(seconds, choice.every * choice.step_seconds * 1.1)
+    return choice.every, seconds
+
+
 def segment_fields(inp: TrainingRunInput, carry: RunCarry, target: int, resume_from: str | None) -> dict[str, Any]:
     """The ``SegmentInput`` fields of the next segment, in-process or as a gang."""
+    every, seconds = checkpoint_every(inp, carry)
     return {
         "run_id": inp.run_id,
         "config": inp.config,
@@ -118,11 +137,11 @@ def segment_fields(inp: TrainingRunInput, carry: RunCarry, target: int, resume_f
         "store_id": carry.store_id,
         "target_step": target,
         "resume_from": resume_from,
-        "checkpoint_every": inp.checkpoint.every,
+        "checkpoint_every": every,
         "throttle_seconds_per_step": inp.throttle_seconds_per_step,
         "heartbeat_every_seconds": min(0.1, inp.heartbeat_timeout_seconds / 4),
         "numerics_id": carry.numerics_id,
-        "max_seconds": segment_seconds(inp),
+        "max_seconds": seconds,
     }
 
 
@@ -149,6 +168,21 @@ def collect_beside(inp: TrainingRunInput) -> bool:
     """Retention may run beside the next segment only when its grace period outlasts any save
     that segment can have in flight (a segment's timeout bounds it); else it runs between."""
     return inp.retention is not None and inp.retention.grace_seconds >= inp.segment_timeout_seconds
+
+
+DEFAULT_RETENTION_EVERY = 60.0
+"""Seconds between retention passes beside the segments, unless the run says (or its grace is shorter)."""
+
+
+def collect_due(inp: TrainingRunInput, in_flight: bool, since_last: float | None) -> bool:
+    """Whether a segment boundary starts a retention pass beside the next segment: not while the
+    last one runs (the boundary does not wait for it) and not sooner than ``every_seconds``
+    after the last one started (``since_last``; None: none yet in this run)."""
+    if inp.retention is None or in_flight:
+        return False
+    spec = inp.retention
+    every = spec.every_seconds if spec.every_seconds is not None else min(DEFAULT_RETENTION_EVERY, spec.grace_seconds)
+    return since_last is None or since_last >= every
 
 
 def lost_attempt(err: ActivityError) -> tuple[int | None, int] | None:

@@ -24,24 +24,22 @@ world size) and ``workflows.run_state`` (the carry, progress and summary).
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, CancelledError
 from temporalio.workflow import ContinueAsNewError
 
-from workflows import gang_policy, run_state, segments
+from workflows import run_state, segments
+from workflows.gang_segments import GangSegments
 
 with workflow.unsafe.imports_passed_through():
     from activities.effects import publish_checkpoint, record_decision, release_capacity, reserve_capacity
-    from activities.gang import gang_endpoint, train_gang_node
     from activities.models import (
         CollectInput,
         DecisionInput,
         EffectInput,
         EffectReceipt,
-        GangEndpointInput,
-        GangNodeInput,
         LatestCheckpointInput,
         LatestCheckpointResult,
         OpenRunInput,
@@ -51,7 +49,6 @@ with workflow.unsafe.imports_passed_through():
         TrainingRunInput,
         TrainSegmentInput,
         TrainSegmentResult,
-        node_queue,
     )
     from activities.training import collect_checkpoints, latest_checkpoint, open_run, train_segment
     from activities.views import RunProgress, RunSummary
@@ -65,16 +62,19 @@ WARM_ROUTING = "offer-the-next-segment-to-the-warm-worker"
 """The patch marker under which a segment is first offered to the worker holding the run."""
 COLLECT_BESIDE = "collect-checkpoints-beside-the-next-segment"
 """The patch marker under which retention runs beside the next segment, not before it."""
+COLLECT_PACED = "collect-checkpoints-paced-beside-the-segments"
+"""The patch marker under which a boundary does not wait for the last pass (``segments.collect_due``)."""
 
 
 @workflow.defn(name="TrainingRun")
-class TrainingRun:
+class TrainingRun(GangSegments):
     def __init__(self) -> None:
         self._inp: TrainingRunInput | None = None
         self._carry = RunCarry()
         self._phase = "starting"
         self._checkpoint_now = False
         self._rollback_to: int | None = None
+        self._collect_started: datetime | None = None  # the last retention pass beside the segments
 
     # -- control ------------------------------------------------------------------------------
     @workflow.query
@@ -175,19 +175,33 @@ class TrainingRun:
             await self._run_segment(inp)
             segments_this_run += 1
             if inp.retention is not None:  # it never deletes the latest commit nor a save in flight
-                collecting = await self._collected(collecting)
-                beside = segments.collect_beside(inp) and workflow.patched(COLLECT_BESIDE)
-                gc = workflow.start_activity(
-                    collect_checkpoints,
-                    CollectInput(
-                        run_id=inp.run_id, store=inp.store, store_id=self._carry.store_id, retention=inp.retention
-                    ),
-                    **segments.bookkeeping(inp),
-                )
-                collecting = gc if beside else await self._collected(gc)
+                collecting = await self._collect(inp, collecting)
         await self._collected(collecting)
         if self._carry.checkpoint is None:  # total_steps == 0: the origin is the result
             await self._run_segment(inp, target=0)
+
+    async def _collect(
+        self, inp: TrainingRunInput, collecting: workflow.ActivityHandle[int] | None
+    ) -> workflow.ActivityHandle[int] | None:
+        """Retention after a segment: beside the next one, paced (``segments.collect_due``: the
+        boundary never waits for it), or between segments when its grace is short."""
+        paced = segments.collect_beside(inp) and workflow.patched(COLLECT_PACED)
+        if paced:
+            last = self._collect_started
+            since = None if last is None else (workflow.now() - last).total_seconds()
+            if not segments.collect_due(inp, collecting is not None and not collecting.done(), since):
+                return collecting
+            self._collect_started = workflow.now()
+        else:
+            collecting = await self._collected(collecting)
+        beside = paced or (segments.collect_beside(inp) and workflow.patched(COLLECT_BESIDE))
+        assert inp.retention is not None
+        gc = workflow.start_activity(
+            collect_checkpoints,
+            CollectInput(run_id=inp.run_id, store=inp.store, store_id=self._carry.store_id, retention=inp.retention),
+            **segments.bookkeeping(inp),
+        )
+        return gc if beside else await self._collected(gc)
 
     @staticmethod
     async def _collected(collecting: workflow.ActivityHandle[int] | None) -> None:  # the pass beside the last segment
@@ -313,117 +327,6 @@ class TrainingRun:
             handle.cancel()
         await self._settle(inp, handle)
 
-    async def _run_gang_segment(self, inp: TrainingRunInput, target: int) -> None:
-        """A segment as a gang: one ``train_gang_node`` per node, on that node's own task queue.
-        Any node's failure fails the gang: the other nodes are cancelled (their ranks stop and
-        are reaped) and the whole gang is retried — a fresh rendezvous — from the last commit."""
-        self._checkpoint_now = False
-        resume_from, self._carry.resume_from = self._carry.resume_from, None
-        base = workflow.info().task_queue
-        attempt, reached, failures = 0, None, 0
-        while True:
-            attempt += 1
-            world = self._carry.world_size or inp.world_size
-            nodes = self._carry.nodes if self._carry.nodes is not None else inp.nodes
-            queues = [node_queue(base, n) for n in nodes] or [self._training_queue()]
-            rendezvous = None
-            if len(queues) > 1:
-                rendezvous = await workflow.execute_activity(
-                    gang_endpoint,
-                    GangEndpointInput(run_id=inp.run_id),
-                    task_queue=queues[0],
-                    start_to_close_timeout=timedelta(seconds=30),
-                    retry_policy=segments.SEGMENT_RETRY,
-                )
-            handles = [
-                workflow.start_activity(
-                    train_gang_node,
-                    GangNodeInput(
-                        **segments.segment_fields(inp, self._carry, target, resume_from),
-                        world_size=world,
-                        nnodes=len(queues),
-                        node_index=i,
-                        rendezvous=rendezvous,
-                        rdzv_id=gang_policy.rendezvous_id(inp.run_id, target, attempt, workflow.info().run_id),
-                        attempt=attempt,
-                        reached_before=reached,
-                    ),
-                    task_queue=queue,
-                    start_to_close_timeout=timedelta(seconds=inp.segment_timeout_seconds),
-                    heartbeat_timeout=timedelta(seconds=inp.heartbeat_timeout_seconds),
-                    retry_policy=gang_policy.NODE_RETRY,
-                    cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-                )
-                for i, queue in enumerate(queues)
-            ]
-
-            def failed(hs: list[workflow.ActivityHandle[TrainSegmentResult]] = handles) -> bool:
-                return any(h.done() and h.exception() is not None for h in hs)
-
-            def settled(hs: list[workflow.ActivityHandle[TrainSegmentResult]] = handles) -> bool:
-                return all(h.done() for h in hs) or failed(hs) or self._interrupt_requested()
-
-            try:
-                await workflow.wait_condition(settled)
-            except asyncio.CancelledError:
-                for h in handles:
-                    h.cancel()
-                await self._settle_gang(inp, handles, interrupted=True)
-                raise
-            if not all(h.done() for h in handles):
-                if not failed():
-                    self._phase = "stopping" if self._carry.stop_requested else "training"
-                for h in handles:
-                    h.cancel()
-            outcome = await self._settle_gang(inp, handles, interrupted=self._interrupt_requested())
-            if outcome is None:
-                return
-            reached = gang_policy.carried_reach(reached, outcome)
-            failures += 1
-            smaller = gang_policy.shrunk(world, nodes, failures, inp.min_world_size)
-            if smaller is not None:
-                self._carry.world_size, self._carry.nodes = smaller
-                failures = 0
-                workflow.logger.warning(
-                    "gang failed %d times in a row at world size %d: continuing at %d",
-                    gang_policy.ELASTIC_AFTER_FAILURES,
-                    world,
-                    self._carry.world_size,
-                )
-            if gang_policy.out_of_attempts(attempt) or workflow.info().is_continue_as_new_suggested():
-                # A gang that keeps failing (a node with no worker) must not grow this run's
-                # history without bound: carry on in a fresh run, from the same checkpoint.
-                self._carry.resume_from = resume_from
-                self._continue_as_new(inp)
-            await workflow.sleep(gang_policy.retry_delay(attempt))
-
-    async def _settle_gang(
-        self, inp: TrainingRunInput, handles: list[workflow.ActivityHandle[TrainSegmentResult]], *, interrupted: bool
-    ) -> int | None:
-        """Wait for every node; record the outcome. Returns None when the segment is settled
-        (completed or interrupted), else how far the failed attempt got (-1: unknown) for a retry;
-        a non-retryable failure is raised (it fails the run)."""
-        results: list[TrainSegmentResult] = []
-        errors: list[ActivityError] = []
-        for h in handles:
-            try:
-                results.append(await h)
-            except ActivityError as err:
-                errors.append(err)
-        real = [e for e in errors if not segments.interrupted(e)]
-        fatal = gang_policy.non_retryable(real)
-        if fatal is not None:
-            raise fatal
-        if not errors:
-            run_state.record_result(self._carry, results[0])
-            return None
-        if not real or interrupted:
-            await self._record_interruption(inp, next((e.cause for e in errors if segments.interrupted(e)), None))
-            return None
-        reached = gang_policy.furthest_reach(real)
-        workflow.logger.warning("gang segment failed (%s); retrying the whole gang", real[0].cause)
-        return reached
-
     async def _settle(self, inp: TrainingRunInput, handle: workflow.ActivityHandle[TrainSegmentResult]) -> None:
         """Record the segment's outcome; after an interruption, read the last durable cursor."""
         try:
@@ -436,7 +339,7 @@ class TrainingRun:
                 raise
             await self._record_interruption(inp, err.cause)
             return
-        run_state.record_result(self._carry, result)
+        run_state.record_result(self._carry, result, inp)
 
     async def _record_interruption(self, inp: TrainingRunInput, cause: BaseException | None) -> None:
         """Interrupted (pause/stop/checkpoint-now/cancel): it committed before reporting.

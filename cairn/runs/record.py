@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from cairn.checkpoint import CheckpointKind, list_checkpoints, load_training, read_manifest
 from cairn.config import TrainConfig
@@ -92,6 +93,10 @@ class RunRecord:
     """Samples per step (the global batch), for samples per second."""
     attempts: list[SegmentAttempt] = field(default_factory=list)
     heartbeat_timeout_seconds: float | None = None
+    intervals: list[tuple[int, int]] = field(default_factory=list)
+    """(step, steps between checkpoints): the run's checkpoint interval from each step on."""
+    interval_choices: list[dict[str, Any]] = field(default_factory=list)
+    """``checkpoint.every: "auto"``: what each choice was computed from (``IntervalChoice``)."""
 
     @property
     def steps(self) -> int:

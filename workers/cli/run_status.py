@@ -199,6 +199,7 @@ def _segments_line(progress: RunProgress) -> str:
     return (
         f"  segments    {attempts_text(progress.attempts, progress.segments, progress.retried_segments)}; "
         f"recomputed {progress.recomputed_steps} step(s); continued-as-new {progress.continued_as_new}x"
+        + (f"; checkpoint every {progress.checkpoint_every} steps" if progress.checkpoint_every else "")
     )
 
 

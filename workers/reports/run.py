@@ -17,6 +17,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from cairn.interval import IntervalChoice
 from cairn.runs.record import RunRecord
 from workers.reports.figures import loss_figure, origin, rates, stalls, throughput_figure, timeline_figure
 from workers.reports.plots import draw
@@ -32,6 +33,8 @@ def attach_history(record: RunRecord, facts: HistoryFacts) -> RunRecord:
     hb = facts.heartbeat_timeout_seconds or facts.input.get("heartbeat_timeout_seconds")
     record.heartbeat_timeout_seconds = float(hb) if isinstance(hb, int | float) else None
     place_on_steps(record)
+    record.intervals = list(facts.intervals)
+    record.interval_choices = list(facts.interval_choices)
     return record
 
 
@@ -62,6 +65,8 @@ def summary(record: RunRecord) -> dict[str, Any]:
         "failures": kinds.count("failure"),
         "restores": kinds.count("restore"),
         "interruptions": kinds.count("interrupted"),
+        "checkpoint_intervals": [{"from_step": step, "every": every} for step, every in record.intervals],
+        "checkpoint_interval_why": [IntervalChoice.model_validate(c).why() for c in record.interval_choices],
     }
 
 
@@ -80,8 +85,12 @@ def _summary_text(s: dict[str, Any], files: list[Path]) -> str:
         f"{num(s['median_samples_per_second'], '.1f')} samples/s {where}",
         f"events    {s['segment_attempts']} segment attempt(s), {s['failures']} failure(s) "
         f"({s['stalled_seconds']:.1f} s stalled), {s['restores']} restore(s), {s['interruptions']} interruption(s)",
-        "plots     " + ", ".join(str(f) for f in files),
     ]
+    if s["checkpoint_intervals"]:
+        changes = ", ".join(f"{i['every']} from step {i['from_step']}" for i in s["checkpoint_intervals"])
+        lines.append(f"interval  checkpoint every {changes}")
+        lines += [f"          {why}" for why in s["checkpoint_interval_why"][-3:]]
+    lines.append("plots     " + ", ".join(str(f) for f in files))
     return "\n".join(lines)
 
 

@@ -50,6 +50,10 @@ class HistoryFacts:
     attempts: list[SegmentAttempt] = field(default_factory=list)
     heartbeat_timeout_seconds: float | None = None
     durable_step: int | None = None
+    intervals: list[tuple[int, int]] = field(default_factory=list)
+    """(step, steps between checkpoints) from each segment whose interval differed from the last."""
+    interval_choices: list[dict[str, Any]] = field(default_factory=list)
+    """``checkpoint.every: "auto"``: the choices the finished run reported (``RunSummary``)."""
 
 
 @dataclass
@@ -61,6 +65,7 @@ class _Scheduled:
     heartbeat_timeout: float
     retry: tuple[float, float, float]  # initial interval, backoff coefficient, maximum interval (s)
     from_step: int | None
+    every: int | None = None
 
 
 async def run_history(client: Client, workflow_id: str) -> HistoryFacts:
@@ -79,6 +84,8 @@ async def run_history(client: Client, workflow_id: str) -> HistoryFacts:
         facts.attempts += found.attempts
         facts.heartbeat_timeout_seconds = facts.heartbeat_timeout_seconds or found.heartbeat_timeout_seconds
         facts.durable_step = found.durable_step
+        facts.intervals += [i for i in found.intervals if not facts.intervals or i[1] != facts.intervals[-1][1]]
+        facts.interval_choices = found.interval_choices or facts.interval_choices
     return facts
 
 
@@ -188,11 +195,17 @@ def read_history(history: list[Any], *, durable_step: int | None = None) -> Hist
             carry = facts.input.get("carry")
             if facts.durable_step is None and isinstance(carry, dict) and isinstance(carry.get("step"), int):
                 facts.durable_step = carry["step"]
+        elif kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
+            done = event.workflow_execution_completed_event_attributes.result.payloads
+            choices = _decoded(done[0].data).get("checkpoint_interval") if done else None
+            facts.interval_choices = choices if isinstance(choices, list) else facts.interval_choices
         elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             attrs_s = event.activity_task_scheduled_event_attributes
             name = attrs_s.activity_type.name
             payloads = attrs_s.input.payloads
-            node_input = _decoded(payloads[0].data) if name == "train_gang_node" and payloads else {}
+            segment_input = _decoded(payloads[0].data) if name in SEGMENT_ACTIVITIES and payloads else {}
+            node_input = segment_input if name == "train_gang_node" else {}
+            every = segment_input.get("checkpoint_every")
             policy = attrs_s.retry_policy
             initial = _seconds(policy.initial_interval) if policy.HasField("initial_interval") else 1.0
             maximum = _seconds(policy.maximum_interval) if policy.HasField("maximum_interval") else 100 * initial
@@ -201,7 +214,9 @@ def read_history(history: list[Any], *, durable_step: int | None = None) -> Hist
             if name in SEGMENT_ACTIVITIES and hb > 0 and facts.heartbeat_timeout_seconds is None:
                 facts.heartbeat_timeout_seconds = hb
             batch = attrs_s.workflow_task_completed_event_id
-            scheduled[event.event_id] = _Scheduled(name, batch, node_input, at, hb, retry, facts.durable_step)
+            scheduled[event.event_id] = _Scheduled(
+                name, batch, node_input, at, hb, retry, facts.durable_step, every if isinstance(every, int) else None
+            )
         elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
             attrs = event.activity_task_started_event_attributes
             started_at[attrs.scheduled_event_id] = at
@@ -244,6 +259,9 @@ def read_history(history: list[Any], *, durable_step: int | None = None) -> Hist
                 attempts.append(SegmentAttempt(n, began, resumed, at, step, "completed", None, world))
                 closed_batches.add(s.batch)
             events.append(TimelineEvent("segment-end", at, step, "segment completed"))
+            changed = not facts.intervals or facts.intervals[-1][1] != s.every
+            if s.every is not None and isinstance(resumed, int) and changed:
+                facts.intervals.append((resumed, s.every))
             if isinstance(step, int):
                 facts.durable_step = step
             if n > 1:  # the retry resumed from its last durable checkpoint
