@@ -136,10 +136,11 @@ def _services(cfg: StackConfig) -> list[tuple[str, list[str], Callable[[ServerPr
         services.append(
             (
                 "worker",
-                [
+                [  # `cairn worker`: a supervisor, so a crashed worker process's segment is retried at once
                     sys.executable,
                     "-m",
-                    "workers.worker",
+                    "workers.cli",
+                    "worker",
                     "--address",
                     cfg.temporal_address,
                     "--task-queue",
