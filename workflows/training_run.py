@@ -30,10 +30,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, CancelledError
 from temporalio.workflow import ContinueAsNewError
 
-from workflows import run_state, segments
-from workflows.gang_segments import GangSegments
-
-with workflow.unsafe.imports_passed_through():
+with workflow.unsafe.imports_passed_through():  # the workflow's pure policy modules too: imported once, not per run
     from activities.effects import publish_checkpoint, record_decision, release_capacity, reserve_capacity
     from activities.models import (
         CollectInput,
@@ -52,6 +49,8 @@ with workflow.unsafe.imports_passed_through():
     )
     from activities.training import collect_checkpoints, latest_checkpoint, open_run, train_segment
     from activities.views import RunProgress, RunSummary
+    from workflows import run_state, segments
+    from workflows.gang_segments import GangSegments
 
 __all__ = ["TrainingRun"]
 
