@@ -97,7 +97,9 @@ class AsyncCheckpointer:
 
         def persist() -> CommitResult:
             try:
-                return save_training(self.store, self.run_id, snapshot, options=self.options)
+                nbytes = sum(int(a.nbytes) for a in buffers.values())
+                target = self.store.save_target(self.run_id, nbytes)  # a full local tier: the durable store
+                return save_training(target, self.run_id, snapshot, options=self.options)
             except BaseException as exc:
                 with self._lock:
                     self._failure = self._failure or exc

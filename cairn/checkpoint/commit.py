@@ -39,6 +39,7 @@ from cairn.checkpoint.manifest import (
 from cairn.checkpoint.options import CheckpointOptions, resolve_options
 from cairn.checkpoint.reader import parse_manifest
 from cairn.checkpoint.ref import CheckpointRef
+from cairn.checkpoint.reuse import remember_blocks, write_rank_blocks
 from cairn.checkpoint.shards import RankShards, new_save_nonce, write_shards
 from cairn.checkpoint.tensors import as_le_contiguous, dtype_tag, tensor_checksum
 from cairn.errors import CairnError, CheckpointConflictError, SizeLimitError, TensorSpecError
@@ -179,36 +180,62 @@ def write_checkpoint(
     *,
     options: CheckpointOptions | None = None,
     block_bytes: int | None = None,
+    incremental: bool = False,
 ) -> CommitResult:
     """Single-writer save: shards, then the manifest, under the (run, kind, step) key.
     ``block_bytes``: write the blocked layout (format v3: one rank index) a distributed save of
-    the same state writes, so both have the same fingerprint."""
+    the same state writes, so both have the same fingerprint. ``incremental`` (with
+    ``block_bytes``): reference the blocks this process knows the run holds durably instead of
+    rewriting them (``cairn.checkpoint.reuse``); the fingerprint is the same."""
     started = time.perf_counter()
     options = resolve_options(options)
     ref = CheckpointRef(store.url, content.run_id, content.kind, content.step)
-    parts = None
-    if block_bytes is not None:
-        parts = parts_of(tensors, block_bytes)
-        tensors = split_blocks(tensors, parts)
-    if store.exists(manifest_key(content.run_id, content.kind, content.step)):
-        # A retry (or a stale writer) of a committed step: compare, don't rewrite.
-        check_content(content, tensors, options.limits)  # (write_shards checks it on the other path)
-        arrays = {name: as_le_contiguous(a) for name, a in tensors.items()}
+    mkey = manifest_key(content.run_id, content.kind, content.step)
+    if store.exists(mkey):
+        # A retry (or a stale writer) of a committed step: compare, don't rewrite — in the
+        # committed layout when it holds these tensors (a retry may differ in incremental).
+        committed = parse_manifest(store.read(mkey), str(ref), limits=options.limits)
+        parts = _same_layout(committed, tensors)
+        if parts is None and committed.parts is not None and block_bytes is not None:
+            parts = parts_of(tensors, block_bytes)
+        blocks = tensors if parts is None else split_blocks(tensors, parts)
+        check_content(content, blocks, options.limits)  # (write_shards checks it on the other path)
+        arrays = {name: as_le_contiguous(a) for name, a in blocks.items()}
         index = [(n, dtype_tag(a.dtype), list(a.shape), tensor_checksum(a)) for n, a in sorted(arrays.items())]
         if parts is None:
             fingerprint = content.fingerprint(index)
         else:
             fingerprint = content.fingerprint([], parts_json(parts), summary_of(index))
         result = _converge(store, ref, fingerprint, orphan_keys=[], options=options)
-    else:
+    elif block_bytes is None:
         nonce = new_save_nonce()
         rank0 = write_shards(store, content, tensors, nonce=nonce, options=options)
-        if parts is None:
-            result = commit_manifest(store, content, [rank0], nonce=nonce, options=options)
-        else:
-            index_ref = write_rank_index(store, content, rank0, nonce=nonce)
-            result = commit_indexed(store, content, [index_ref], nonce=nonce, options=options, parts=parts)
+        result = commit_manifest(store, content, [rank0], nonce=nonce, options=options)
+    else:
+        nonce = new_save_nonce()
+        parts = parts_of(tensors, block_bytes)
+        write = write_rank_blocks if incremental else write_shards
+        rank0 = write(store, content, split_blocks(tensors, parts), nonce=nonce, options=options)
+        index_ref = write_rank_index(store, content, rank0, nonce=nonce)
+        result = commit_indexed(store, content, [index_ref], nonce=nonce, options=options, parts=parts)
+        if incremental and result.created:
+            kind, step = content.kind.value, content.step
+            entries, shards = rank0.tensors, [*rank0.shards, *rank0.linked]
+            remember_blocks(store, content.run_id, kind, step, entries, shards, indexed=True)
     return replace(result, seconds=time.perf_counter() - started)
+
+
+def _same_layout(committed: Manifest, tensors: Mapping[str, np.ndarray]) -> dict[str, PartSpec] | None:
+    """The committed v3 checkpoint's parts when they are exactly these tensors' (names, shapes,
+    dtypes) at its block sizes; None for a v1 checkpoint or any other."""
+    parts = committed.parts if committed.indexes is not None else None
+    if parts is None or set(parts) != set(tensors):
+        return None
+    for name, spec in parts.items():
+        arr = tensors[name]
+        if spec.shape != list(arr.shape) or spec.dtype != dtype_tag(arr.dtype):
+            return None
+    return parts
 
 
 def _converge(

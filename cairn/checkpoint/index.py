@@ -20,6 +20,9 @@ the refs' covers tile every declared tensor's blocks exactly once and their coun
 add up; from each index read (``read_rank_index``) that its bytes hash to the root's checksum,
 that it is this checkpoint's and this rank's, and that its entries are exactly the blocks it
 claims to cover, of the declared dtype and length, inside its shards, with the declared digest.
+An incremental save's index may also list ``linked`` shards — full keys of shards of other
+checkpoints of the same run and kind (``layout.linked_shard``), exactly those its ref lists —
+whose blocks it references; any other key is refused.
 """
 
 from __future__ import annotations
@@ -30,14 +33,14 @@ import math
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Literal
+from typing import Any, Literal
 
 from blake3 import blake3
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
 from cairn.checkpoint.blocks import SEPARATOR, base_name, block_count, block_range
 from cairn.checkpoint.content import CheckpointContent
-from cairn.checkpoint.layout import RUN_ID_PATTERN, attempt_prefix, checkpoint_prefix, index_key
+from cairn.checkpoint.layout import RUN_ID_PATTERN, attempt_prefix, checkpoint_prefix, index_key, linked_shard
 from cairn.checkpoint.manifest import (
     CheckpointKind,
     Cover,
@@ -89,6 +92,15 @@ class RankIndex(BaseModel):
     rank: int = Field(ge=0)
     shards: list[ShardEntry]
     tensors: list[TensorEntry]
+    linked: list[ShardEntry] = Field(default_factory=list)
+    """Shards of other checkpoints of the run (full keys) whose blocks some entries reference."""
+
+    @model_serializer(mode="wrap")
+    def _unlinked_as_before(self, handler: Any) -> Any:
+        body = handler(self)
+        if not body.get("linked"):
+            body.pop("linked", None)
+        return body
 
 
 def entry_digest(name: str, dtype: str, shape: Iterable[int], checksum: str) -> int:
@@ -154,6 +166,7 @@ def write_rank_index(store: Store, content: CheckpointContent, shards: RankShard
         rank=shards.rank,
         shards=shards.shards,
         tensors=sorted(shards.tensors, key=lambda t: t.name),
+        linked=sorted(shards.linked, key=lambda s: s.key),
     )
     raw = index.model_dump_json().encode()
     key = index_key(nonce, shards.rank)
@@ -168,6 +181,7 @@ def write_rank_index(store: Store, content: CheckpointContent, shards: RankShard
         total_bytes=sum(t.length for t in index.tensors),
         digest=_digest_hex(digest),
         covers=covers_of(t.name for t in index.tensors),
+        linked=[s.key for s in index.linked],
     )
 
 
@@ -192,6 +206,7 @@ def check_index_refs(manifest: Manifest, limits: Limits) -> None:
             raise ManifestError(
                 field=f"{where}.key", expected=index_key(manifest.writer.nonce, ref.rank), found=ref.key[:80]
             )
+        _check_linked(manifest, ref, where)
         if ref.bytes > min(limits.max_index_bytes, INDEX_BYTES_PER_ENTRY * (ref.entries + 1)):
             raise SizeLimitError(
                 field=f"{where}.bytes",
@@ -233,6 +248,23 @@ def check_index_refs(manifest: Manifest, limits: Limits) -> None:
         raise TensorSpecError(field="total_bytes", expected=declared, found=manifest.total_bytes)
 
 
+def _check_linked(manifest: Manifest, ref: IndexRef, where: str) -> None:
+    """A ref's linked shards: each a shard of another checkpoint of this run and kind, once,
+    and no more of them than the blocks it holds."""
+    if len(ref.linked) > max(1, ref.entries) or len(set(ref.linked)) != len(ref.linked):
+        raise SizeLimitError(
+            field=f"{where}.linked", expected=f"<= {max(1, ref.entries)} distinct shards", found=len(ref.linked)
+        )
+    for key in ref.linked:
+        if linked_shard(key, manifest.run_id, manifest.kind.value, manifest.step) is None:
+            raise IntegrityError(
+                f"a rank index references a shard outside this run's {manifest.kind.value} checkpoints",
+                field=f"{where}.linked",
+                expected=f"{manifest.run_id}/{manifest.kind.value}/STEP/NONCE/rankRRR-NNNN.bin of another step",
+                found=key[:120],
+            )
+
+
 def _index_error(where: str, message: str, **kw: object) -> IntegrityError:
     return IntegrityError(message, field=where, **kw)
 
@@ -260,6 +292,9 @@ def read_rank_index(store: Store, ref: CheckpointRef, manifest: Manifest, iref: 
         or not isinstance(data.get("shards"), list)
     ):
         raise ManifestError(field=where, expected="a rank index object with tensors and shards lists", found=None)
+    linked = data.get("linked", [])
+    if not isinstance(linked, list) or len(linked) != len(iref.linked):
+        raise _index_error(f"{where}.linked", "a rank index's linked shards disagree with the manifest")
     if len(data["tensors"]) != iref.entries or len(data["shards"]) > max(1, iref.entries):
         raise TensorSpecError(
             "a rank index's entries disagree with the manifest",
@@ -281,11 +316,18 @@ def read_rank_index(store: Store, ref: CheckpointRef, manifest: Manifest, iref: 
     ):
         if want != got:
             raise _index_error(f"{where}.{name}", "a rank index belongs elsewhere", expected=want, found=got)
-    stray = [s.key for s in index.shards if not s.key.startswith(f"{manifest.writer.nonce}/")]
+    run, kind, step = manifest.run_id, manifest.kind.value, manifest.step
+    stray = [
+        s.key
+        for s in index.shards
+        if not s.key.startswith(f"{manifest.writer.nonce}/") or linked_shard(s.key, run, kind, step) is not None
+    ]
     if stray:
         raise ManifestError(
             field=f"{where}.shards", expected=f"keys under {manifest.writer.nonce}/", found=stray[0][:80]
         )
+    if [s.key for s in index.linked] != sorted(iref.linked):
+        raise _index_error(f"{where}.linked", "a rank index's linked shards disagree with the manifest")
     _check_entries(index, iref, manifest.parts or {}, where)
     return index
 
@@ -293,8 +335,8 @@ def read_rank_index(store: Store, ref: CheckpointRef, manifest: Manifest, iref: 
 def _check_entries(index: RankIndex, iref: IndexRef, parts: Mapping[str, PartSpec], where: str) -> None:
     if len(index.tensors) != iref.entries:
         raise TensorSpecError(field=f"{where}.tensors", expected=iref.entries, found=len(index.tensors))
-    sizes = {s.key: s.bytes for s in index.shards}
-    if len(sizes) != len(index.shards):
+    sizes = {s.key: s.bytes for s in [*index.shards, *index.linked]}
+    if len(sizes) != len(index.shards) + len(index.linked):
         raise ManifestError("a shard is listed twice", field=f"{where}.shards")
     allowed = {(t, i) for t, first, stop in iref.covers for i in range(first, stop)}
     seen: set[str] = set()
@@ -358,6 +400,13 @@ def expand(
     shards = [s for index in indexes for s in index.shards]
     if len({s.key for s in shards}) != len(shards):
         raise ManifestError("two rank indexes list the same shard", field="indexes")
+    linked: dict[str, ShardEntry] = {}  # ranks may reference the same earlier shard
+    for s in (s for index in indexes for s in index.linked):
+        if linked.setdefault(s.key, s).bytes != s.bytes:
+            raise ManifestError(
+                "two rank indexes disagree on a linked shard's size", field="indexes", found=s.key[:120]
+            )
+    shards += sorted(linked.values(), key=lambda s: s.key)
     tensors = sorted((t for index in indexes for t in index.tensors), key=lambda t: t.name)
     return manifest.model_copy(update={"tensors": tensors, "shards": shards})
 

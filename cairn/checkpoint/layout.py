@@ -13,6 +13,7 @@
       RUN/KIND/STEP/manifest.json           a committed checkpoint: the commit marker
       RUN/KIND/STEP/NONCE/rankRRR-NNNN.bin  its shards, named per save attempt and rank
       RUN/KIND/STEP/NONCE/rankRRR.index.json  a rank's index of its blocks (format v3)
+      RUN/intents/SAVE-rRRR-KIND-STEP-NONCE  a save will reference that attempt's shards (cairn.checkpoint.intents)
       RUN/KIND/latest.json                  advisory pointer to the latest step (cairn.checkpoint.latest)
 
 STEP has ``STEP_DIGITS`` digits, so keys sort by step. Run ids start with a letter or a digit,
@@ -42,6 +43,11 @@ __all__ = [
     "shard_key",
     "index_key",
     "attempt_prefix",
+    "linked_shard",
+    "shard_object_key",
+    "intents_prefix",
+    "intent_key",
+    "parse_intent_key",
     "parse_checkpoint_key",
     "pins_prefix",
     "pin_key",
@@ -103,6 +109,32 @@ def attempt_prefix(run_id: str, kind: str, step: int, nonce: str) -> str:
     return f"{checkpoint_prefix(run_id, kind, step)}/{nonce}/"
 
 
+_SHARD_NAME = re.compile(r"^rank[0-9]{3,}-[0-9]{4,}\.bin$")
+_NONCE = re.compile(r"^[0-9a-f]{16}$")
+
+
+def linked_shard(key: str, run_id: str, kind: str, step: int | None) -> CheckpointKey | None:
+    """``key`` split, when it names a shard of *another* checkpoint (not ``step``; None: any)
+    of the same run and kind (``RUN/KIND/STEP/NONCE/rankRRR-NNNN.bin``, a full store key): what
+    an incremental save's rank index may reference (``cairn.checkpoint.reuse``). None for any
+    other key — another run's, another kind's, this checkpoint's own, an index object, ..."""
+    found = parse_checkpoint_key(key)
+    if found is None or found.run_id != run_id or found.kind != kind or found.step == step:
+        return None
+    nonce, sep, name = found.rest.partition("/")
+    if not sep or not _NONCE.match(nonce) or not _SHARD_NAME.match(name):
+        return None
+    return found
+
+
+def shard_object_key(run_id: str, kind: str, step: int, key: str, *, indexed: bool) -> str:
+    """The store key of shard ``key`` as a manifest of checkpoint (run, kind, step) names it:
+    relative to its prefix, or — in a v3 (``indexed``) checkpoint — a linked shard's full key."""
+    if indexed and linked_shard(key, run_id, kind, step) is not None:
+        return key
+    return f"{checkpoint_prefix(run_id, kind, step)}/{key}"
+
+
 @dataclass(frozen=True)
 class CheckpointKey:
     """A key under a checkpoint prefix, split: ``RUN/KIND/STEP/REST``."""
@@ -127,6 +159,30 @@ def parse_checkpoint_key(key: str) -> CheckpointKey | None:
     if not RUN_ID_PATTERN.match(run_id) or not _KIND.match(kind) or not _STEP.match(step):
         return None
     return CheckpointKey(run_id=run_id, kind=kind, step=int(step), rest=rest)
+
+
+def intents_prefix(run_id: str) -> str:
+    """Every live save's intents to reference other checkpoints' shards (``cairn.checkpoint.intents``)."""
+    return f"{run_id}/intents/"
+
+
+def intent_key(run_id: str, save: str, rank: int, kind: str, step: int, nonce: str) -> str:
+    """Save attempt ``save`` (its nonce), rank ``rank``, is about to reference shards of the
+    attempt ``RUN/KIND/STEP/NONCE/``. Flat (three segments), so never taken for a checkpoint key."""
+    return f"{intents_prefix(run_id)}{save}-r{rank:03d}-{kind}-{step:0{STEP_DIGITS}d}-{nonce}"
+
+
+_INTENT = re.compile(rf"^([0-9a-f]{{16}})-r([0-9]{{3,}})-([a-z]+)-([0-9]{{{STEP_DIGITS}}})-([0-9a-f]{{16}})$")
+
+
+def parse_intent_key(key: str) -> tuple[str, str] | None:
+    """(the intending save's nonce, the attempt prefix ``RUN/KIND/STEP/NONCE/`` it protects) of
+    an intent key; None for any other key."""
+    run_id, sep, name = key.partition("/intents/")
+    found = _INTENT.match(name) if sep and RUN_ID_PATTERN.match(run_id) else None
+    if found is None:
+        return None
+    return found[1], f"{checkpoint_prefix(run_id, found[3], int(found[4]))}/{found[5]}/"
 
 
 def pins_prefix(run_id: str) -> str:

@@ -14,6 +14,7 @@ from cairn.checkpoint.manifest import CheckpointKind, Manifest
 from cairn.checkpoint.options import CheckpointOptions, resolve_options
 from cairn.checkpoint.reader import read_logical, read_manifest
 from cairn.checkpoint.ref import CheckpointRef
+from cairn.checkpoint.reuse import remember_blocks
 from cairn.checkpoint.training import split_history, training_content, training_state
 from cairn.checkpoint.validate import check_training_manifest, run_bounds
 from cairn.config import TrainConfig
@@ -35,17 +36,21 @@ def save_training(
 ) -> CommitResult:
     """Commit the full training state under (run_id, training, step); a run with a
     ``distributed`` config is saved in its blocked layout (format v3), exactly as its ranks
-    would save it. The history goes to the run's history segments first, only what is not
-    durable yet (``cairn.checkpoint.history``); the manifest references them."""
+    would save it, and so is any run saved ``incremental`` (``CheckpointOptions``: blocks the
+    run holds durably are referenced, not rewritten). The history goes to the run's history
+    segments first, only what is not durable yet (``cairn.checkpoint.history``); the manifest
+    references them."""
     options = resolve_options(options)
     dist = state.config.distributed
     history = write_history(store, run_id, state.history, workers=options.max_workers)
+    block_bytes = dist.block_bytes if dist is not None else options.block_bytes if options.incremental else None
     result = write_checkpoint(
         store,
         training_content(run_id, state, history),
         state.tensors,
         options=options,
-        block_bytes=None if dist is None else dist.block_bytes,
+        block_bytes=block_bytes,
+        incremental=options.incremental,
     )
     remember(store, run_id, result.manifest.history, state.step)  # the committed one's (the winner's)
     return result
@@ -95,6 +100,9 @@ def load_training_with_trainer(
         )
     state = training_state(config, manifest, tensors, history)
     remember(store, ref.run_id, manifest.history, ref.step)
+    if options.incremental:  # the next save may reference these blocks
+        indexed = manifest.indexes is not None
+        remember_blocks(store, ref.run_id, ref.kind.value, ref.step, manifest.tensors, manifest.shards, indexed=indexed)
     return state, manifest, trainer
 
 

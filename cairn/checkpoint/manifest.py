@@ -23,7 +23,8 @@ manifest lists the rank indexes (``indexes``: key, size, BLAKE3 checksum, entry 
 digest, and which block ranges each covers) instead of every block, so it grows with ranks,
 not blocks. ``parts`` then records each logical tensor's dtype too. The root is still the one
 commit marker, created-if-absent last; a rank restoring its slice reads the root and only the
-indexes that cover it.
+indexes that cover it. An incremental save's index may reference blocks in shards of earlier
+checkpoints of the same run and kind; each ref lists those shards (``linked``).
 
 A training checkpoint's history (loss, lr, evaluations) is either tensors ``history/KEY`` (as
 written before) or, in any version, ``history``: run-level segments shared by the run's
@@ -163,6 +164,16 @@ class IndexRef(_Model):
     digest: str = Field(pattern=r"^[0-9a-f]{64}$")
     """This rank's share of the index digest (``cairn.checkpoint.index``)."""
     covers: list[Cover]
+    linked: list[ShardKey] = Field(default_factory=list)
+    """Shards of other checkpoints of the run (full store keys) whose blocks this rank's index
+    references instead of rewriting them (``cairn.checkpoint.reuse``): what retention must keep."""
+
+    @model_serializer(mode="wrap")
+    def _unlinked_as_before(self, handler: Any) -> Any:
+        body = handler(self)
+        if not body.get("linked"):
+            body.pop("linked", None)  # a save that references nothing is exactly as before
+        return body
 
 
 class HistorySegment(_Model):

@@ -19,11 +19,21 @@ from dataclasses import dataclass, field
 from cairn.checkpoint.signing import Signer, signer_from_env
 from cairn.errors import ConfigError
 
-__all__ = ["Limits", "DEFAULT_LIMITS", "CEILING_ENV", "parse_byte_count", "CheckpointOptions", "resolve_options"]
+__all__ = [
+    "Limits",
+    "DEFAULT_LIMITS",
+    "CEILING_ENV",
+    "INCREMENTAL_ENV",
+    "parse_byte_count",
+    "CheckpointOptions",
+    "resolve_options",
+]
 
 
 CEILING_ENV = "CAIRN_MAX_CHECKPOINT_BYTES"
 """Overrides the ceiling on a checkpoint's total bytes (``Limits.max_total_bytes``)."""
+INCREMENTAL_ENV = "CAIRN_INCREMENTAL"
+"""``1``/``true``/``on`` turns on incremental training checkpoints (``CheckpointOptions.incremental``)."""
 
 
 @dataclass(frozen=True)
@@ -84,12 +94,33 @@ class CheckpointOptions:
     """Target size of one shard file (tensors are never split across shards)."""
     max_workers: int = 4
     """Shards written, or tensors read, concurrently."""
+    incremental: bool = False
+    """Training saves reference the blocks the run already holds durably instead of rewriting
+    them (``cairn.checkpoint.reuse``); a single-process save then writes the blocked layout
+    (format v3), at the run's ``distributed.block_bytes`` or else ``block_bytes``."""
+    block_bytes: int = 1 << 20
+    """The block size of an incremental single-process run without a ``distributed`` section."""
+
+    def __post_init__(self) -> None:
+        if self.block_bytes < 64 or self.block_bytes % 8:
+            raise ConfigError("checkpoint block_bytes", expected="a multiple of 8, >= 64", found=self.block_bytes)
 
     @classmethod
     def from_env(cls, **overrides: object) -> CheckpointOptions:
-        """The configured signer (``CAIRN_SIGNING_KEY[_FILE]``) and ceilings (``Limits.from_env``)."""
+        """The configured signer (``CAIRN_SIGNING_KEY[_FILE]``), ceilings (``Limits.from_env``)
+        and incremental saves (``CAIRN_INCREMENTAL``)."""
         overrides.setdefault("limits", Limits.from_env())
+        overrides.setdefault("incremental", _flag(INCREMENTAL_ENV))
         return cls(signer=signer_from_env(), **overrides)  # type: ignore[arg-type]
+
+
+def _flag(name: str) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    if raw in ("", "0", "false", "off", "no"):
+        return False
+    if raw in ("1", "true", "on", "yes"):
+        return True
+    raise ConfigError(field=name, expected="1, true, on (or 0, false, off)", found=raw)
 
 
 def resolve_options(options: CheckpointOptions | None) -> CheckpointOptions:

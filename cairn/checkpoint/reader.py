@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from cairn.checkpoint.blocks import base_name, check_parts, parts_json, plan_blocks
 from cairn.checkpoint.content import CheckpointContent, index_of
 from cairn.checkpoint.index import check_index_refs, expand, index_summary
-from cairn.checkpoint.layout import manifest_key
+from cairn.checkpoint.layout import manifest_key, shard_object_key
 from cairn.checkpoint.manifest import FORMAT_NAME, SUPPORTED_VERSIONS, CheckpointKind, Manifest, TensorEntry
 from cairn.checkpoint.options import DEFAULT_LIMITS, CheckpointOptions, Limits, resolve_options
 from cairn.checkpoint.ref import CheckpointRef
@@ -217,13 +217,18 @@ def read_manifest(
     return manifest
 
 
+def _at(ref: CheckpointRef, manifest: Manifest, shard: str) -> str:
+    """The store key of a shard the manifest names (a v3 index's linked shards: their own)."""
+    return shard_object_key(ref.run_id, ref.kind.value, ref.step, shard, indexed=manifest.indexes is not None)
+
+
 def check_shards_present(store: Store, ref: CheckpointRef, manifest: Manifest, pool: Executor | None = None) -> None:
     """Every listed shard exists with its declared size, so no ranged read can fall short
     (the sizes asked for concurrently on ``pool``: one round trip, not one per shard, on S3)."""
 
     def size_of(key: str) -> int | None:
         try:
-            return store.size(f"{ref.prefix}/{key}")
+            return store.size(_at(ref, manifest, key))
         except ObjectNotFoundError:
             return None
 
@@ -263,7 +268,7 @@ def verify_tensors(
         h = blake3()
         for start in range(0, entry.length, step):
             size = min(step, entry.length - start)
-            store.read_into(f"{ref.prefix}/{entry.shard}", entry.offset + start, view[:size])
+            store.read_into(_at(ref, manifest, entry.shard), entry.offset + start, view[:size])
             h.update(view[:size])
             if value_check is not None:
                 value_check(base_name(entry.name) if manifest.parts else entry.name, buffer[:size].view(dtype))
@@ -349,7 +354,7 @@ def read_tensors(
     def read_piece(entry: TensorEntry, k: int) -> None:
         start, end = pieces[entry.name][k]
         view = byte_view(arrays[entry.name])[start:end]
-        store.read_into(f"{ref.prefix}/{entry.shard}", entry.offset + start, view)
+        store.read_into(_at(ref, manifest, entry.shard), entry.offset + start, view)
 
     def check(entry: TensorEntry) -> None:
         flat = arrays[entry.name].reshape(-1)
@@ -429,7 +434,7 @@ def stream_logical(
             require_checksum(entry.name, entry.checksum, h)
         for start in range(0, entry.length, step):
             chunk = view[: min(step, entry.length - start)]
-            store.read_into(f"{ref.prefix}/{entry.shard}", entry.offset + start, chunk)
+            store.read_into(_at(ref, manifest, entry.shard), entry.offset + start, chunk)
             h.update(chunk)
             if start + len(chunk) == entry.length:
                 require_checksum(entry.name, entry.checksum, h)

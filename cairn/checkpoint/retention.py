@@ -9,6 +9,15 @@ period (crashed writers), shard files no manifest refers to (losing racers), his
 latest committed checkpoint, a segment a kept checkpoint (or a pin) refers to — nor any
 segment while a kept manifest cannot be read — or anything younger than the grace period (it
 may be being written right now: a save writes its segments before its manifest).
+
+Incremental checkpoints reference shards of earlier ones (``cairn.checkpoint.reuse``), so shard
+files are reference-counted: a shard a kept checkpoint's root links (``IndexRef.linked``) is
+never deleted, whichever checkpoint wrote it (a retired checkpoint's manifest goes, its linked
+shards stay); while a kept manifest of a kind cannot be read, no shard of that kind is deleted;
+and after uncommitting, the run's intents are listed (``cairn.checkpoint.intents``): nothing
+under an attempt a live intent names is deleted, expired intents are. Every deletion list is
+final before the first delete, so a pass killed at any point has deleted only unreferenced
+objects.
 """
 
 from __future__ import annotations
@@ -17,15 +26,19 @@ import json
 import math
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cairn.checkpoint.history import history_ref_keys
+from cairn.checkpoint.intents import live_intents
 from cairn.checkpoint.layout import (
     MANIFEST_NAME,
     RUN_ID_PATTERN,
     history_prefix,
+    linked_shard,
     parse_checkpoint_key,
     parse_history_segment_key,
+    parse_intent_key,
     pin_key,
     pins_prefix,
     run_prefix,
@@ -70,6 +83,13 @@ class GcPlan:
     """Every other object of the checkpoints in ``delete``, removed after."""
     segments: list[str] = field(default_factory=list)
     """History segments no kept checkpoint refers to, past the grace period (removed last)."""
+    referenced: list[str] = field(default_factory=list)
+    """Shards of retired checkpoints and orphans held back: a kept checkpoint links them, a
+    live intent protects them, or a kept manifest of their kind cannot be read."""
+    intents: list[str] = field(default_factory=list)
+    """Expired intents (``cairn.checkpoint.intents``), deleted with the orphans."""
+    sizes: dict[str, int] = field(default_factory=dict, repr=False)
+    """Every listed object's size, for ``deleted_bytes``."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -79,6 +99,7 @@ class GcPlan:
             "deleted_bytes": self.deleted_bytes,
             "aborted_uploads": self.aborted_uploads,
             "history_segments": len(self.segments),
+            "referenced_shards": len(self.referenced),
         }
 
 
@@ -117,15 +138,20 @@ def plan_gc(store: Store, run_id: str, policy: RetentionPolicy, now: float | Non
     now = time.time() if now is None else now
     by_prefix: dict[tuple[str, int], list[ObjectInfo]] = defaultdict(list)
     segments: list[ObjectInfo] = []
+    expired: list[str] = []
     for info in store.list(run_prefix(run_id)):
         key = parse_checkpoint_key(info.key)
         if key is not None and key.run_id == run_id:
             by_prefix[(key.kind, key.step)].append(info)
         elif info.key.startswith(history_prefix(run_id)) and parse_history_segment_key(info.key) is not None:
             segments.append(info)
+        elif parse_intent_key(info.key) is not None and now - info.mtime > policy.grace_seconds:
+            expired.append(info.key)
     referenced: set[str] | None = set()  # None: a kept manifest is unreadable, so nothing is known
+    linked: set[str] = set()  # shards kept roots reference
+    unknown: set[str] = set()  # kinds with an unreadable kept manifest: any shard may be referenced
     pins = pinned_steps(store, run_id)
-    plan = GcPlan()
+    plan = GcPlan(intents=expired)
     committed: dict[str, list[int]] = defaultdict(list)
     for (kind, step), objects in by_prefix.items():
         if any(o.key.endswith("/" + MANIFEST_NAME) for o in objects):  # committed
@@ -144,6 +170,10 @@ def plan_gc(store: Store, run_id: str, policy: RetentionPolicy, now: float | Non
                 plan.keep.append(ref)
                 manifest = _kept_manifest(store, ref)
                 plan.orphans += _unreferenced_shards(manifest, ref, objects, now, policy)
+                if manifest is None:
+                    unknown.add(kind)
+                else:
+                    linked.update(k for r in manifest.indexes or [] for k in r.linked)
                 if manifest is None or referenced is None:
                     referenced = None
                 elif manifest.history is not None:
@@ -156,12 +186,34 @@ def plan_gc(store: Store, run_id: str, policy: RetentionPolicy, now: float | Non
         doomed = [o for o in segments if o.key not in referenced and now - o.mtime > policy.grace_seconds]
         plan.segments = [o.key for o in doomed]
         plan.deleted_bytes += sum(o.size for o in doomed)
-    orphans = set(plan.orphans)
-    deleted = {(r.kind.value, r.step) for r in plan.delete}
-    plan.deleted_bytes += sum(
-        o.size for prefix, objects in by_prefix.items() for o in objects if prefix in deleted or o.key in orphans
-    )
+    _hold(plan, lambda key: key in linked or (_shard_kind(run_id, key) or "") in unknown)
+    plan.sizes = {o.key: o.size for objects in by_prefix.values() for o in objects}
+    plan.deleted_bytes += sum(plan.sizes.get(k, 0) for k in [*plan.uncommit, *plan.remove, *plan.orphans])
     return plan
+
+
+def _shard_kind(run_id: str, key: str) -> str | None:
+    """The kind of a key that names a shard file of this run (one a root may link), else None."""
+    found = parse_checkpoint_key(key)
+    if found is None or linked_shard(key, run_id, found.kind, None) is None:
+        return None
+    return found.kind
+
+
+def _attempt_of(key: str) -> str | None:
+    """``RUN/KIND/STEP/NONCE/`` of a key under a save attempt, else None."""
+    found = parse_checkpoint_key(key)
+    if found is None or "/" not in found.rest:
+        return None
+    return key[: len(key) - len(found.rest)] + found.rest.split("/", 1)[0] + "/"
+
+
+def _hold(plan: GcPlan, held: Callable[[str], bool]) -> None:
+    """Move the keys ``held`` names out of the deletion lists, into ``plan.referenced``."""
+    for name in ("remove", "orphans"):
+        keys: list[str] = getattr(plan, name)
+        plan.referenced += [k for k in keys if held(k)]
+        setattr(plan, name, [k for k in keys if not held(k)])
 
 
 def _kept_manifest(store: Store, ref: CheckpointRef) -> Manifest | None:
@@ -195,12 +247,19 @@ def collect_garbage(
     """Apply ``policy`` to a run: batched deletes (manifests first: a checkpoint stops existing
     before its shards go), then orphans, then stale incomplete uploads."""
     plan = plan_gc(store, run_id, policy, now)
+    if not dry_run:
+        store.delete(plan.uncommit)  # before the intents are listed: see cairn.checkpoint.intents
+    if plan.remove or plan.orphans:
+        intents = live_intents(store, run_id, policy.grace_seconds, time.time() if now is None else now)
+        before = len(plan.referenced)
+        _hold(plan, lambda key: _attempt_of(key) in intents.protected)
+        plan.deleted_bytes -= sum(plan.sizes.get(k, 0) for k in plan.referenced[before:])
+        plan.intents = sorted({*plan.intents, *intents.expired})
     if dry_run:
         plan.aborted_uploads = store.stale_uploads(run_prefix(run_id), policy.grace_seconds, now=now)
         return plan
-    store.delete(plan.uncommit)
     store.delete(plan.remove)
-    store.delete(plan.orphans)
+    store.delete([*plan.orphans, *plan.intents])
     if plan.segments:  # last: what a kept checkpoint refers to is never among them
         store.delete(plan.segments)
     plan.aborted_uploads = store.abort_stale_uploads(run_prefix(run_id), policy.grace_seconds, now=now)

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from blake3 import blake3
@@ -37,6 +37,8 @@ class RankShards:
     rank: int
     shards: list[ShardEntry]
     tensors: list[TensorEntry]
+    linked: list[ShardEntry] = field(default_factory=list)
+    """Shards of earlier checkpoints (full store keys) some of ``tensors`` reference (``cairn.checkpoint.reuse``)."""
 
 
 @dataclass
@@ -58,13 +60,15 @@ def new_save_nonce() -> str:
     return uuid.uuid4().hex[:16]
 
 
-def _plan_shards(arrays: Mapping[str, np.ndarray], nonce: str, rank: int, shard_bytes: int) -> list[_ShardPlan]:
+def _plan_shards(
+    arrays: Mapping[str, np.ndarray], nonce: str, rank: int, shard_bytes: int, first: int
+) -> list[_ShardPlan]:
     plans: list[_ShardPlan] = []
     current: _ShardPlan | None = None
     for name in sorted(arrays):
         size = arrays[name].nbytes
         if current is None or (current.size and current.size + size > shard_bytes):
-            current = _ShardPlan(key=shard_key(nonce, rank, len(plans)), names=[], size=0)
+            current = _ShardPlan(key=shard_key(nonce, rank, first + len(plans)), names=[], size=0)
             plans.append(current)
         current.names.append(name)
         current.size += size
@@ -128,13 +132,15 @@ def write_shards(
     nonce: str,
     rank: int = 0,
     options: CheckpointOptions | None = None,
+    first_shard: int = 0,
 ) -> RankShards:
-    """Phase 1, run by every rank for its own tensors: stream them out as shard files."""
+    """Phase 1, run by every rank for its own tensors: stream them out as shard files
+    (numbered from ``first_shard``: a second call of the same attempt never reuses a key)."""
     options = options or CheckpointOptions()
     check_content(content, tensors, options.limits)
     arrays = {name: as_le_contiguous(a) for name, a in tensors.items()}
     prefix = checkpoint_prefix(content.run_id, content.kind, content.step)
-    plans = _plan_shards(arrays, nonce, rank, options.shard_bytes)
+    plans = _plan_shards(arrays, nonce, rank, options.shard_bytes, first_shard)
     if len(plans) <= 1:  # one shard: no thread to hand it to
         results = [_write_shard(store, prefix, p, arrays, rank) for p in plans]
     else:

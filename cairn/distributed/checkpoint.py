@@ -6,7 +6,9 @@ ranks), then its own index object (``cairn.checkpoint.index``); an all-gather of
 index refs (a few hundred bytes each, whatever the number of blocks) is the barrier — it
 completes only when every rank's shards and index are durable, or reports which rank failed;
 then rank 0 alone commits the root manifest (``commit_indexed``, create-if-absent, format v3)
-and broadcasts the outcome. A rank that dies before the
+and broadcasts the outcome. With ``options.incremental`` each rank references the blocks it
+knows the run holds durably instead of rewriting them (``cairn.checkpoint.reuse``: what it
+last committed or restored). A rank that dies before the
 commit leaves nonce-named shards and no manifest: no checkpoint exists, and the retry (a new
 nonce) converges on the same idempotency key (run, kind, step). Retention collects the orphans.
 
@@ -33,6 +35,7 @@ from cairn.checkpoint.manifest import IndexRef, Manifest, PartSpec
 from cairn.checkpoint.options import CheckpointOptions
 from cairn.checkpoint.reader import read_tensors
 from cairn.checkpoint.ref import CheckpointRef
+from cairn.checkpoint.reuse import remember_blocks, write_rank_blocks
 from cairn.checkpoint.shards import new_save_nonce, write_shards
 from cairn.distributed.comm import Comm
 from cairn.errors import CairnError, StorageError, error_named
@@ -80,8 +83,10 @@ def coordinated_save(
     started = time.perf_counter()
     nonce = comm.broadcast_json(new_save_nonce() if comm.rank == 0 else None)
     report: dict[str, Any]
+    write = write_rank_blocks if options.incremental else write_shards
+    shards = None
     try:
-        shards = write_shards(store, content, mine, nonce=nonce, rank=comm.rank, options=options)
+        shards = write(store, content, mine, nonce=nonce, rank=comm.rank, options=options)
         report = {"index": write_rank_index(store, content, shards, nonce=nonce).model_dump(mode="json")}
     except Exception as exc:  # reported to every rank below, then raised everywhere
         report = {"error": failure_of(exc)}
@@ -106,6 +111,11 @@ def coordinated_save(
             failure = failure_of(exc)
     agree(comm, failure, "commit")
     done = comm.broadcast_json(outcome)
+    if options.incremental and done["created"] and shards is not None:  # this rank's blocks, for its next save
+        kind, step, entries = content.kind.value, content.step, shards.tensors
+        remember_blocks(
+            store, content.run_id, kind, step, entries, [*shards.shards, *shards.linked], indexed=True, rank=comm.rank
+        )
     return SaveOutcome(seconds=time.perf_counter() - started, **done)
 
 
@@ -137,3 +147,8 @@ def read_blocks(
     except Exception as exc:
         failure = failure_of(exc)
     agree(comm, failure, f"restore of {ref}")
+    if options.incremental:  # the blocks of the indexes this rank read, for its next save
+        indexed, kind = manifest.indexes is not None, ref.kind.value
+        remember_blocks(
+            store, ref.run_id, kind, ref.step, manifest.tensors, manifest.shards, indexed=indexed, rank=comm.rank
+        )

@@ -1,6 +1,7 @@
 """``cairn ckpt``: a checkpoint's manifest (show), its integrity and validity (verify), two
 training states bit for bit (compare), its weights as safetensors (export, in ``ckpt_export``),
-and a store's checkpoints (list, gc, pin, unpin)."""
+a standalone copy in another store (copy, in ``ckpt_copy``), and a store's checkpoints (list,
+gc, pin, unpin)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from cairn.checkpoint import (
 from cairn.checkpoint.compare import compare_states
 from cairn.checkpoint.history import verify_history
 from cairn.checkpoint.retention import RetentionPolicy, collect_garbage, pin, pinned_steps, unpin
+from cairn.checkpoint.reuse import referenced_of
 from cairn.checkpoint.validate import check_training_manifest, manifest_config
 from cairn.config import BUILTIN_TRAINER, TrainConfig, load_config
 from cairn.errors import CairnError, CheckpointError, CheckpointNotFoundError, ConfigError, ObjectNotFoundError
@@ -34,6 +36,7 @@ from cairn.stores import LocalStore, MemoryStore, open_store
 from cairn.trainers.base import Trainer, check_finite
 from cairn.trainers.loading import load_trainer, trainer_for_checkpoint
 from workers.cli.args import Common, run_id_arg, store_arg
+from workers.cli.ckpt_copy import add_copy_parser
 from workers.cli.ckpt_export import add_export_parser
 from workers.cli.output import CommandFailed, emit, to_json
 from workers.cli.table import table
@@ -67,6 +70,7 @@ def register(sub: Any, common: Common) -> None:
     p.add_argument("--config", help="the runs' config (trusts the trainer it names)")
     p.set_defaults(handler=cmd_ckpt_compare)
     add_export_parser(ckpt_sub, common)
+    add_copy_parser(ckpt_sub, common)
     p = ckpt_sub.add_parser("list", help="list committed checkpoints")
     common(p)
     p.add_argument("store")
@@ -104,6 +108,8 @@ def cmd_ckpt_show(args: argparse.Namespace) -> int:
     lineage = manifest.lineage
     exposures = exposure_count(store, ref.run_id, lineage) if ref.kind == CheckpointKind.TRAINING else 0
     body["final_test_exposures"] = exposures
+    reuse = referenced_of(manifest)
+    body["written_bytes"], body["referenced_bytes"] = reuse.written_bytes, reuse.referenced_bytes
     if args.json:
         print(to_json(body))
         return 0
@@ -121,6 +127,12 @@ def cmd_ckpt_show(args: argparse.Namespace) -> int:
             + ("" if manifest.indexes is None else f", {len(manifest.indexes)} rank indexes")
         )
     print(f"written by   {manifest.writer.ranks} rank(s)")
+    if manifest.indexes is not None:
+        at = ", ".join(str(s) for s in reuse.steps) or "-"
+        print(
+            f"incremental  wrote {reuse.written_bytes} bytes, references {reuse.referenced_bytes} bytes "
+            f"in {reuse.shards} shard(s) of earlier checkpoints (steps {at})"
+        )
     if lineage is not None:
         print(f"dataset      {lineage.dataset_version} {lineage.dataset_hash}")
         print(f"model        {lineage.model_version}   tokenizer {lineage.tokenizer_version}")
@@ -266,6 +278,7 @@ def cmd_ckpt_gc(args: argparse.Namespace) -> int:
     verb = "would delete" if args.dry_run else "deleted"
     lines = [f"keep   {r}" for r in plan.keep] + [f"{verb} {r}" for r in plan.delete]
     lines += [f"{verb} orphan {k}" for k in plan.orphans]
+    lines += [f"kept   {k} (referenced)" for k in plan.referenced]
     lines += [f"{'would abort' if args.dry_run else 'aborted'} incomplete upload {k}" for k in plan.aborted_uploads]
     lines.append(
         f"{verb} {len(plan.delete)} checkpoint(s), {len(plan.orphans)} orphan object(s), {plan.deleted_bytes} bytes"
