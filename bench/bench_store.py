@@ -233,10 +233,38 @@ def bench_s3(state: TrainState, reps: int, workdir: Path, endpoint: str) -> dict
         "floor": measure_rss(floor_down),
         "cairn": measure_rss(lambda: load_training(store, ref, options=UNSIGNED)),
     }
+    split = restore_split(store, ref, floor_down, reps)
     clear()
     client.delete_object(Bucket=bucket, Key="floor.bin")
     store.close()
-    return _result(nbytes, saves, restores, rss_save, rss_restore)
+    return {**_result(nbytes, saves, restores, rss_save, rss_restore), "restore_split": split}
+
+
+def _busy_jiffies() -> tuple[int, int]:
+    """(busy, all) CPU jiffies of the whole machine so far (``/proc/stat``): the S3 server's too."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def restore_split(store: Any, ref: Any, floor_down: Any, reps: int) -> dict[str, Any]:
+    """Where an S3 restore's time goes: the floor's download and how many of the machine's cores
+    it keeps busy (client and SeaweedFS together), and Cairn's checks alone — the same
+    ``load_training`` from a copy of the checkpoint in memory (hashing, value checks, the copy
+    into fresh arrays; no network)."""
+    from cairn.stores.memory import MemoryStore
+
+    memory = MemoryStore()
+    for obj in store.list(""):
+        memory.write_object(obj.key, [store.read(obj.key)])
+    busy: list[float] = []
+    for _ in range(reps):
+        b0, t0 = _busy_jiffies()
+        floor_down()
+        b1, t1 = _busy_jiffies()
+        busy.append((b1 - b0) / max(1, t1 - t0) * (os.cpu_count() or 1))
+    checks = interleaved({"checks_only": lambda: load_training(memory, ref, options=UNSIGNED)}, reps)["checks_only"]
+    return {"floor_busy_cores": stats(busy), "checks_only": stats(checks), "cores": os.cpu_count() or 1}
 
 
 def _result(
@@ -318,6 +346,26 @@ def section(r: dict[str, Any], targets: Targets) -> list[str]:
                 )
                 if x["ratio"] < 0.9:
                     misses.append(f"{store} {mib} MiB {op} {x['ratio']:.2f}×")
+    split_rows = [(mib, res) for mib, res in r["results"].get("s3", {}).items() if res.get("restore_split")]
+    if split_rows:
+        out += [
+            "",
+            "Where an S3 restore's time goes: the floor's download keeps this many of the machine's cores busy "
+            "(the client and SeaweedFS on the same machine, from `/proc/stat`), and Cairn's checks alone take this "
+            "long — the same `load_training` from a copy of the checkpoint in memory (every checksum, the value "
+            "checks, the copy into fresh arrays; no network). Overlapping the checks with the download needs idle "
+            "cores; where the download already keeps them busy, the checks add to it.",
+            "",
+            "| state | floor | cores busy during the floor (of N) | Cairn's checks alone | Cairn | Cairn − floor |",
+            "|---|---|---|---|---|---|",
+        ]
+        for mib, res in split_rows:
+            sp, x = res["restore_split"], res["restore"]
+            gap = x["cairn"]["median"] - x["floor"]["median"]
+            out.append(
+                f"| {mib} MiB | {x['floor']['median']:.3f} s | {sp['floor_busy_cores']['median']:.2f} of {sp['cores']} | "
+                f"{spread(sp['checks_only'])} | {x['cairn']['median']:.3f} s | {gap:+.3f} s |"
+            )
     for store, sizes in r["results"].items():
         if not sizes:
             continue
