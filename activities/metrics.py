@@ -25,6 +25,7 @@ __all__ = [
     "SEGMENT_STARTS",
     "WARM_RUNS",
     "WARM_BYTES",
+    "RESTORES",
 ]
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -93,4 +94,11 @@ SEGMENT_STARTS = Counter(
 WARM_RUNS = Gauge("cairn_warm_runs", "Runs whose training state this worker holds in memory.", registry=REGISTRY)
 WARM_BYTES = Gauge(
     "cairn_warm_state_bytes", "Bytes of training state this worker holds in memory for warm runs.", registry=REGISTRY
+)
+RESTORES = Counter(
+    "cairn_checkpoint_restores",
+    "Segment starts by where their state came from: local (the node-local tier's copy, verified), durable "
+    "(the durable store), fresh (no checkpoint yet) or memory (a warm segment).",
+    ["tier"],
+    registry=REGISTRY,
 )

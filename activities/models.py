@@ -91,6 +91,10 @@ class RunCarry(_Model):
     step: int = 0
     checkpoint: str | None = None
     fingerprint: str | None = None
+    durable_checkpoint: str | None = None
+    durable_step: int = 0
+    """The run's durable cursor (what a retry on another host resumes from): ``checkpoint`` may
+    be ahead of it while a node-local tier uploads."""
     store_id: str | None = None
     """Identity of the store the run started on (``cairn.runs``); every activity checks it."""
     segments: int = 0
@@ -331,6 +335,9 @@ class TrainSegmentInput(SegmentInput):
     """How far an earlier activity of this segment got: one offered to the warm worker's queue
     whose attempt was lost there, re-offered to every worker (``prior_attempts`` counts it)."""
     prior_attempts: int = 0
+    final: bool = False
+    """This segment ends the run: with a node-local tier it waits for its checkpoint's upload
+    before it reports, so the run's result is durable."""
 
 
 class GangEndpointInput(_Model):
@@ -376,6 +383,11 @@ class TrainSegmentResult(_Model):
     """This attempt's training time, its saves excluded."""
     worker_queue: str | None = None
     """The own task queue of the worker that ran it, which now holds the run's state."""
+    durable_checkpoint: str | None = None
+    durable_step: int | None = None
+    """The run's durable cursor when it reported: its latest commit in the durable store. With
+    a node-local tier ``checkpoint`` may be committed on the worker's host only, its upload
+    pending; None here: an older worker (the same as ``checkpoint``)."""
 
 
 class LatestCheckpointInput(_Model):

@@ -49,12 +49,15 @@ from activities.models import (
     TrainSegmentResult,
     own_queue,
 )
+from activities.tier import tiered_store
 from cairn import faults
 from cairn.checkpoint import CheckpointKind, CheckpointRef, latest_committed, list_checkpoints, read_manifest
 from cairn.checkpoint.commit import CommitResult
 from cairn.checkpoint.retention import RetentionPolicy, collect_garbage
+from cairn.checkpoint.tier import TieredStore
 from cairn.numerics import profile_id
 from cairn.runs.ownership import claim_run, require_run_owner, require_store_identity, store_identity
+from cairn.runs.tier_restore import resume_tiered
 from cairn.runs.warm import WarmRuns, warm_key
 from cairn.session import TrainingSession
 from cairn.state import TrainState
@@ -129,9 +132,12 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
         cleanup.callback(store.close)  # a warm session kept for the next segment gets that one's store
         require_run_owner(store, inp.run_id, info.workflow_id)  # before any expensive restore
         key = warm_key(inp.config.canonical_json(), inp.store)
+        tiered = tiered_store(inp.store)  # this worker's node-local tier, if it has one
         restore_started = time.perf_counter()
-        session, warm = _session(inp, attempt, store, key)
+        session, source = _session(inp, attempt, store, key, tiered)
+        warm = source == "memory"
         m.SEGMENT_STARTS.labels("warm" if warm else "cold").inc()
+        m.RESTORES.labels(source).inc()
         if not warm:
             m.RESTORE_SECONDS.observe(time.perf_counter() - restore_started)
         resumed = session.state.step
@@ -141,10 +147,11 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
             m.RECOVERIES.inc()
             m.STEPS_RECOMPUTED.inc(recomputed)
         log.info(
-            "run %s: resumed from step %d (%s)%s",
+            "run %s: resumed from step %d (%s%s)%s",
             inp.run_id,
             resumed,
             "held in memory" if warm else session.restored_from or "fresh start",
+            {"local": "; from the local tier", "durable": "; from the durable store"}.get(source, "") if tiered else "",
             f"; an earlier attempt had reached step {reached_before}" if reached_before is not None else "",
         )
         if resumed > inp.target_step:
@@ -191,6 +198,10 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
             on_checkpoint=on_checkpoint,
         )
         assert last is not None
+        if tiered is not None and (interrupted or inp.final):  # the run's cursor must be durable now
+            beats.update(phase="uploading")
+            tiered.flush(inp.run_id, last.ref.step)
+        durable_ref = last.ref if tiered is None else latest_committed(store, inp.run_id)
         train_seconds = max(0.0, time.perf_counter() - started - session.blocked_seconds)
         state = session.state
         loss = state.history["loss"][-1] if state.history["loss"] else None
@@ -220,6 +231,8 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
             blocked_save_seconds=session.blocked_seconds,
             train_seconds=train_seconds,
             worker_queue=own_queue(info.task_queue),
+            durable_checkpoint=None if durable_ref is None else str(durable_ref),
+            durable_step=None if durable_ref is None else durable_ref.step,
         )
         if not interrupted:
             WARM.keep(inp.run_id, key, session)
@@ -228,25 +241,37 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
     return result, interrupted
 
 
-def _session(inp: TrainSegmentInput, attempt: int, store: Store, key: str) -> tuple[TrainingSession, bool]:
-    """The segment's session and whether it is warm: the one this worker holds when it is
-    exactly the store's latest commit (first attempts only: after a failure, trust only the
-    store), else restored from the store — the checkpoint a rollback names, or the latest."""
+def _session(
+    inp: TrainSegmentInput, attempt: int, store: Store, key: str, tiered: TieredStore | None
+) -> tuple[TrainingSession, str]:
+    """The segment's session and where its state came from (``memory``: warm, the one this
+    worker holds when it is exactly the run's latest commit — first attempts only: after a
+    failure, trust only the stores; else ``local``, ``durable`` or ``fresh``): the checkpoint
+    a rollback names (from the durable store), or the latest (``cairn.runs.tier_restore``
+    with a node-local tier)."""
     held = WARM.take(inp.run_id, key)
     if held is not None and inp.resume_from is None and attempt == 1:
         latest = latest_committed(store, inp.run_id)
-        fingerprint = (
-            None if latest is None else read_manifest(store, latest, expect_kind=None, expand_index=False).fingerprint
-        )
-        if held.matches(None if latest is None else latest.step, fingerprint):
-            held.session.store = store
-            return held.session, True
+        step: int | None = None if latest is None else latest.step
+        fingerprint: str | None = None
+        if latest is not None:
+            fingerprint = read_manifest(store, latest, expect_kind=None, expand_index=False).fingerprint
+        newest = tiered.newest(inp.run_id) if tiered is not None else None
+        if newest is not None and (step is None or newest.ref.step > step):  # committed here, not uploaded yet
+            step, fingerprint = newest.ref.step, newest.fingerprint
+        if held.matches(step, fingerprint):
+            held.session.store = tiered or store
+            return held.session, "memory"
         log.info("run %s: the state held in memory is not the latest commit: restoring", inp.run_id)
     if inp.resume_from is not None:  # a rollback: this older checkpoint, not the latest
         session = TrainingSession.fresh(inp.run_id, store, inp.config)
         session.restore(CheckpointRef.parse(inp.resume_from))
-        return session, False
-    return TrainingSession.resume_latest(inp.run_id, store, inp.config), False
+        session.store = tiered or store
+        return session, "durable"
+    if tiered is not None:
+        return resume_tiered(inp.run_id, tiered, store, inp.config)
+    session = TrainingSession.resume_latest(inp.run_id, store, inp.config)
+    return session, "durable" if session.restored_from is not None else "fresh"
 
 
 def _record_commit(run_id: str, result: CommitResult) -> None:

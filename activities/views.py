@@ -19,6 +19,10 @@ class RunProgress(_Model):
     total: int
     loss: float | None
     checkpoint: str | None
+    durable_checkpoint: str | None = None
+    durable_step: int = 0
+    """The run's durable cursor: ``checkpoint`` may be ahead of it (committed in a worker's
+    node-local tier, its upload pending); a retry on another host resumes from this one."""
     attempts: list[int]
     """Attempts of the most recent segments (bounded window)."""
     segments: int = 0
@@ -41,6 +45,8 @@ class RunSummary(_Model):
     run_id: str
     checkpoint: str | None
     fingerprint: str | None
+    durable_checkpoint: str | None = None
+    durable_step: int = 0
     steps: int
     total_steps: int
     stopped_early: bool

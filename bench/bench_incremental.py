@@ -111,7 +111,7 @@ def regime(state: TrainState, work: Path, reps: int, *, frozen: bool) -> dict[st
 def section(r: dict[str, Any], targets: Targets) -> list[str]:
     fine, full = r["regimes"]["fine-tuning, frozen base"], r["regimes"]["full training"]
     out = [
-        "## Incremental checkpoints: writing what changed",
+        "## 17. Incremental checkpoints: writing what changed",
         "",
         f"A {fine['state_bytes'] / 2**20:.0f} MiB training state (theta, m, v of the tanh MLP) saved to local disk, "
         f"{r['reps']} consecutive saves per case, interleaved rep by rep (medians, min–max). Fine-tuning: `W1` and its "

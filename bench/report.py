@@ -37,6 +37,9 @@ SECTIONS = (
     "history",
     "metadata",
     "large",
+    "boundaries",
+    "incremental",
+    "tier",
 )
 """The benchmarks in the document's order (``bench_NAME.py``, ``NAME.json``)."""
 PLACEHOLDERS = ("store", "peers", "async", "orchestration", "recovery")

@@ -34,6 +34,9 @@ ORDER = [
     "history",
     "metadata",
     "large",
+    "boundaries",
+    "incremental",
+    "tier",
 ]
 
 

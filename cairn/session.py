@@ -30,7 +30,14 @@ from cairn.stores.base import Store
 from cairn.trainers.base import Trainer, check_finite
 from cairn.trainers.loading import load_trainer
 
-__all__ = ["TrainingSession", "default_run_id", "MAX_STEPS", "require_finite", "with_process_numerics"]
+__all__ = [
+    "TrainingSession",
+    "default_run_id",
+    "MAX_STEPS",
+    "require_finite",
+    "state_bytes",
+    "with_process_numerics",
+]
 
 MAX_STEPS = 100_000_000
 """The most updates one command or run may ask for (the loss/lr history is held in memory and
@@ -75,6 +82,11 @@ def require_finite(state: TrainState, last_commit: CommitResult | None = None, *
             f"committed at this step; {last} (lower the learning rate or check the data)",
             field=bad,
         )
+
+
+def state_bytes(state: TrainState) -> int:
+    """About the bytes a checkpoint of ``state`` writes (its tensors and history)."""
+    return sum(int(a.nbytes) for a in state.tensors.values()) + 8 * sum(len(v) for v in state.history.values())
 
 
 def with_process_numerics(state: TrainState, trainer: Trainer, where: str, tolerate: bool = False) -> Lineage:
@@ -182,9 +194,13 @@ class TrainingSession:
     def checkpoint(self) -> CommitResult:
         """Commit the current state (idempotent per step); a diverged state is refused."""
         require_finite(self.state, self.last_commit)
-        result = save_training(self.store, self.run_id, self.state, options=self.checkpoint_options)
+        result = save_training(self._save_target(self.state), self.run_id, self.state, options=self.checkpoint_options)
         self._committed(self.state, result)
         return result
+
+    def _save_target(self, state: TrainState) -> Store:
+        """Where the next save goes (``Store.save_target``: a local tier, or its durable store)."""
+        return self.store.save_target(self.run_id, state_bytes(state))
 
     @property
     def durable_ref(self) -> CheckpointRef | None:
@@ -251,7 +267,7 @@ class TrainingSession:
                 self.saves += 1
                 require_finite(work, self.last_commit)
                 if saver is None:
-                    result = save_training(self.store, self.run_id, work, options=self.checkpoint_options)
+                    result = save_training(self._save_target(work), self.run_id, work, options=self.checkpoint_options)
                     self._committed(work, result)
                     if on_checkpoint:
                         on_checkpoint(result)

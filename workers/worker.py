@@ -28,6 +28,7 @@ from temporalio.worker import Interceptor, Worker
 from activities.effects import EFFECT_ACTIVITIES
 from activities.gang import ADVERTISE_ENV, GANG_ACTIVITIES
 from activities.models import DEFAULT_TASK_QUEUE, NODE_NAME, node_queue, own_queue
+from activities.tier import TIER_BYTES_ENV, TIER_ENV, flush_all, parse_bytes, resume_uploads
 from activities.training import TRAINING_ACTIVITIES
 from cairn.errors import ConfigError, TemporalUnavailableError
 from cairn.numerics import enter_profile, native_level, process_numerics, profile_id, profile_queue
@@ -55,6 +56,10 @@ WORKFLOWS: list[type] = [TrainingRun]
 HEARTBEAT_THROTTLE = timedelta(milliseconds=200)
 """How stale the server's view of a segment may be (its step, for ``recomputed_steps`` and
 ``cairn run watch``), and how soon pause / stop / checkpoint-now reach a running segment."""
+
+
+TIER_FLUSH_SECONDS = 60.0
+"""How long a worker stopping on request waits for its local tier's pending uploads."""
 
 
 def all_activities() -> list[Any]:
@@ -103,6 +108,10 @@ async def run(args: argparse.Namespace) -> int:
         raise ConfigError("--node", expected=NODE_NAME, found=args.node)
     if args.advertise_addr:
         os.environ[ADVERTISE_ENV] = args.advertise_addr  # read by gang_endpoint on this host
+    if args.local_tier:  # read by the training activities (activities.tier)
+        os.environ[TIER_ENV] = args.local_tier
+        os.environ[TIER_BYTES_ENV] = str(parse_bytes(args.local_tier_bytes))
+        await asyncio.to_thread(resume_uploads)  # a crashed worker's local commits: uploaded in the background
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -132,6 +141,8 @@ async def run(args: argparse.Namespace) -> int:
         await stop.wait()
         warm.cancel()
         say(args, "shutting down gracefully (running segments checkpoint and hand back)")
+    if args.local_tier and not await asyncio.to_thread(flush_all, TIER_FLUSH_SECONDS):
+        say(args, f"local tier: uploads pending after {TIER_FLUSH_SECONDS:.0f} s; the next worker on it resumes them")
     say(args, "stopped")
     return 0
 
@@ -243,6 +254,19 @@ def add_worker_args(p: argparse.ArgumentParser) -> None:
         metavar="HOST",
         help=f"address other nodes reach this host at, for a gang's rendezvous (env {ADVERTISE_ENV}; "
         "default: the hostname)",
+    )
+    p.add_argument(
+        "--local-tier",
+        default=os.environ.get(TIER_ENV, ""),
+        metavar="DIR",
+        help=f"a node-local checkpoint tier (local disk or tmpfs; env {TIER_ENV}): checkpoints commit there and "
+        "upload to the run's store in the background",
+    )
+    p.add_argument(
+        "--local-tier-bytes",
+        default=os.environ.get(TIER_BYTES_ENV, "16GiB"),
+        metavar="N",
+        help=f"the local tier's bound in bytes (env {TIER_BYTES_ENV}; default 16GiB; suffixes K, M, G, T)",
     )
     add_numerics_arg(p, "trains segments")
     p.add_argument(

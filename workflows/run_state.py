@@ -45,6 +45,8 @@ def opened(latest: OpenRunResult) -> RunCarry:
         step=latest.step,
         checkpoint=latest.checkpoint,
         fingerprint=latest.fingerprint,
+        durable_checkpoint=latest.checkpoint,
+        durable_step=latest.step,
         store_id=latest.store_id,
         steps_per_epoch=latest.steps_per_epoch,
         reproducibility=latest.reproducibility,
@@ -80,6 +82,9 @@ def record_result(carry: RunCarry, result: TrainSegmentResult, inp: TrainingRunI
     carry.step = result.step
     carry.checkpoint = result.checkpoint
     carry.fingerprint = result.fingerprint
+    durable = result.durable_step is not None  # else an older worker: its checkpoint is durable
+    carry.durable_checkpoint = result.durable_checkpoint if durable else result.checkpoint
+    carry.durable_step = result.durable_step if result.durable_step is not None else result.step
     carry.loss = result.loss
     carry.warm_queue = result.worker_queue
     if carry.interval is not None and inp.checkpoint.every == "auto":
@@ -104,6 +109,7 @@ def record_interruption(carry: RunCarry, latest: LatestCheckpointResult, cause: 
     carry.step = latest.step
     carry.checkpoint = latest.checkpoint
     carry.fingerprint = latest.fingerprint
+    carry.durable_checkpoint, carry.durable_step = latest.checkpoint, latest.step  # read from the durable store
     carry.warm_queue = None  # a pause, stop or rollback: the next segment restores
 
 
@@ -143,6 +149,7 @@ def roll_back(carry: RunCarry, found: LatestCheckpointResult) -> None:
         carry.step = found.step
         carry.checkpoint = found.checkpoint
         carry.fingerprint = found.fingerprint
+        carry.durable_checkpoint, carry.durable_step = found.checkpoint, found.step
         carry.resume_from = found.checkpoint
 
 
@@ -163,6 +170,8 @@ def progress(inp: TrainingRunInput | None, carry: RunCarry, phase: str) -> RunPr
         total=run_total(inp, carry) if inp else 0,
         loss=carry.loss,
         checkpoint=carry.checkpoint,
+        durable_checkpoint=carry.durable_checkpoint,
+        durable_step=carry.durable_step,
         attempts=list(carry.attempts),
         segments=carry.segments,
         retried_segments=carry.retried_segments,
@@ -192,6 +201,8 @@ def summary(inp: TrainingRunInput, carry: RunCarry) -> RunSummary:
         run_id=inp.run_id,
         checkpoint=carry.checkpoint,
         fingerprint=carry.fingerprint,
+        durable_checkpoint=carry.durable_checkpoint,
+        durable_step=carry.durable_step,
         steps=carry.step,
         total_steps=run_total(inp, carry),
         stopped_early=carry.step < run_total(inp, carry),

@@ -306,6 +306,7 @@ class TrainingRun(GangSegments):
                 async_save=inp.checkpoint.mode == "async",
                 reached_before=reached,
                 prior_attempts=prior,
+                final=target >= segments.run_total(inp, self._carry),
             ),
             task_queue=warm or self._training_queue(),
             schedule_to_start_timeout=segments.WARM_PICKUP if warm else None,

@@ -100,21 +100,23 @@ class NodeTier:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(self._lock_fd)
-            raise ConfigError("--local-tier", expected="a directory no other process uses", found=str(self.root))
+            raise ConfigError(  # noqa: B904 - the message says what to fix, not the errno
+                "--local-tier", expected="a directory no other process uses", found=str(self.root)
+            )
 
     def close(self) -> None:
         """Release the directory (its uploads stop being served by this object)."""
         with contextlib.suppress(OSError):
             os.close(self._lock_fd)
 
-    def tiered(self, durable_url: str) -> TieredStore:
-        """The tier of the durable store at ``durable_url`` (opened, and its pending uploads
-        queued, on first use in this process)."""
+    def tiered(self, durable_url: str, durable: Store | None = None) -> TieredStore:
+        """The tier of the durable store at ``durable_url`` (``durable``: that store, already
+        open; else opened here), its pending uploads queued on first use in this process."""
         with self.lock:
             found = self._stores.get(durable_url)
             if found is None:
                 sub = self.root / hashlib.sha256(durable_url.encode()).hexdigest()[:16]
-                found = TieredStore(self, LocalStore(sub), open_store(durable_url))
+                found = TieredStore(self, LocalStore(sub), durable or open_store(durable_url))
                 self._stores[durable_url] = found
                 found.recover()
             return found
@@ -168,10 +170,7 @@ class NodeTier:
         deadline = time.monotonic() + timeout
         with self.lock:
             commits = [c for s in self._stores.values() for c in s.commits.values() if not c.uploaded]
-        for commit in commits:
-            if not commit.done.wait(max(0.0, deadline - time.monotonic())):
-                return False
-        return True
+        return all(c.done.wait(max(0.0, deadline - time.monotonic())) for c in commits)
 
 
 def _key(ref: CheckpointRef) -> tuple[str, str, int]:
@@ -336,7 +335,7 @@ class TieredStore(Store):
             outcome = upload_checkpoint(self.local, self.durable, ref, concurrency=concurrency)
         except _PERMANENT as exc:
             self.node.stats.upload_failures += 1
-            log.error("local tier: upload of %s failed: %s: %s; the local copy is discarded", ref, type(exc).__name__, exc)
+            log.error("local tier: upload of %s failed: %s: %s; local copy discarded", ref, type(exc).__name__, exc)
             commit.error = exc
             self.drop(ref, why=f"upload failed: {type(exc).__name__}")
             return None

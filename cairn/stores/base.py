@@ -138,6 +138,12 @@ class Store(ABC):
         """
         return []
 
+    def save_target(self, run_id: str, nbytes: int) -> Store:
+        """The store the next checkpoint save of ``run_id`` (about ``nbytes``) writes to: this
+        one. A tier in front of a durable store (``cairn.checkpoint.tier``) answers itself when
+        it has room, else the durable store."""
+        return self
+
     def root_exists(self) -> bool:
         """Whether the store itself exists (a directory, a bucket with objects under the prefix);
         reading commands refuse a store that does not, instead of reporting it empty."""

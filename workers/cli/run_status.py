@@ -40,6 +40,7 @@ from workers.cli.output import emit, to_json
 from workers.cli.temporal import (
     attempts_text,
     count_pollers,
+    durable_text,
     failure_message,
     heartbeat_progress,
     run_progress,
@@ -181,6 +182,7 @@ async def status(args: argparse.Namespace, client: Client) -> int:
         latest = (segment or {}).get("checkpoint") or progress.checkpoint
         payload["checkpoint"] = latest
         lines.append(f"  checkpoint  {latest or '- (none committed yet)'}")
+        lines.append(f"  durable     {durable_text(progress.checkpoint, progress.durable_checkpoint)}")
         lines.append(_segments_line(progress))
     elif desc.status == WorkflowExecutionStatus.COMPLETED:
         summary = await handle.result()  # from history: no worker needed

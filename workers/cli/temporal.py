@@ -33,6 +33,7 @@ __all__ = [
     "attempts_text",
     "closed_word",
     "count_pollers",
+    "durable_text",
     "failure_message",
     "heartbeat_progress",
     "live_step",
@@ -91,11 +92,20 @@ def attempts_text(attempts: list[int], segments: int, retried: int) -> str:
     return f"{segments} segment(s), {retried} retried{recent}"
 
 
+def durable_text(checkpoint: str | None, durable: str | None) -> str:
+    """The durable cursor beside the run's checkpoint: the same one, or behind it (a node-local
+    tier's upload pending; a retry on another host resumes from the durable one)."""
+    if durable is None:
+        return "- (none uploaded yet)" if checkpoint else "-"
+    return "the same (uploaded)" if durable == checkpoint else f"{durable} (upload of the newer one pending)"
+
+
 def summary_text(s: RunSummary) -> str:
     lines = [
         f"run {s.run_id}: {s.steps}/{s.total_steps} steps{' (stopped early)' if s.stopped_early else ''}",
         f"checkpoint   {s.checkpoint or '- (none committed)'}",
         f"fingerprint  {s.fingerprint or '-'}",
+        f"durable      {durable_text(s.checkpoint, s.durable_checkpoint)}",
         f"segments     {attempts_text(s.attempts, s.segments, s.retried_segments)}; "
         f"recomputed {s.recomputed_steps} step(s); continued-as-new {s.continued_as_new}x",
     ]

@@ -54,7 +54,8 @@ def test_a_held_session_continues_from_memory_to_the_cold_paths_bits(
         "cairn.session.load_training_with_trainer", lambda *a, **k: reads.append("restore") or original(*a, **k)
     )
     key = warm_key(config.canonical_json(), str(store))
-    session, warm = _session(segment(store, config, 20), 1, LocalStore(store), key)
+    session, source = _session(segment(store, config, 20), 1, LocalStore(store), key, None)
+    warm = source == "memory"
     assert warm and session is held and reads == []  # no build, no restore
     session.run(10)
     cold = TrainingSession.fresh("cold", tmp_path / "c", config)
@@ -71,7 +72,8 @@ def test_any_doubt_takes_the_cold_path(tmp_path: Path, cache: WarmRuns) -> None:
 
     def choose(**extra: Any) -> tuple[TrainingSession, bool]:
         attempt = extra.pop("attempt", 1)
-        return _session(segment(store, config, 40, **extra), attempt, LocalStore(store), key)
+        session, source = _session(segment(store, config, 40, **extra), attempt, LocalStore(store), key, None)
+        return session, source == "memory"
 
     held_after(store, config, cache, 10)
     other = TrainingSession.resume_latest("run", LocalStore(store), config)
