@@ -279,7 +279,9 @@ class TrainingSession:
 
         try:
             self.state = self.trainer.train(self.state, steps, on_step=step_hook)
-            settle(self.state)
+            waited = time.perf_counter()
+            settle(self.state)  # the wait for the last background save is a checkpoint's cost too
+            self.blocked_seconds += time.perf_counter() - waited
         except TrainerCodeError as exc:
             if saver is not None:
                 saver.close()

@@ -112,6 +112,11 @@ def segment_end(inp: TrainingRunInput, carry: RunCarry) -> int:
     return (step // spe + seg.epochs) * spe
 
 
+AUTO_TIMEOUT_SHARE = 0.5
+"""``every: "auto"`` never picks an interval longer than this share of the segment timeout, so a
+segment stretched to hold one interval still ends well inside its timeout."""
+
+
 def checkpoint_every(inp: TrainingRunInput, carry: RunCarry) -> tuple[int, float | None]:
     """The next segment's checkpoint interval in steps — ``checkpoint.every``, or for ``"auto"``
     the choice from what the run measured (recorded in the carry when it changes) — and its
@@ -120,7 +125,10 @@ def checkpoint_every(inp: TrainingRunInput, carry: RunCarry) -> tuple[int, float
     if inp.checkpoint.every != "auto":
         return inp.checkpoint.every, seconds
     carry.interval = carry.interval or IntervalState()
-    choice = carry.interval.choose(inp.checkpoint.auto, carry.step)
+    spec, cap = inp.checkpoint.auto, AUTO_TIMEOUT_SHARE * inp.segment_timeout_seconds
+    if spec.max_seconds is None or spec.max_seconds > cap:  # a segment must end well inside its timeout
+        spec = spec.model_copy(update={"max_seconds": cap})
+    choice = carry.interval.choose(spec, carry.step)
     default = inp.segment is None and inp.steps_per_segment is None
     if default and seconds is not None and choice.step_seconds is not None:
         seconds = max(seconds, choice.every * choice.step_seconds * 1.1)

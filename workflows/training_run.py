@@ -186,6 +186,8 @@ class TrainingRun(GangSegments):
         boundary never waits for it), or between segments when its grace is short."""
         paced = segments.collect_beside(inp) and workflow.patched(COLLECT_PACED)
         if paced:
+            if collecting is not None and collecting.done():
+                await collecting  # a pass that failed fails the run here, as between segments
             last = self._collect_started
             since = None if last is None else (workflow.now() - last).total_seconds()
             if not segments.collect_due(inp, collecting is not None and not collecting.done(), since):

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from activities.models import TrainingRunInput
+from activities.models import RunCarry, TrainingRunInput
 from workflows import segments
 
 
@@ -50,3 +50,25 @@ def test_paced_by_every_seconds(spec: dict[str, Any], since: float | None, due: 
 def test_every_seconds_is_validated() -> None:
     with pytest.raises(ValueError, match="every_seconds"):
         run_input(keep_last=3, every_seconds=-1)
+
+
+def test_auto_interval_stays_well_inside_the_segment_timeout() -> None:
+    """A slow save and a short timeout: the interval (and the stretched segment) stay under
+    half the timeout, so no attempt is killed by its own timeout before it reports."""
+    from cairn.interval import IntervalState
+
+    body: dict[str, Any] = {
+        "run_id": "r",
+        "config": {"seed": 1},
+        "total_steps": 10**6,
+        "store": "/tmp/x",
+        "segment_timeout_seconds": 600,
+        "checkpoint": {"every": "auto", "auto": {"max_seconds": None}},
+    }
+    inp = TrainingRunInput.model_validate(body)
+    carry = RunCarry(interval=IntervalState())
+    assert carry.interval is not None
+    carry.interval.observe(inp.checkpoint.auto, saves=1, blocked_seconds=10.0, steps=1000, train_seconds=30.0)
+    every, seconds = segments.checkpoint_every(inp, carry)
+    assert every * 0.03 <= 300.0 and seconds is not None and seconds < 600 * 0.6
+    assert carry.interval.choices[-1].bound == "max_seconds"
