@@ -40,6 +40,7 @@ __all__ = [
     "heartbeat_interval",
     "require_numerics",
     "INTERRUPTED",
+    "WORKER_CRASHED",
 ]
 
 log = logging.getLogger("cairn.activity")
@@ -47,6 +48,9 @@ log = logging.getLogger("cairn.activity")
 INTERRUPTED = "SegmentInterrupted"
 """Error type of a segment that stopped early on request (pause, stop, checkpoint-now,
 cancel) after committing a checkpoint; its details carry the attempt and recomputed steps."""
+WORKER_CRASHED = "WorkerCrashed"
+"""Error type of an attempt its supervisor failed because the worker process running it died
+(``workers.supervisor.failing``); on a worker's own queue non-retryable, with its last heartbeat."""
 
 
 def as_application_error(exc: CairnError) -> ApplicationError:

@@ -19,7 +19,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.edge import INTERRUPTED, heartbeat_reach
+    from activities.edge import INTERRUPTED, WORKER_CRASHED, heartbeat_reach
     from activities.models import DEFAULT_SEGMENT_SECONDS, GANG_SEGMENT_STEPS
     from cairn.interval import IntervalState
     from cairn.numerics import profile_queue
@@ -38,6 +38,7 @@ __all__ = [
     "WARM_PICKUP",
     "picked_up_late",
     "lost_attempt",
+    "crashed_on_own_queue",
     "collect_beside",
     "collect_due",
     "segment_fields",
@@ -191,6 +192,18 @@ def collect_due(inp: TrainingRunInput, in_flight: bool, since_last: float | None
     spec = inp.retention
     every = spec.every_seconds if spec.every_seconds is not None else min(DEFAULT_RETENTION_EVERY, spec.grace_seconds)
     return since_last is None or since_last >= every
+
+
+def crashed_on_own_queue(err: ActivityError) -> tuple[int | None, int] | None:
+    """(reached step, attempts) of a segment whose worker process died on the warm worker's own
+    queue: its supervisor failed it non-retryable with its last heartbeat, so that it is offered
+    to every worker at once (a retry there would wait on a queue only the dead process polled)."""
+    cause = err.cause
+    if not (isinstance(cause, ApplicationError) and cause.type == WORKER_CRASHED and cause.non_retryable):
+        return None
+    details = list(cause.details)
+    attempt = details[0].get("attempt") if details and isinstance(details[0], dict) else None
+    return heartbeat_reach(details), attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else 1
 
 
 def lost_attempt(err: ActivityError) -> tuple[int | None, int] | None:

@@ -337,6 +337,10 @@ class TrainingRun(GangSegments):
             if segments.picked_up_late(err):  # the warm worker did not take it: re-offered to every worker
                 self._carry.lost = segments.lost_attempt(err)
                 return
+            crashed = segments.crashed_on_own_queue(err)
+            if crashed is not None:  # the warm worker's process died: offered to every worker at once
+                self._carry.lost = crashed
+                return
             if not segments.interrupted(err):
                 raise
             await self._record_interruption(inp, err.cause)

@@ -191,3 +191,50 @@ async def test_a_completion_that_reached_the_server_is_never_failed(
     async for event in handle.fetch_history_events():  # not one attempt of anything was failed
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
             assert event.activity_task_started_event_attributes.attempt == 1
+
+
+async def test_a_warm_segments_killed_process_is_offered_to_every_worker_at_once(
+    client: Client, temporal_server: TemporalServer, task_queue: str, tmp_path: Path
+) -> None:
+    """The holder of a warm run (its segment on the worker's own queue, which only that process
+    polls) is killed: its supervisor fails the attempt non-retryable with its last heartbeat, so
+    the workflow offers the segment to every worker at once — no retry waiting on the dead
+    process's own queue, no workflow task on its sticky queue — and the standby takes it."""
+    inp = run_input(
+        tmp_path, total_steps=80, steps_per_segment=20, throttle_seconds_per_step=0.05, heartbeat_timeout_seconds=30
+    )
+    workers = [supervised_worker(temporal_server.address, task_queue, tmp_path / f"worker-{i}.log") for i in (0, 1)]
+    try:
+        handle = await client.start_workflow(
+            TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue, task_timeout=WORKFLOW_TASK_TIMEOUT
+        )
+        store = LocalStore(inp.store)
+        deadline = time.monotonic() + 90
+        while True:  # the second segment, warm on its holder's own queue, past its first commit
+            segment = await running_segment(handle)
+            ref = latest_committed(store, inp.run_id)
+            if segment is not None and "#w-" in segment.activity_options.task_queue.name and ref and ref.step >= 25:
+                break
+            assert time.monotonic() < deadline, [w.log_tail() for w in workers]
+            await asyncio.sleep(0.05)
+        victim, killed_id = worker_pid(segment), segment.activity_id
+        killed = time.time()
+        os.kill(victim, signal.SIGKILL)
+        while True:
+            retry = await running_segment(handle)
+            if retry is not None and retry.activity_id != killed_id:
+                break
+            assert time.time() - killed < 30, "no retry started"
+            await asyncio.sleep(0.05)
+        started = retry.last_started_time.ToMicroseconds() / 1e6
+        # A retry on the dead own queue waits 0.2 s + its 1 s pickup timeout before the workflow re-offers it
+        # (then 2 s more on the dead process's sticky queue, unless it is reset); offered at once: ~0.1 s.
+        assert started - killed < 1.1, f"the segment started elsewhere {started - killed:.2f} s after the kill"
+        assert "#w-" not in retry.activity_options.task_queue.name  # on the shared queue: any worker
+        summary = RunSummary.model_validate(await asyncio.wait_for(handle.result(), timeout=120))
+    finally:
+        for w in workers:
+            w.stop()
+    assert summary.steps == 80 and 2 in summary.attempts, summary  # the killed segment counts its attempt
+    assert summary.recomputed_steps <= inp.checkpoint.every, summary  # its reach came with the fail
+    assert_matches_reference(summary, inp.config)

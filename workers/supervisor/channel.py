@@ -47,6 +47,9 @@ class ActivityReport(BaseModel):
     activity_type: str = ""
     workflow_id: str = ""
     attempt: int = 0
+    workflow_run_id: str = ""
+    task_queue: str = ""
+    """The queue the attempt was taken from: a worker's own queue (a warm segment) or a shared one."""
 
     @property
     def task_token(self) -> bytes:

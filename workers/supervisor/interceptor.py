@@ -51,6 +51,8 @@ class _ReportingInbound(ActivityInboundInterceptor):
             activity_type=info.activity_type,
             workflow_id=info.workflow_id or "",
             attempt=info.attempt,
+            workflow_run_id=info.workflow_run_id or "",
+            task_queue=info.task_queue,
         )
         self.writer.send(started)
         try:
