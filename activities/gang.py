@@ -106,6 +106,7 @@ def _train_gang_node(inp: GangNodeInput, info: activity.Info) -> tuple[TrainSegm
             checkpoint_every=inp.checkpoint_every,
             resume_from=inp.resume_from,
             throttle_seconds_per_step=inp.throttle_seconds_per_step,
+            incremental=inp.incremental,
         )
         spec = GangSpec(
             nproc_per_node=nproc,

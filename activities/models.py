@@ -68,6 +68,9 @@ class CheckpointPolicy(_Model):
     mode: Literal["sync", "async"] = "sync"
     auto: AutoInterval = AutoInterval()
     """How ``every: "auto"`` chooses, and its bounds."""
+    incremental: bool | None = None
+    """Reference the blocks the run already holds durably instead of rewriting them (README,
+    "Incremental checkpoints"); None: as the worker's ``CAIRN_INCREMENTAL`` says."""
 
 
 class RetentionSpec(_Model):
@@ -325,6 +328,8 @@ class SegmentInput(_Model):
     max_seconds: float | None = None
     """End the segment at the first step boundary past this many seconds of training (with a
     checkpoint), before ``target_step`` if need be; None: train to ``target_step``."""
+    incremental: bool | None = None
+    """Incremental saves (``CheckpointPolicy.incremental``); None: the worker's setting."""
 
 
 class TrainSegmentInput(SegmentInput):

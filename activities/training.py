@@ -53,6 +53,7 @@ from activities.tier import tiered_store
 from cairn import faults
 from cairn.checkpoint import CheckpointKind, CheckpointRef, latest_committed, list_checkpoints, read_manifest
 from cairn.checkpoint.commit import CommitResult
+from cairn.checkpoint.options import CheckpointOptions
 from cairn.checkpoint.retention import RetentionPolicy, collect_garbage
 from cairn.checkpoint.tier import TieredStore
 from cairn.numerics import profile_id
@@ -249,6 +250,7 @@ def _session(
     failure, trust only the stores; else ``local``, ``durable`` or ``fresh``): the checkpoint
     a rollback names (from the durable store), or the latest (``cairn.runs.tier_restore``
     with a node-local tier)."""
+    options = CheckpointOptions.from_env(**({} if inp.incremental is None else {"incremental": inp.incremental}))
     held = WARM.take(inp.run_id, key)
     if held is not None and inp.resume_from is None and attempt == 1:
         latest = latest_committed(store, inp.run_id)
@@ -264,13 +266,13 @@ def _session(
             return held.session, "memory"
         log.info("run %s: the state held in memory is not the latest commit: restoring", inp.run_id)
     if inp.resume_from is not None:  # a rollback: this older checkpoint, not the latest
-        session = TrainingSession.fresh(inp.run_id, store, inp.config)
+        session = TrainingSession.fresh(inp.run_id, store, inp.config, options=options)
         session.restore(CheckpointRef.parse(inp.resume_from))
         session.store = tiered or store
         return session, "durable"
     if tiered is not None:
-        return resume_tiered(inp.run_id, tiered, store, inp.config)
-    session = TrainingSession.resume_latest(inp.run_id, store, inp.config)
+        return resume_tiered(inp.run_id, tiered, store, inp.config, options=options)
+    session = TrainingSession.resume_latest(inp.run_id, store, inp.config, options=options)
     return session, "durable" if session.restored_from is not None else "fresh"
 
 

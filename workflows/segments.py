@@ -151,6 +151,7 @@ def segment_fields(inp: TrainingRunInput, carry: RunCarry, target: int, resume_f
         "heartbeat_every_seconds": min(0.1, inp.heartbeat_timeout_seconds / 4),
         "numerics_id": carry.numerics_id,
         "max_seconds": seconds,
+        "incremental": inp.checkpoint.incremental,
     }
 
 

@@ -46,6 +46,8 @@ class GangJob(_Boundary):
     tolerate_numerics: bool = False
     """Resume a bit-exact state computed under another numerics profile (``--tolerance``)."""
     throttle_seconds_per_step: float = Field(default=0.0, ge=0)
+    incremental: bool | None = None
+    """Incremental saves (``CheckpointOptions.incremental``); None: the ranks' ``CAIRN_INCREMENTAL``."""
     collective_timeout_seconds: float = Field(default=120.0, gt=0)
     reduction: ReductionOrder = "tree"
     """How microbatch sums are ordered: the canonical tree; ``rank-order`` is the naive left fold

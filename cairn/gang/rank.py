@@ -92,7 +92,7 @@ def run_rank(comm: Comm, job: GangJob, workdir: Path, local_rank: int = 0) -> Ra
 
 
 def _train(comm: Comm, job: GangJob, workdir: Path, local_rank: int) -> RankResult:
-    options = CheckpointOptions.from_env()
+    options = CheckpointOptions.from_env(**({} if job.incremental is None else {"incremental": job.incremental}))
     config = job.config
     store = open_store(job.store)
     target, every = job.target_step, job.checkpoint_every

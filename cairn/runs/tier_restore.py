@@ -18,6 +18,7 @@ import logging
 from typing import Literal
 
 from cairn.checkpoint.manager import latest_committed
+from cairn.checkpoint.options import CheckpointOptions
 from cairn.checkpoint.reader import read_manifest
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.tier import TieredStore
@@ -52,21 +53,21 @@ def local_candidate(tiered: TieredStore, durable: Store, run_id: str) -> Checkpo
 
 
 def resume_tiered(
-    run_id: str, tiered: TieredStore, durable: Store, config: TrainConfig
+    run_id: str, tiered: TieredStore, durable: Store, config: TrainConfig, *, options: CheckpointOptions | None = None
 ) -> tuple[TrainingSession, RestoreSource]:
     """The run's session, restored under the rules above, writing through ``tiered``; and
     where its state came from."""
     candidate = local_candidate(tiered, durable, run_id)
     if candidate is not None:
         trainer = load_trainer(config)
-        session = TrainingSession(run_id, tiered, trainer.init_state(), trainer)
+        session = TrainingSession(run_id, tiered, trainer.init_state(), trainer, options=options)
         try:
             session.restore(candidate)  # reads the local copy only: tiered's reads are local
             log.info("run %s: restored step %d from the local tier %s", run_id, candidate.step, tiered.local.url)
             return session, "local"
         except (CheckpointError, InvalidObjectError, StorageError) as exc:
             tiered.discard(candidate, f"failed verification on restore: {type(exc).__name__}: {exc}")
-    session = TrainingSession.resume_latest(run_id, durable, config)
+    session = TrainingSession.resume_latest(run_id, durable, config, options=options)
     session.store = tiered
     if session.restored_from is None:
         return session, "fresh"

@@ -9,8 +9,11 @@ import pytest
 from temporalio.client import Client
 
 from activities.views import RunSummary
+from cairn.checkpoint import CheckpointKind, CheckpointRef, list_checkpoints, load_training, read_manifest
+from cairn.checkpoint.compare import compare_states
 from cairn.interval import IntervalChoice, daly_seconds
-from tests.integration.conftest import assert_matches_reference, run_input
+from cairn.stores import LocalStore
+from tests.integration.conftest import assert_matches_reference, reference, run_input
 from workers.reports.timeline import run_history
 from workers.worker import serving
 from workflows.training_run import TrainingRun
@@ -58,3 +61,20 @@ async def test_a_fixed_interval_reports_itself(client: Client, task_queue: str, 
         result = await client.execute_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
     summary = RunSummary.model_validate(result)
     assert summary.checkpoint_every == 5 and summary.checkpoint_interval == []
+
+
+async def test_checkpoint_incremental_in_the_run_input_reaches_the_worker(
+    client: Client, task_queue: str, tmp_path: Path
+) -> None:
+    """``checkpoint.incremental`` (not the worker's environment) makes the run's saves blocked
+    and referencing (format v3); the bits are the uninterrupted run's."""
+    inp = run_input(tmp_path, total_steps=30, steps_per_segment=15, checkpoint={"every": 5, "incremental": True})
+    async with serving(client, task_queue):
+        result = await client.execute_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
+    summary = RunSummary.model_validate(result)
+    store = LocalStore(inp.store)
+    refs = list_checkpoints(store, inp.run_id, CheckpointKind.TRAINING)
+    assert refs and all(read_manifest(store, r, expect_kind=None, expand_index=False).indexes for r in refs)  # v3 throughout
+    assert summary.checkpoint is not None
+    state, _ = load_training(store, CheckpointRef.parse(summary.checkpoint))
+    assert compare_states(state, reference(inp.config, 30).state) == []
