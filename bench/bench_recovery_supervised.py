@@ -13,7 +13,8 @@ long segments (400 steps), a checkpoint every 25 steps. Scenarios:
 - bare: two ``cairn worker --no-supervisor`` processes (``workers.worker``), as in section 5;
 - host loss: two ``cairn worker``; the holder's whole process group (supervisor too) is SIGKILLed
   and a replacement started;
-- digits CNN, supervised: as *supervised*, training ``examples/digits-run.json`` (its model, batch,
+- digits CNN, supervised (workers started with ``--preload examples.digits``): as *supervised*,
+  training ``examples/digits-run.json`` (its model, batch,
   a checkpoint every 20 steps, heartbeat timeout 10 s) in 2,000-step segments. Besides the
   heartbeat, the step probe of ``bench_boundaries`` (``bench/step_probe/``, on the workers'
   ``PYTHONPATH``) records every step's time in the worker process: *first step* is the exact time
@@ -383,7 +384,10 @@ async def scenario(
     if model == "digits":
         probe = work / "steps"
         probe.mkdir(exist_ok=True)
-    fleet = Fleet(address, queue, work, kind, count, probe_env(probe) if probe else None)
+    # The digits workers preload the trainer's package (`--preload`, as the README advises for torch
+    # trainers), so a retry in a fresh worker process does not wait seconds for `import torch`.
+    env = {**probe_env(probe), "CAIRN_PRELOAD": "examples.digits"} if probe else None
+    fleet = Fleet(address, queue, work, kind, count, env)
     run_id = f"recovery-{uuid.uuid4().hex[:6]}"
     try:
         await wait_worker_polling(client, queue, timeout=120)
@@ -490,7 +494,7 @@ DESCRIPTIONS = {
     "supervised, one worker": "`cairn worker` ×1 (no standby: the retry waits for the restarted worker process; its 2nd and 3rd crash within a minute also for the restart backoff, 1 s and 2 s)",
     "bare": "`cairn worker --no-supervisor` ×2 (a replacement started after each kill)",
     "host loss": "`cairn worker` ×2; the whole process group is killed (a replacement started)",
-    "digits CNN, supervised": "`cairn worker` ×2 training the digits CNN; the worker process is killed, its supervisor lives",
+    "digits CNN, supervised": "`cairn worker --preload examples.digits` ×2 training the digits CNN; the worker process is killed, its supervisor lives",
 }
 
 
@@ -501,7 +505,7 @@ def section(r: dict[str, Any], targets: Targets) -> list[str]:
     out = [
         "## 10. Recovery with a supervisor",
         "",
-        f"`cairn worker` is a supervisor and a worker process; the worker process reports each activity attempt's task token to it, and when the worker process dies the supervisor fails those attempts (`WorkerCrashed`, retryable) through Temporal's async-completion API and starts it again. One run on {r['machine']['cpu']} ({r['machine']['cores']} cores, load average {r['machine']['loadavg_at_start'][0]:.1f} at the start), all scenarios against one Temporal dev server. Heartbeat timeout {heartbeat:g} s in every scenario; a `TrainingRun` with 20 ms steps, 400-step segments, a checkpoint every {EVERY} steps (the digits CNN's: below). Each kill lands a random 0.5–1.5 s into a segment that is making progress; the server is then polled every 50 ms. *Retry started*: the segment's next attempt is started (server timestamp). *Progress*: that attempt's heartbeat shows a step past the one it resumed from (up to ~0.3 s late). *Detected by*: the failure the retry carries.",
+        f"`cairn worker` is a supervisor and a worker process; the worker process reports each activity attempt's task token to it, and when the worker process dies the supervisor fails those attempts (`WorkerCrashed`: retryable on a shared queue; on the dead process's own queue non-retryable with its last heartbeat, so the workflow offers the segment to every worker at once; the sticky queue reset first) through Temporal's async-completion API and starts it again. One run on {r['machine']['cpu']} ({r['machine']['cores']} cores, load average {r['machine']['loadavg_at_start'][0]:.1f} at the start), all scenarios against one Temporal dev server. Heartbeat timeout {heartbeat:g} s in every scenario; a `TrainingRun` with 20 ms steps, 400-step segments, a checkpoint every {EVERY} steps (the digits CNN's: below). Each kill lands a random 0.5–1.5 s into a segment that is making progress; the server is then polled every 50 ms. *Retry started*: the segment's next attempt is started (server timestamp). *Progress*: that attempt's heartbeat shows a step past the one it resumed from (up to ~0.3 s late). *Detected by*: the failure the retry carries.",
         "",
         "| scenario | workers | kills | kill → retry started | kill → progress | detected by | target |",
         "|---|---|---|---|---|---|---|",
