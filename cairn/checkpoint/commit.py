@@ -9,8 +9,10 @@ checkpoint without it, and ``latest`` only moves to committed steps.
 The idempotency key is the checkpoint prefix ``RUN/KIND/STEP``. A writer that finds the key
 already committed compares fingerprints (``_converge``): equal is success without rewriting,
 different is ``CheckpointConflictError`` (the run is not deterministic, or two runs share an
-id). The commit is read back after writing, so the check holds even on a store that ignored
-the condition. A losing writer deletes its own nonce-named shards; nobody else refers to them.
+id). A single-process save compares in the committed layout (``write_checkpoint``): a retry or
+a racing writer may differ in the incremental setting, so in the format (v1 or v3). The commit
+is read back after writing, so the check holds even on a store that ignored the condition. A
+losing writer deletes its own nonce-named shards; nobody else refers to them.
 """
 
 from __future__ import annotations
@@ -58,6 +60,11 @@ class CommitResult:
     """Wall time of the save (shards and commit), for metrics and reports."""
 
 
+Relayout = Callable[[Manifest], str | None]
+"""Given the manifest another writer committed under the key: this state's fingerprint in its
+layout, or None when that layout is the one this writer used (its fingerprint stands)."""
+
+
 def commit_manifest(
     store: Store,
     content: CheckpointContent,
@@ -66,11 +73,14 @@ def commit_manifest(
     nonce: str,
     options: CheckpointOptions | None = None,
     parts: dict[str, PartSpec] | None = None,
+    relayout: Relayout | None = None,
 ) -> CommitResult:
     """Phase 2, run once (by the coordinator) after every rank's shards are durable:
     commit one manifest listing all of them, by create-if-absent. This is the commit.
     ``parts``: the blocked layout (format v2, which lists every block in the manifest: blocked
-    saves write v3 now, ``commit_indexed``) the ranks wrote (``cairn.checkpoint.blocks``)."""
+    saves write v3 now, ``commit_indexed``) the ranks wrote (``cairn.checkpoint.blocks``).
+    ``relayout``: when another writer committed the key in another layout, this state's
+    fingerprint in that layout (``_converge``)."""
     options = resolve_options(options)
     if parts is not None:  # v2 parts name no dtype (the blocks do)
         parts = {name: spec.model_copy(update={"dtype": None}) for name, spec in parts.items()}
@@ -95,7 +105,7 @@ def commit_manifest(
     )
     prefix = checkpoint_prefix(content.run_id, content.kind, content.step)
     orphans = [f"{prefix}/{s.key}" for s in shards]
-    return _commit(store, ref, manifest, lambda: orphans, options)
+    return _commit(store, ref, manifest, lambda: orphans, options, relayout)
 
 
 def commit_indexed(
@@ -106,10 +116,12 @@ def commit_indexed(
     nonce: str,
     parts: dict[str, PartSpec],
     options: CheckpointOptions | None = None,
+    relayout: Relayout | None = None,
 ) -> CommitResult:
     """Phase 2 of a v3 save, run once (by the coordinator) after every rank's shards and index
     object are durable: commit the root manifest — the parts and every rank's ``IndexRef``, no
-    block entries — by create-if-absent. This is the commit. The root is O(ranks + tensors)."""
+    block entries — by create-if-absent. This is the commit. The root is O(ranks + tensors).
+    ``relayout``: as for ``commit_manifest``."""
     options = resolve_options(options)
     ref = CheckpointRef(store.url, content.run_id, content.kind, content.step)
     refs = sorted(refs, key=lambda r: r.rank)
@@ -126,7 +138,7 @@ def commit_indexed(
             nonce=nonce, ranks=max(1, len(refs)), created_at=datetime.now(UTC).isoformat(timespec="milliseconds")
         ),
     )
-    return _commit(store, ref, manifest, _attempt_orphans(store, content, nonce), options)
+    return _commit(store, ref, manifest, _attempt_orphans(store, content, nonce), options, relayout)
 
 
 def _attempt_orphans(store: Store, content: CheckpointContent, nonce: str) -> Callable[[], list[str]]:
@@ -140,6 +152,7 @@ def _commit(
     manifest: Manifest,
     orphans: Callable[[], list[str]],
     options: CheckpointOptions,
+    relayout: Relayout | None = None,
 ) -> CommitResult:
     """Sign, check, and create the manifest if absent (else converge on the one committed)."""
     if options.signer is not None:
@@ -163,14 +176,14 @@ def _commit(
         if committed.writer.nonce == manifest.writer.nonce:
             advance_latest(store, ref, manifest.fingerprint)
             return CommitResult(ref=ref, manifest=manifest, created=True)
-        return _converge(store, ref, manifest.fingerprint, orphan_keys=[], options=options)
+        return _converge(store, ref, manifest.fingerprint, orphan_keys=[], options=options, relayout=relayout)
     # Not created by this call — or created by it, with the answer lost and the retried request
     # refused: then the committed manifest is ours, and its shards must not be deleted.
     committed = parse_manifest(store.read(mkey), str(ref), limits=options.limits)
     if committed.writer.nonce == manifest.writer.nonce:
         advance_latest(store, ref, manifest.fingerprint)
         return CommitResult(ref=ref, manifest=manifest, created=True)
-    return _converge(store, ref, manifest.fingerprint, orphan_keys=orphans(), options=options)
+    return _converge(store, ref, manifest.fingerprint, orphan_keys=orphans(), options=options, relayout=relayout)
 
 
 def write_checkpoint(
@@ -195,34 +208,69 @@ def write_checkpoint(
         # A retry (or a stale writer) of a committed step: compare, don't rewrite — in the
         # committed layout when it holds these tensors (a retry may differ in incremental).
         committed = parse_manifest(store.read(mkey), str(ref), limits=options.limits)
-        parts = _same_layout(committed, tensors)
-        if parts is None and committed.parts is not None and block_bytes is not None:
-            parts = parts_of(tensors, block_bytes)
-        blocks = tensors if parts is None else split_blocks(tensors, parts)
-        check_content(content, blocks, options.limits)  # (write_shards checks it on the other path)
-        arrays = {name: as_le_contiguous(a) for name, a in blocks.items()}
-        index = [(n, dtype_tag(a.dtype), list(a.shape), tensor_checksum(a)) for n, a in sorted(arrays.items())]
-        if parts is None:
-            fingerprint = content.fingerprint(index)
-        else:
-            fingerprint = content.fingerprint([], parts_json(parts), summary_of(index))
+        fingerprint = _fingerprint_in(committed, content, tensors, block_bytes, options)
         result = _converge(store, ref, fingerprint, orphan_keys=[], options=options)
     elif block_bytes is None:
         nonce = new_save_nonce()
         rank0 = write_shards(store, content, tensors, nonce=nonce, options=options)
-        result = commit_manifest(store, content, [rank0], nonce=nonce, options=options)
+        relayout = _relayout(content, tensors, block_bytes, options, parts=None)
+        result = commit_manifest(store, content, [rank0], nonce=nonce, options=options, relayout=relayout)
     else:
         nonce = new_save_nonce()
         parts = parts_of(tensors, block_bytes)
         write = write_rank_blocks if incremental else write_shards
         rank0 = write(store, content, split_blocks(tensors, parts), nonce=nonce, options=options)
         index_ref = write_rank_index(store, content, rank0, nonce=nonce)
-        result = commit_indexed(store, content, [index_ref], nonce=nonce, options=options, parts=parts)
+        relayout = _relayout(content, tensors, block_bytes, options, parts=parts)
+        result = commit_indexed(
+            store, content, [index_ref], nonce=nonce, options=options, parts=parts, relayout=relayout
+        )
         if incremental and result.created:
             kind, step = content.kind.value, content.step
             entries, shards = rank0.tensors, [*rank0.shards, *rank0.linked]
-            remember_blocks(store, content.run_id, kind, step, entries, shards, indexed=True)
+            remember_blocks(store, content.run_id, kind, step, entries, shards, indexed=True, nonce=nonce)
     return replace(result, seconds=time.perf_counter() - started)
+
+
+def _fingerprint_in(
+    committed: Manifest,
+    content: CheckpointContent,
+    tensors: Mapping[str, np.ndarray],
+    block_bytes: int | None,
+    options: CheckpointOptions,
+) -> str:
+    """The fingerprint of this state in ``committed``'s layout when it holds these tensors (v3
+    at its block sizes, else v1), or at ``block_bytes`` for a v3 checkpoint of other tensors."""
+    parts = _same_layout(committed, tensors)
+    if parts is None and committed.parts is not None and block_bytes is not None:
+        parts = parts_of(tensors, block_bytes)
+    blocks = tensors if parts is None else split_blocks(tensors, parts)
+    check_content(content, blocks, options.limits)  # (write_shards checks it on the other path)
+    arrays = {name: as_le_contiguous(a) for name, a in blocks.items()}
+    index = [(n, dtype_tag(a.dtype), list(a.shape), tensor_checksum(a)) for n, a in sorted(arrays.items())]
+    if parts is None:
+        return content.fingerprint(index)
+    return content.fingerprint([], parts_json(parts), summary_of(index))
+
+
+def _relayout(
+    content: CheckpointContent,
+    tensors: Mapping[str, np.ndarray],
+    block_bytes: int | None,
+    options: CheckpointOptions,
+    *,
+    parts: dict[str, PartSpec] | None,
+) -> Relayout:
+    """For a racing writer's commit in another layout (v1 vs v3, as the incremental setting
+    decides; ``parts``: this writer's v3 blocks, None for v1): this state's fingerprint in the
+    committed layout, as a retry computes it."""
+
+    def relayout(committed: Manifest) -> str | None:
+        if (committed.parts if committed.indexes is not None else None) == parts:
+            return None  # the layout this writer used (v1, or v3 at these blocks): its fingerprint stands
+        return _fingerprint_in(committed, content, tensors, block_bytes, options)
+
+    return relayout
 
 
 def _same_layout(committed: Manifest, tensors: Mapping[str, np.ndarray]) -> dict[str, PartSpec] | None:
@@ -239,12 +287,22 @@ def _same_layout(committed: Manifest, tensors: Mapping[str, np.ndarray]) -> dict
 
 
 def _converge(
-    store: Store, ref: CheckpointRef, fingerprint: str, *, orphan_keys: list[str], options: CheckpointOptions
+    store: Store,
+    ref: CheckpointRef,
+    fingerprint: str,
+    *,
+    orphan_keys: list[str],
+    options: CheckpointOptions,
+    relayout: Relayout | None = None,
 ) -> CommitResult:
-    """Another writer committed this key first: identical content is success, else conflict."""
+    """Another writer committed this key first: identical content is success, else conflict.
+    ``relayout``: this state's fingerprint in the committed manifest's layout, when that is
+    not the one ``fingerprint`` was computed in."""
     mkey = manifest_key(ref.run_id, ref.kind, ref.step)
     existing = parse_manifest(store.read(mkey), str(ref), limits=options.limits)
     store.delete(orphan_keys)  # only this attempt's nonce-named shards: nobody else refers to them
+    if existing.fingerprint != fingerprint and relayout is not None:
+        fingerprint = relayout(existing) or fingerprint
     if existing.fingerprint != fingerprint:
         raise CheckpointConflictError(
             "a different checkpoint is already committed under this idempotency key "

@@ -101,8 +101,9 @@ def load_training_with_trainer(
     state = training_state(config, manifest, tensors, history)
     remember(store, ref.run_id, manifest.history, ref.step)
     if options.incremental:  # the next save may reference these blocks
-        indexed = manifest.indexes is not None
-        remember_blocks(store, ref.run_id, ref.kind.value, ref.step, manifest.tensors, manifest.shards, indexed=indexed)
+        indexed, nonce = manifest.indexes is not None, manifest.writer.nonce
+        kind, entries = ref.kind.value, manifest.tensors
+        remember_blocks(store, ref.run_id, kind, ref.step, entries, manifest.shards, indexed=indexed, nonce=nonce)
     return state, manifest, trainer
 
 

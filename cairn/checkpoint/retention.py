@@ -15,9 +15,10 @@ files are reference-counted: a shard a kept checkpoint's root links (``IndexRef.
 never deleted, whichever checkpoint wrote it (a retired checkpoint's manifest goes, its linked
 shards stay); while a kept manifest of a kind cannot be read, no shard of that kind is deleted;
 and after uncommitting, the run's intents are listed (``cairn.checkpoint.intents``): nothing
-under an attempt a live intent names is deleted, expired intents are. Every deletion list is
-final before the first delete, so a pass killed at any point has deleted only unreferenced
-objects.
+under an attempt a live intent (younger than two grace periods) names is deleted, expired
+intents are. The retired manifests are deleted first; every other deletion list is final before
+its first delete (the intents only shrink them), so a pass killed at any point has deleted only
+retired manifests and unreferenced objects.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cairn.checkpoint.history import history_ref_keys
-from cairn.checkpoint.intents import live_intents
+from cairn.checkpoint.intents import intent_expired, live_intents
 from cairn.checkpoint.layout import (
     MANIFEST_NAME,
     RUN_ID_PATTERN,
@@ -145,7 +146,7 @@ def plan_gc(store: Store, run_id: str, policy: RetentionPolicy, now: float | Non
             by_prefix[(key.kind, key.step)].append(info)
         elif info.key.startswith(history_prefix(run_id)) and parse_history_segment_key(info.key) is not None:
             segments.append(info)
-        elif parse_intent_key(info.key) is not None and now - info.mtime > policy.grace_seconds:
+        elif parse_intent_key(info.key) is not None and intent_expired(info.mtime, policy.grace_seconds, now):
             expired.append(info.key)
     referenced: set[str] | None = set()  # None: a kept manifest is unreadable, so nothing is known
     linked: set[str] = set()  # shards kept roots reference

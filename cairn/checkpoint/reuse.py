@@ -11,8 +11,10 @@ is unchanged); only the entry's shard names another checkpoint's. The protocol, 
 
 1. hash every block; candidates are those whose content the memory holds (in another step);
 2. write an intent per source attempt (``cairn.checkpoint.intents``), *then* check that the
-   remembered checkpoint is still committed and each candidate shard has its remembered size;
-   candidates that fail are written instead;
+   remembered checkpoint is still committed *by the attempt it was learnt from* (the manifest's
+   writer nonce: a step retired and committed again by another attempt is not the same
+   checkpoint — GC may be deleting the old attempt's shards as orphans of the new one) and each
+   candidate shard has its remembered size; candidates that fail are written instead;
 3. write the other blocks as this attempt's shards;
 4. check every linked shard again (something deleted behind the writer's back); the blocks of
    a missing one are written now, as further shards of the attempt.
@@ -38,10 +40,11 @@ from cairn.checkpoint.content import CheckpointContent, check_content
 from cairn.checkpoint.intents import write_intents
 from cairn.checkpoint.layout import linked_shard, manifest_key, shard_object_key
 from cairn.checkpoint.manifest import Manifest, ShardEntry, TensorEntry
-from cairn.checkpoint.options import CheckpointOptions
+from cairn.checkpoint.options import CheckpointOptions, Limits
+from cairn.checkpoint.reader import parse_manifest
 from cairn.checkpoint.shards import RankShards, write_shards
 from cairn.checkpoint.tensors import as_le_contiguous, dtype_tag, tensor_checksum
-from cairn.errors import ObjectNotFoundError
+from cairn.errors import CheckpointError, InvalidObjectError, ObjectNotFoundError
 from cairn.stores.base import Store
 
 __all__ = [
@@ -67,7 +70,9 @@ class DurableBlocks:
 
     manifest: str
     """The commit marker of the checkpoint they were learnt from: a save references them only
-    after checking it still exists (see the module)."""
+    after checking it still exists, written by ``nonce`` (see the module)."""
+    nonce: str
+    """The writer nonce of that manifest: the attempt that committed the checkpoint."""
     blocks: dict[Content, tuple[str, int]]
     """content -> (full shard key, offset)."""
     shard_bytes: dict[str, int]
@@ -88,11 +93,13 @@ def remember_blocks(
     shards: Iterable[ShardEntry],
     *,
     indexed: bool,
+    nonce: str,
     rank: int = 0,
 ) -> None:
-    """The checkpoint (run, kind, step) is committed and holds ``entries`` in ``shards`` (as its
-    manifest, or a v3 rank index, names them: ``indexed`` for v3): later saves of this rank
-    may reference them. Only shards of the standard layout are remembered."""
+    """The checkpoint (run, kind, step) is committed by attempt ``nonce`` (its manifest's writer
+    nonce) and holds ``entries`` in ``shards`` (as its manifest, or a v3 rank index, names them:
+    ``indexed`` for v3): later saves of this rank may reference them. Only shards of the
+    standard layout are remembered."""
     sizes = {shard_object_key(run_id, kind, step, s.key, indexed=indexed): s.bytes for s in shards}
     blocks: dict[Content, tuple[str, int]] = {}
     for t in entries:
@@ -100,7 +107,8 @@ def remember_blocks(
         if key in sizes and linked_shard(key, run_id, kind, None) is not None:
             blocks.setdefault((t.checksum, t.dtype, t.length), (key, t.offset))
     used = {key for key, _ in blocks.values()}
-    durable = DurableBlocks(manifest_key(run_id, kind, step), blocks, {k: n for k, n in sizes.items() if k in used})
+    kept = {k: n for k, n in sizes.items() if k in used}
+    durable = DurableBlocks(manifest_key(run_id, kind, step), nonce, blocks, kept)
     with _lock:
         runs = _memory.setdefault(store, OrderedDict())
         runs.pop((run_id, kind, rank), None)
@@ -142,6 +150,17 @@ def _present(store: Store, sizes: Mapping[str, int], pool: ThreadPoolExecutor) -
     return {k for k, size in zip(keys, pool.map(size_of, keys), strict=True) if size == sizes[k]}
 
 
+def _committed_by(store: Store, prior: DurableBlocks, limits: Limits) -> bool:
+    """``prior``'s checkpoint is committed, by the attempt its blocks were learnt from (one read
+    of the manifest: a v3 root is small). Anything else — gone, unreadable, another attempt's
+    commit of the step — is not."""
+    try:
+        committed = parse_manifest(store.read(prior.manifest), prior.manifest, limits=limits)
+    except (ObjectNotFoundError, InvalidObjectError, CheckpointError):
+        return False
+    return committed.writer.nonce == prior.nonce
+
+
 def _linked_entry(key: str, size: int) -> ShardEntry:
     rank = _RANK.search(key)
     return ShardEntry(key=key, rank=int(rank[1]) if rank else 0, bytes=size)
@@ -175,7 +194,7 @@ def write_rank_blocks(
     if reuse:
         sources = {linked_shard(key, run, kind, step) for key, _ in reuse.values()}
         write_intents(store, run, nonce, rank, ((s.kind, s.step, s.rest.split("/")[0]) for s in sources if s))
-        committed = store.exists(prior.manifest)  # after the intents: see cairn.checkpoint.intents
+        committed = _committed_by(store, prior, options.limits)  # after the intents: see cairn.checkpoint.intents
         live = _present(store, {k: prior.shard_bytes[k] for k, _ in reuse.values()}, pool) if committed else set()
         reuse = {name: where for name, where in reuse.items() if where[0] in live}
     written = write_shards(
@@ -218,12 +237,12 @@ def write_rank_blocks(
 
 @dataclass(frozen=True)
 class Referenced:
-    """What a checkpoint wrote itself and what it references in earlier ones (``ckpt show``)."""
+    """What a checkpoint wrote itself and what it references in other ones (``ckpt show``)."""
 
     written_bytes: int
     referenced_bytes: int
     shards: int
-    """Shards of earlier checkpoints it references."""
+    """Shards of other checkpoints of the run it references."""
     steps: list[int]
     """The steps of the checkpoints those shards belong to."""
 

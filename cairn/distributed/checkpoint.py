@@ -7,8 +7,8 @@ index refs (a few hundred bytes each, whatever the number of blocks) is the barr
 completes only when every rank's shards and index are durable, or reports which rank failed;
 then rank 0 alone commits the root manifest (``commit_indexed``, create-if-absent, format v3)
 and broadcasts the outcome. With ``options.incremental`` each rank references the blocks it
-knows the run holds durably instead of rewriting them (``cairn.checkpoint.reuse``: what it
-last committed or restored). A rank that dies before the
+knows the run holds durably instead of rewriting them (``cairn.checkpoint.reuse``: the blocks
+it last committed, or read and verified in a restore). A rank that dies before the
 commit leaves nonce-named shards and no manifest: no checkpoint exists, and the retry (a new
 nonce) converges on the same idempotency key (run, kind, step). Retention collects the orphans.
 
@@ -113,9 +113,8 @@ def coordinated_save(
     done = comm.broadcast_json(outcome)
     if options.incremental and done["created"] and shards is not None:  # this rank's blocks, for its next save
         kind, step, entries = content.kind.value, content.step, shards.tensors
-        remember_blocks(
-            store, content.run_id, kind, step, entries, [*shards.shards, *shards.linked], indexed=True, rank=comm.rank
-        )
+        held = [*shards.shards, *shards.linked]
+        remember_blocks(store, content.run_id, kind, step, entries, held, indexed=True, nonce=nonce, rank=comm.rank)
     return SaveOutcome(seconds=time.perf_counter() - started, **done)
 
 
@@ -147,8 +146,9 @@ def read_blocks(
     except Exception as exc:
         failure = failure_of(exc)
     agree(comm, failure, f"restore of {ref}")
-    if options.incremental:  # the blocks of the indexes this rank read, for its next save
-        indexed, kind = manifest.indexes is not None, ref.kind.value
+    if options.incremental:  # the blocks this rank read and verified (not its indexes' others), for its next save
+        indexed, kind, nonce = manifest.indexes is not None, ref.kind.value, manifest.writer.nonce
+        read = [t for t in manifest.tensors if t.name in targets]
         remember_blocks(
-            store, ref.run_id, kind, ref.step, manifest.tensors, manifest.shards, indexed=indexed, rank=comm.rank
+            store, ref.run_id, kind, ref.step, read, manifest.shards, indexed=indexed, nonce=nonce, rank=comm.rank
         )

@@ -127,11 +127,11 @@ def cmd_ckpt_show(args: argparse.Namespace) -> int:
             + ("" if manifest.indexes is None else f", {len(manifest.indexes)} rank indexes")
         )
     print(f"written by   {manifest.writer.ranks} rank(s)")
-    if manifest.indexes is not None:
-        at = ", ".join(str(s) for s in reuse.steps) or "-"
+    if reuse.shards:  # only a checkpoint that references something (JSON always has both fields)
+        at = ", ".join(str(s) for s in reuse.steps)
         print(
             f"incremental  wrote {reuse.written_bytes} bytes, references {reuse.referenced_bytes} bytes "
-            f"in {reuse.shards} shard(s) of earlier checkpoints (steps {at})"
+            f"in {reuse.shards} shard(s) of other checkpoints of the run (steps {at})"
         )
     if lineage is not None:
         print(f"dataset      {lineage.dataset_version} {lineage.dataset_hash}")

@@ -166,7 +166,7 @@ def test_gc_keeps_every_referenced_block_and_deletes_the_unreferenced() -> None:
     store = CountingStore()
     for step in range(0, 120, 10):
         save(store, step)
-    plan = collect_garbage(store, RUN, RetentionPolicy(keep_last=3, grace_seconds=3600), now=time.time() + 7200)
+    plan = collect_garbage(store, RUN, RetentionPolicy(keep_last=3, grace_seconds=3600), now=time.time() + 3 * 3600)
     assert [r.step for r in plan.keep] == [90, 100, 110] and plan.referenced
     for step in (90, 100, 110):
         arrays, _ = restore(store, step)
@@ -187,13 +187,13 @@ def test_a_gc_killed_midway_never_deletes_a_referenced_block(allowed: int) -> No
     store.allowed = allowed
     policy = RetentionPolicy(keep_last=3, keep_every=50, grace_seconds=3600)
     with contextlib.suppress(E.StorageError):
-        collect_garbage(store, RUN, policy, now=time.time() + 7200)
+        collect_garbage(store, RUN, policy, now=time.time() + 3 * 3600)
     kept = [50, 100, 110, 120]
     for step in kept:
         arrays, _ = restore(store, step)
         assert same(arrays, state_at(step, FROZEN))
     store.allowed = 10**9
-    plan = collect_garbage(store, RUN, policy, now=time.time() + 7200)  # the rerun finishes the job
+    plan = collect_garbage(store, RUN, policy, now=time.time() + 3 * 3600)  # the rerun finishes the job
     assert [r.step for r in plan.keep] == kept
     for step in kept:
         arrays, _ = restore(store, step)
@@ -231,8 +231,8 @@ def test_a_save_racing_gc_is_protected_by_its_intent(monkeypatch: pytest.MonkeyP
     assert set(raced.referenced) >= linked_shards(store, 20)  # held by the intent, not by a root yet
     arrays, _ = restore(store, 20)
     assert same(arrays, state_at(20, FROZEN))
-    # Once the intent expires, the committed root's links protect the same shards.
-    later = time.time() + 7200
+    # Once the intent expires (two grace periods), the committed root's links protect the same shards.
+    later = time.time() + 3 * 3600
     plan = collect_garbage(store, RUN, RetentionPolicy(keep_last=1, grace_seconds=3600), now=later)
     assert plan.intents and not list(store.list(intents_prefix(RUN)))
     arrays, _ = restore(store, 20)
@@ -249,6 +249,36 @@ def test_a_save_whose_source_was_retired_writes_everything() -> None:
     before = store.shard_bytes
     save(store, 20)
     assert store.shard_bytes - before == FROZEN.nbytes + CHANGING_BYTES and not linked_shards(store, 20)
+
+
+def test_a_step_committed_again_by_another_attempt_is_not_referenced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer remembers attempt A of step 0; step 0 was retired and committed again by
+    attempt B (a rollback re-training past it). A GC that listed the intents before the save at
+    10 wrote its own deletes A's shards as orphans of B's step 0 just after that save's checks:
+    the save must not link them (the manifest is there, but not A's)."""
+    store = CountingStore()
+    was = save(store, 0)
+    first = durable_blocks(store, RUN, "training")
+    assert first is not None
+    store.delete([manifest_key(RUN, "training", 0)])  # retired ...
+    again = save(store, 0, FULL)  # ... and committed again by another attempt: a full save
+    assert again.created and again.manifest.writer.nonce != was.manifest.writer.nonce
+    doomed = set(first.shard_bytes)
+    fired: list[CommitResult] = []
+    real_delete = store.delete
+
+    def delete(keys: Iterable[str]) -> None:
+        keys = list(keys)
+        if not fired and doomed & set(keys):  # GC's orphan delete, its intents already listed
+            fired.append(save(store, 10))
+        real_delete(keys)
+
+    monkeypatch.setattr(store, "delete", delete)
+    plan = collect_garbage(store, RUN, RetentionPolicy(keep_last=3, grace_seconds=3600), now=time.time() + 3 * 3600)
+    assert fired and doomed <= set(plan.orphans) and not any(store.exists(k) for k in doomed)
+    arrays, manifest = restore(store, 10)  # (before the fix: IntegrityError, a linked shard missing)
+    assert same(arrays, state_at(10, FROZEN)) and manifest.fingerprint == full_fingerprint(10)
+    assert not linked_shards(store, 10)
 
 
 def test_without_its_intent_the_racing_save_would_be_torn(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -368,6 +398,71 @@ def test_a_retry_of_a_committed_step_converges_whatever_its_layout() -> None:
         write_checkpoint(store, content(10), other, options=OPTIONS, block_bytes=BLOCK, incremental=True)
 
 
+def _race(loser_incremental: bool, winner_state: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Two attempts of step 10, one with incremental saves (v3), the other without (v1): the
+    winner commits while the loser is about to; returns (store, winner, the loser's result)."""
+    store = CountingStore()
+    save(store, 0)  # something for the incremental attempt to reference
+
+    def attempt(incremental: bool, state: dict[str, np.ndarray]) -> CommitResult:
+        if incremental:
+            return write_checkpoint(store, content(10), state, options=OPTIONS, block_bytes=BLOCK, incremental=True)
+        return write_checkpoint(store, content(10), state, options=FULL)
+
+    winners: list[CommitResult] = []
+    real_put = store.put_if_absent
+    raced: list[bool] = []
+
+    def put_if_absent(key: str, data: bytes) -> bool:
+        if key == manifest_key(RUN, "training", 10) and not raced:
+            raced.append(True)
+            winners.append(attempt(not loser_incremental, winner_state))
+        return real_put(key, data)
+
+    monkeypatch.setattr(store, "put_if_absent", put_if_absent)
+    loser = attempt(loser_incremental, state_at(10, FROZEN))
+    return store, winners[0], loser
+
+
+@pytest.mark.parametrize("loser_incremental", [True, False])
+def test_a_racing_commit_in_another_layout_converges(monkeypatch: pytest.MonkeyPatch, loser_incremental: bool) -> None:
+    store, winner, loser = _race(loser_incremental, state_at(10, FROZEN), monkeypatch)
+    assert winner.created and not loser.created and loser.manifest.fingerprint == winner.manifest.fingerprint
+    assert winner.manifest.format_version == (1 if loser_incremental else 3)
+    attempts = {o.key.split("/")[3] for o in store.list(f"{RUN}/training/000000000010/") if "/manifest" not in o.key}
+    assert attempts == {winner.manifest.writer.nonce}  # the loser's own objects are gone
+    arrays, _ = restore(store, 10)
+    assert same(arrays, state_at(10, FROZEN))
+
+
+@pytest.mark.parametrize("loser_incremental", [True, False])
+def test_a_racing_commit_of_another_state_still_conflicts(
+    monkeypatch: pytest.MonkeyPatch, loser_incremental: bool
+) -> None:
+    other = dict(state_at(10, FROZEN), step=np.array([11], dtype=np.int64))
+    with pytest.raises(E.CheckpointConflictError, match="not deterministic"):
+        _race(loser_incremental, other, monkeypatch)
+
+
+def test_a_gang_rank_remembers_only_the_blocks_it_read() -> None:
+    """The rank index covering this rank's blocks lists others too: only the blocks it read and
+    verified are remembered (with the committed attempt's nonce)."""
+    store = CountingStore()
+    save(store, 0)
+    forget_blocks(store, RUN, "training")
+    ref0 = CheckpointRef(store.url, RUN, TRAINING, 0)
+    root = read_manifest(store, ref0, expect_kind=TRAINING, options=FULL, expand_index=False)
+    blocks = split_blocks(state_at(0, FROZEN), parts_of(state_at(0, FROZEN), BLOCK))
+    targets = {name: np.empty_like(a) for name, a in blocks.items() if name.startswith("param/base")}
+    assert 0 < len(targets) < len(blocks)
+    read_blocks(SoloComm(), store, ref0, root, targets, value_check=None, options=OPTIONS)
+    remembered = durable_blocks(store, RUN, "training")
+    entries = read_manifest(store, ref0, expect_kind=TRAINING, options=FULL).tensors
+    assert remembered is not None
+    assert set(remembered.blocks) == {(t.checksum, t.dtype, t.length) for t in entries if t.name in targets}
+    assert remembered.nonce == root.writer.nonce
+
+
 def test_a_gang_rank_references_what_it_restored() -> None:
     """The coordinated save (one rank, ``SoloComm``) takes the same path: after a restore the
     rank references the blocks it read; after a save, those it committed."""
@@ -398,7 +493,24 @@ def test_intents_are_flat_and_expire() -> None:
     assert len(keys) == 1 and keys[0].count("/") == 2
     live = intents_module.live_intents(store, RUN, 3600, time.time())
     assert live.protected == {f"{RUN}/training/000000000000/fedcba9876543210/"} and not live.expired
-    assert intents_module.live_intents(store, RUN, 3600, time.time() + 7200).expired == keys
+    assert intents_module.live_intents(store, RUN, 3600, time.time() + 3 * 3600).expired == keys
+
+
+def test_an_intent_protects_for_two_grace_periods() -> None:
+    """A pass that listed the run before a save committed needs the save's intent live when it
+    lists intents: save time + pass time, each under the grace period, under two."""
+    store = MemoryStore()
+    intents_module.write_intents(store, RUN, "0123456789abcdef", 0, [("training", 0, "fedcba9876543210")])
+    keys = [o.key for o in store.list(intents_prefix(RUN))]
+    live = intents_module.live_intents(store, RUN, 3600, time.time() + 1.5 * 3600)
+    assert live.protected and not live.expired
+    assert intents_module.live_intents(store, RUN, 3600, time.time() + 2.5 * 3600).expired == keys
+    save(store, 0)
+    save(store, 10)
+    policy = RetentionPolicy(keep_last=2, grace_seconds=3600)
+    assert all(k not in collect_garbage(store, RUN, policy, now=time.time() + 1.5 * 3600).intents for k in keys)
+    assert set(keys) <= set(collect_garbage(store, RUN, policy, now=time.time() + 2.5 * 3600).intents)
+    assert not any(store.exists(k) for k in keys)
 
 
 def test_write_rank_blocks_without_memory_is_a_full_write() -> None:
@@ -490,7 +602,7 @@ def test_a_fine_tuning_stage_with_a_frozen_base_writes_only_what_changed(
     final, _ = load_training(store, commits[-1][0].ref, options=CheckpointOptions(), trainer=tune.trainer)
     assert compare_states(final, tune.state) == []
     # GC keeps what the kept checkpoints reference; the CLI says what each wrote and references.
-    collect_garbage(store, "tune", RetentionPolicy(keep_last=2, grace_seconds=3600), now=time.time() + 7200)
+    collect_garbage(store, "tune", RetentionPolicy(keep_last=2, grace_seconds=3600), now=time.time() + 3 * 3600)
     last = str(commits[-1][0].ref)
     assert cli(["ckpt", "verify", last, "--config", str(_write(tmp_path / "c.json", body))]) == 0
     assert cli(["ckpt", "show", last]) == 0
@@ -512,6 +624,25 @@ def test_a_fine_tuning_stage_with_a_frozen_base_writes_only_what_changed(
         LocalStore(tmp_path / "standalone"), ref, options=CheckpointOptions(), trainer=tune.trainer
     )
     assert compare_states(alone, tune.state) == []
+
+
+def test_ckpt_show_prints_the_incremental_line_only_when_something_is_referenced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = LocalStore(tmp_path / "store")
+    plain = write_checkpoint(store, content(0), state_at(0, FROZEN), options=FULL, block_bytes=BLOCK)  # v3, full
+    assert plain.manifest.format_version == 3
+    assert cli(["ckpt", "show", str(plain.ref)]) == 0
+    assert "incremental" not in capsys.readouterr().out
+    assert cli(["ckpt", "show", str(plain.ref), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["written_bytes"] == doc["total_bytes"] and doc["referenced_bytes"] == 0
+    write_checkpoint(store, content(5), state_at(5, FROZEN), options=OPTIONS, block_bytes=BLOCK, incremental=True)
+    linked = write_checkpoint(
+        store, content(10), state_at(10, FROZEN), options=OPTIONS, block_bytes=BLOCK, incremental=True
+    )
+    assert cli(["ckpt", "show", str(linked.ref)]) == 0
+    assert "shard(s) of other checkpoints of the run (steps 5)" in capsys.readouterr().out
 
 
 def _write(path: Path, body: dict[str, Any]) -> Path:
