@@ -197,9 +197,8 @@ def write_rank_blocks(
         committed = _committed_by(store, prior, options.limits)  # after the intents: see cairn.checkpoint.intents
         live = _present(store, {k: prior.shard_bytes[k] for k, _ in reuse.values()}, pool) if committed else set()
         reuse = {name: where for name, where in reuse.items() if where[0] in live}
-    written = write_shards(
-        store, content, {n: a for n, a in arrays.items() if n not in reuse}, nonce=nonce, rank=rank, options=options
-    )
+    fresh = {n: a for n, a in arrays.items() if n not in reuse}
+    written = write_shards(store, content, fresh, nonce=nonce, rank=rank, options=options, checksums=sums)
     live = _present(store, {k: prior.shard_bytes[k] for k, _ in reuse.values()}, pool)
     lost = {name for name, (key, _) in reuse.items() if key not in live}
     if lost:  # deleted behind this writer's back: write those blocks too, as further shards
@@ -211,6 +210,7 @@ def write_rank_blocks(
             rank=rank,
             options=options,
             first_shard=len(written.shards),
+            checksums=sums,
         )
         written = RankShards(rank, [*written.shards, *more.shards], [*written.tensors, *more.tensors])
         reuse = {name: where for name, where in reuse.items() if name not in lost}

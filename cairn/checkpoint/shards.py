@@ -76,12 +76,19 @@ def _plan_shards(
 
 
 def _write_shard(
-    store: Store, prefix: str, plan: _ShardPlan, arrays: Mapping[str, np.ndarray], rank: int
+    store: Store,
+    prefix: str,
+    plan: _ShardPlan,
+    arrays: Mapping[str, np.ndarray],
+    rank: int,
+    known: Mapping[str, str] | None = None,
 ) -> tuple[ShardEntry, list[TensorEntry]]:
     """Stream one shard to the store, each chunk hashed on its way out — by a hashing thread
     behind the writer, so the hashing overlaps the writes and their flush (BLAKE3 releases the
-    GIL); the checksums are complete before the shard is reported."""
-    hashed: list[tuple[str, np.ndarray, blake3]] = []
+    GIL); the checksums are complete before the shard is reported. ``known``: checksums the
+    caller computed of these very arrays a moment ago (an incremental save), not hashed again."""
+    known = known or {}
+    hashed: list[tuple[str, np.ndarray, blake3 | None]] = []
     pending: list[futures.Future[object]] = []
     consumed: list[bool] = []
     with futures.ThreadPoolExecutor(1, thread_name_prefix="cairn-hash") as hashing:
@@ -90,11 +97,12 @@ def _write_shard(
             for name in plan.names:
                 arr = arrays[name]
                 view = byte_view(arr)
-                h = blake3()
+                h = None if name in known else blake3()
                 hashed.append((name, arr, h))
                 for start in range(0, len(view), HASH_CHUNK):
                     piece = view[start : start + HASH_CHUNK]
-                    pending.append(hashing.submit(h.update, piece))  # in order: one hashing thread
+                    if h is not None:
+                        pending.append(hashing.submit(h.update, piece))  # in order: one hashing thread
                     yield piece
             consumed.append(True)  # reached only when the store asked past the last chunk
 
@@ -117,7 +125,7 @@ def _write_shard(
                 shard=plan.key,
                 offset=offset,
                 length=arr.nbytes,
-                checksum=CHECKSUM_PREFIX + h.hexdigest(),
+                checksum=known[name] if h is None else CHECKSUM_PREFIX + h.hexdigest(),
             )
         )
         offset += arr.nbytes
@@ -133,19 +141,21 @@ def write_shards(
     rank: int = 0,
     options: CheckpointOptions | None = None,
     first_shard: int = 0,
+    checksums: Mapping[str, str] | None = None,
 ) -> RankShards:
     """Phase 1, run by every rank for its own tensors: stream them out as shard files
-    (numbered from ``first_shard``: a second call of the same attempt never reuses a key)."""
+    (numbered from ``first_shard``: a second call of the same attempt never reuses a key).
+    ``checksums``: of these arrays, computed by the caller just before (not hashed twice)."""
     options = options or CheckpointOptions()
     check_content(content, tensors, options.limits)
     arrays = {name: as_le_contiguous(a) for name, a in tensors.items()}
     prefix = checkpoint_prefix(content.run_id, content.kind, content.step)
     plans = _plan_shards(arrays, nonce, rank, options.shard_bytes, first_shard)
     if len(plans) <= 1:  # one shard: no thread to hand it to
-        results = [_write_shard(store, prefix, p, arrays, rank) for p in plans]
+        results = [_write_shard(store, prefix, p, arrays, rank, checksums) for p in plans]
     else:
         pool = _writers(max(1, options.max_workers), os.getpid())
-        jobs = [pool.submit(_write_shard, store, prefix, p, arrays, rank) for p in plans]
+        jobs = [pool.submit(_write_shard, store, prefix, p, arrays, rank, checksums) for p in plans]
         futures.wait(jobs)  # every shard finished (or failed) before anything is reported
         results = [j.result() for j in jobs]
     return RankShards(rank=rank, shards=[s for s, _ in results], tensors=[e for _, es in results for e in es])
