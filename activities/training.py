@@ -201,7 +201,7 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
         assert last is not None
         if tiered is not None and (interrupted or inp.final):  # the run's cursor must be durable now
             beats.update(phase="uploading")
-            tiered.flush(inp.run_id, last.ref.step)
+            tiered.flush(inp.run_id, last.ref.step, last.manifest.fingerprint)  # the durable commit, or raises
         durable_ref = last.ref if tiered is None else latest_committed(store, inp.run_id)
         train_seconds = max(0.0, time.perf_counter() - started - session.blocked_seconds)
         state = session.state

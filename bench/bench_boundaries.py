@@ -91,9 +91,13 @@ def read_steps(folder: Path, run_id: str) -> list[tuple[float, int, int, int]]:
     for path in folder.glob("steps-*.log"):
         pid = int(path.stem.split("-")[1])
         for line in path.read_text().splitlines():
-            t, step, attempt, run = line.split(" ", 3)
-            if run == run_id:
-                out.append((float(t), int(step), int(attempt), pid))
+            fields = line.split(" ", 3)
+            if len(fields) != 4 or fields[3] != run_id:
+                continue  # another run's, or a line a killed process left half written
+            try:
+                out.append((float(fields[0]), int(fields[1]), int(fields[2]), pid))
+            except ValueError:
+                continue
     return sorted(out)
 
 

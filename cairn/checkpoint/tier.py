@@ -8,8 +8,11 @@ checkpoints under the durable store's own keys, ``.tier/durable.json`` names the
 session writes through: its writes and reads go to the local copy; committing a training
 manifest there (create-if-absent, as everywhere) queues the checkpoint on the process's
 ``Uploader`` (``cairn.checkpoint.upload``: objects first, the manifest last). Ownership, store
-identity and the journal never pass through it. Opening a store's tier finds local commits
-without a marker and uploads them (a crashed worker's). The bound: before a save,
+identity and the journal never pass through it; the subdirectory is keyed by the opened store's
+normal-form ``url`` and tied to its identity (read, never created): when the store at the URL
+has another, its local copies are discarded. Opening a store's tier finds local commits
+without a marker and uploads them (a crashed worker's). A lost upload conflict drops the run's
+later local commits and fails its next flush, restore or commit. The bound: before a save,
 uploaded checkpoints are evicted oldest first; never one not yet uploaded, so when the
 un-uploaded bytes leave no room the save goes to the durable store synchronously
 (``save_target``). The restore rules are in ``cairn.runs.tier_restore`` and the README.
@@ -27,16 +30,25 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from cairn.checkpoint.layout import MANIFEST_NAME, checkpoint_prefix, manifest_key, parse_checkpoint_key
 from cairn.checkpoint.manifest import CheckpointKind
 from cairn.checkpoint.reader import read_manifest
 from cairn.checkpoint.ref import CheckpointRef
-from cairn.checkpoint.upload import Uploader, checkpoint_objects, upload_checkpoint
-from cairn.errors import CairnError, CheckpointError, ConfigError, InvalidObjectError, ObjectNotFoundError, StorageError
+from cairn.checkpoint.upload import LocalCommit, TierStats, Uploader, checkpoint_objects, upload_checkpoint
+from cairn.checkpoint.upload import require_durable as _require_durable
+from cairn.errors import (
+    CairnError,
+    CheckpointConflictError,
+    CheckpointError,
+    ConfigError,
+    InvalidObjectError,
+    ObjectNotFoundError,
+    StorageError,
+)
 from cairn.faults import maybe_crash
+from cairn.runs.ownership import store_identity
 from cairn.stores import open_store
 from cairn.stores.base import Chunk, ObjectInfo, Store
 from cairn.stores.local import LocalStore
@@ -52,34 +64,6 @@ _PERMANENT = (CheckpointError, InvalidObjectError, ObjectNotFoundError)
 """Upload failures that the same local bytes meet again: the local copy is discarded."""
 
 
-@dataclass
-class TierStats:
-    """What the tier did, for the worker's metrics (plain counters; read under no lock)."""
-
-    uploaded_checkpoints: int = 0
-    uploaded_bytes: int = 0
-    upload_failures: int = 0
-    upload_seconds: float = 0.0
-    fallbacks: int = 0
-    evictions: int = 0
-    discarded: int = 0
-
-
-@dataclass
-class LocalCommit:
-    """A checkpoint committed in the local tier."""
-
-    ref: CheckpointRef
-    fingerprint: str
-    needed: dict[str, int]
-    """Every local object it needs, its manifest included, with sizes."""
-    seq: int
-    uploaded: bool = False
-    done: threading.Event = field(default_factory=threading.Event)
-    error: BaseException | None = None
-    attempts: int = 0
-
-
 class NodeTier:
     """The node-local tier directory ``root``, bounded to ``capacity`` bytes."""
 
@@ -92,6 +76,8 @@ class NodeTier:
         self.stats = TierStats()
         self.lock = threading.RLock()
         self._stores: dict[str, TieredStore] = {}
+        self._aliases: dict[str, str] = {}
+        """A store URL as given -> the opened store's (normal-form) ``url``, which keys the rest."""
         self._reserved: dict[tuple[str, str], int] = {}
         self._seq = itertools.count()
         self.root.mkdir(parents=True, exist_ok=True)
@@ -113,13 +99,21 @@ class NodeTier:
         """The tier of the durable store at ``durable_url`` (``durable``: that store, already
         open; else opened here), its pending uploads queued on first use in this process."""
         with self.lock:
-            found = self._stores.get(durable_url)
+            url = durable.url if durable is not None else self._aliases.get(durable_url)
+            found = None if url is None else self._stores.get(url)
             if found is None:
-                sub = self.root / hashlib.sha256(durable_url.encode()).hexdigest()[:16]
-                found = TieredStore(self, LocalStore(sub), durable or open_store(durable_url))
-                self._stores[durable_url] = found
-                found.recover()
-            return found
+                store = durable or open_store(durable_url)  # its url, normal form, keys the tier
+                url = self._aliases[durable_url] = store.url
+                found = self._stores.get(url)
+                if found is None:
+                    sub = self.root / hashlib.sha256(url.encode()).hexdigest()[:16]
+                    found = self._stores[url] = TieredStore(self, LocalStore(sub), store)
+                    found.recover()
+                elif durable is None:
+                    with contextlib.suppress(CairnError):
+                        store.close()  # opened here only to learn its url
+        found.check_identity()
+        return found
 
     def resume(self) -> list[TieredStore]:
         """Open the tier of every durable store this directory holds checkpoints for (at worker
@@ -194,18 +188,26 @@ class TieredStore(Store):
         self._refs: dict[str, int] = {}
         self._sizes: dict[str, int] = {}
         self.used_bytes = 0
+        self.identity: str | None = None
+        """The durable store's identity its local copies belong to (``.tier/durable.json``)."""
+        self.conflicts: dict[str, CheckpointConflictError] = {}
+        """Runs whose upload lost a conflict: their later local commits are dropped, and their
+        next flush, restore or commit through the tier raises."""
 
     # -- the Store interface: the local copy ------------------------------------------------
     def write_object(self, key: str, chunks: Iterable[Chunk], size: int | None = None) -> None:
         self.local.write_object(key, chunks, size)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
-        created = self.local.put_if_absent(key, data)
         found = parse_checkpoint_key(key)
-        if found is not None and found.is_manifest and found.kind == CheckpointKind.TRAINING.value:
+        training = found is not None and found.is_manifest and found.kind == CheckpointKind.TRAINING.value
+        if found is not None and training:
+            self.require_no_conflict(found.run_id)
+        created = self.local.put_if_absent(key, data)
+        if found is not None and training:
             ref = CheckpointRef(self.url, found.run_id, CheckpointKind.TRAINING, found.step)
             self.node.release(self, found.run_id)
-            if self._register(ref, uploaded=False) is not None:
+            if self._register(ref, uploaded=False, strict=created) is not None:
                 maybe_crash("tier-before-upload", step=found.step)
                 self.node.uploader.submit(self, ref)
         return created
@@ -233,22 +235,15 @@ class TieredStore(Store):
             return self
         self.node.stats.fallbacks += 1
         count, pending = self.node.pending()
-        log.warning(
-            "local tier %s full (%d checkpoint(s), %d bytes not uploaded yet, bound %d): the checkpoint of %s "
-            "is written to the durable store %s synchronously",
-            self.node.root,
-            count,
-            pending,
-            self.node.capacity,
-            run_id,
-            self.durable.url,
-        )
+        log.warning("local tier %s full (%d checkpoint(s), %d bytes not uploaded yet, bound %d): the checkpoint "
+                    "of %s is written to the durable store %s synchronously",
+                    self.node.root, count, pending, self.node.capacity, run_id, self.durable.url)  # fmt: skip
         return self.durable
 
     # -- local commits ---------------------------------------------------------------------
-    def _register(self, ref: CheckpointRef, *, uploaded: bool) -> LocalCommit | None:
+    def _register(self, ref: CheckpointRef, *, uploaded: bool, strict: bool = False) -> LocalCommit | None:
         """Record a local commit (its manifest read back: what it needs); None when already
-        known or unreadable (then discarded)."""
+        known or unreadable (then discarded; ``strict``: a manifest just created, raises)."""
         with self.node.lock:
             if _key(ref) in self.commits:
                 return None
@@ -260,6 +255,8 @@ class TieredStore(Store):
             needed[mkey] = self.local.size(mkey)
         except (CheckpointError, StorageError, InvalidObjectError) as exc:
             self._delete_prefix(ref, f"its manifest cannot be read ({exc})")
+            if strict:
+                raise
             return None
         with self.node.lock:
             if _key(ref) in self.commits:
@@ -306,10 +303,10 @@ class TieredStore(Store):
 
     def discard(self, ref: CheckpointRef, why: str) -> None:
         """The local copy of ``ref`` failed verification: delete it (fail-closed)."""
-        if _key(ref) not in self.commits:
+        if _key(ref) in self.commits:
+            self.drop(ref, why=why)
+        else:
             self._delete_prefix(ref, why)
-            return
-        self.drop(ref, why=why)
 
     def _delete_prefix(self, ref: CheckpointRef, why: str) -> None:
         with contextlib.suppress(CairnError):
@@ -332,7 +329,21 @@ class TieredStore(Store):
             return None
         started = time.perf_counter()
         try:
+            if not self.check_identity() or self.commits.get(_key(ref)) is not commit:
+                return None  # another store now: its local copies were discarded
+            if ref.run_id in self.conflicts:
+                self.drop(ref, why="its run lost an upload conflict")
+                return None
             outcome = upload_checkpoint(self.local, self.durable, ref, concurrency=concurrency)
+        except CheckpointConflictError as exc:
+            self.node.stats.upload_failures += 1
+            log.error("local tier: upload of %s lost a conflict: %s; the run's later local commits dropped", ref, exc)
+            self.conflicts[ref.run_id] = exc
+            with self.node.lock:
+                doomed = [c for c in self.commits.values() if c.ref.run_id == ref.run_id and c.ref.step >= ref.step]
+            for later in doomed:  # descended from the losing state: flush raises the conflict
+                self.drop(later.ref, why="its run lost an upload conflict")
+            return None
         except _PERMANENT as exc:
             self.node.stats.upload_failures += 1
             log.error("local tier: upload of %s failed: %s: %s; local copy discarded", ref, type(exc).__name__, exc)
@@ -353,38 +364,69 @@ class TieredStore(Store):
             self.node.stats.uploaded_bytes += outcome.sent_bytes
             self.node.stats.upload_seconds += seconds
         commit.done.set()
-        log.info(
-            "local tier: uploaded %s (%d bytes sent, %.3f s%s)",
-            ref,
-            outcome.sent_bytes,
-            seconds,
-            "" if outcome.created else "; identical commit already durable",
-        )
+        log.info("local tier: uploaded %s (%d bytes sent, %.3f s%s)", ref, outcome.sent_bytes, seconds,
+                 "" if outcome.created else "; identical commit already durable")  # fmt: skip
         return None
 
-    def flush(self, run_id: str, step: int | None = None, max_failures: int = 3) -> None:
-        """Wait until the run's local commits (up to ``step``) are uploaded. Raises the error of
-        the commit at ``step`` if it was discarded, or ``StorageError`` after ``max_failures``
+    def require_no_conflict(self, run_id: str) -> None:
+        if run_id in self.conflicts:
+            raise CheckpointConflictError(f"run {run_id} lost an upload conflict: {self.conflicts[run_id]}")
+
+    def flush(self, run_id: str, step: int | None = None, fingerprint: str | None = None, retries: int = 3) -> None:
+        """Wait until the run's local commits (up to ``step``) are uploaded, then require the
+        durable commit at ``step`` (with ``fingerprint``: ``require_durable``). Raises
+        ``CheckpointConflictError`` for a run that lost an upload conflict, ``StorageError``
+        when ``step`` is not durable (its upload failed for good) or after ``retries``
         failed tries while waiting (the uploads go on)."""
+        self.require_no_conflict(run_id)
         with self.node.lock:
-            waiting = [
-                c
-                for c in self.commits.values()
-                if c.ref.run_id == run_id and not c.uploaded and (step is None or c.ref.step <= step)
-            ]
+            mine = [c for c in self.commits.values() if c.ref.run_id == run_id and not c.uploaded]
+        waiting = [c for c in mine if step is None or c.ref.step <= step]
         for commit in sorted(waiting, key=lambda c: c.ref.step):
             start = commit.attempts
             while not commit.done.wait(0.1):
-                if commit.attempts - start >= max_failures:
+                if commit.attempts - start >= retries:
                     raise StorageError(f"the upload of {commit.ref} failed {commit.attempts} time(s); still retrying")
+            self.require_no_conflict(run_id)
             if commit.error is not None and commit.ref.step == step:
                 raise StorageError(f"{commit.ref} is not durable: {commit.error}")
+        if step is not None:
+            ref = CheckpointRef(self.url, run_id, CheckpointKind.TRAINING, step)
+            _require_durable(self.durable, ref, fingerprint, "its upload failed or its local copy was discarded")
+
+    def check_identity(self) -> bool:
+        """True when the durable store is still the one the local copies belong to; else (wiped
+        and recreated, or another store at the URL) discard them all and adopt the new identity."""
+        found = store_identity(self.durable, create=False)
+        if found == self.identity:
+            return True
+        log.warning("local tier: the store %s has identity %s, its local copies were made for %s: discarding them",
+                    self.url, found, self.identity)  # fmt: skip
+        for commit in list(self.commits.values()):
+            self.drop(commit.ref, why=f"the durable store's identity is now {found}")
+        self.conflicts.clear()
+        with contextlib.suppress(CairnError):  # every local object, manifests first
+            keys = [o.key for o in self.local.list() if o.key != DURABLE_NAME]
+            self.local.delete(sorted(keys, key=lambda k: not k.endswith(MANIFEST_NAME)))
+        self.identity = found
+        self._record()
+        return False
+
+    def _record(self) -> None:
+        body = json.dumps({"url": self.durable.url, "store_id": self.identity}).encode()
+        self.local.write_object(DURABLE_NAME, [body], size=len(body))
 
     def recover(self) -> None:
         """On opening: record this directory's local commits, delete what no commit needs
         (a crashed save's leftovers), and queue the commits not uploaded yet."""
-        body = json.dumps({"url": self.durable.url}).encode()
-        self.local.write_object(DURABLE_NAME, [body], size=len(body))
+        try:
+            self.identity = json.loads(self.local.read(DURABLE_NAME)).get("store_id")
+        except ObjectNotFoundError:
+            self.identity = store_identity(self.durable, create=False)  # new: made for this store
+        except (CairnError, ValueError, AttributeError):
+            self.identity = None  # unreadable, or written before identities were recorded
+        if self.check_identity():
+            self._record()
         objects = {o.key: o for o in self.local.list()}
         manifests = []
         for key in sorted(objects):

@@ -33,10 +33,21 @@ from cairn.checkpoint.manifest import Manifest
 from cairn.checkpoint.reader import parse_manifest, read_manifest
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.tensors import CHECKSUM_PREFIX
-from cairn.errors import CheckpointConflictError, IntegrityError, ObjectNotFoundError
+from cairn.errors import CheckpointConflictError, IntegrityError, ObjectNotFoundError, StorageError
 from cairn.stores.base import Store
 
-__all__ = ["PIECE", "NeededObject", "checkpoint_objects", "UploadOutcome", "upload_checkpoint", "Uploads", "Uploader"]
+__all__ = [
+    "PIECE",
+    "NeededObject",
+    "checkpoint_objects",
+    "UploadOutcome",
+    "upload_checkpoint",
+    "require_durable",
+    "Uploads",
+    "Uploader",
+    "TierStats",
+    "LocalCommit",
+]
 
 PIECE = 8 << 20
 """Bytes read from the local tier per call while an object streams to the durable store."""
@@ -158,6 +169,24 @@ def upload_checkpoint(local: Store, durable: Store, ref: CheckpointRef, *, concu
     return UploadOutcome(created=created, sent_bytes=sent, fingerprint=manifest.fingerprint)
 
 
+def require_durable(durable: Store, ref: CheckpointRef, fingerprint: str | None, why: str = "") -> None:
+    """Require the durable commit of ``ref`` (with ``fingerprint``, when given): missing is a
+    retryable ``StorageError`` (a retry restores what is durable), other content is
+    ``CheckpointConflictError``."""
+    durable_ref = CheckpointRef(durable.url, ref.run_id, ref.kind, ref.step)
+    try:
+        found = parse_manifest(durable.read(manifest_key(ref.run_id, ref.kind, ref.step)), str(durable_ref))
+    except ObjectNotFoundError:
+        raise StorageError(f"{durable_ref} is not durable{': ' + why if why else ''}") from None
+    if fingerprint is not None and found.fingerprint != fingerprint:
+        raise CheckpointConflictError(
+            f"{durable_ref} holds another checkpoint than this segment committed",
+            field="fingerprint",
+            expected=fingerprint,
+            found=found.fingerprint,
+        )
+
+
 def _drop_unreferenced(durable: Store, ref: CheckpointRef, own: str, ours: dict[str, NeededObject]) -> None:
     """After losing the commit: delete the objects of this checkpoint's prefix that this upload
     may have sent and the committed manifest does not reference (a losing writer's shards)."""
@@ -167,6 +196,34 @@ def _drop_unreferenced(durable: Store, ref: CheckpointRef, own: str, ours: dict[
     except Exception:  # noqa: BLE001 - unknown: keep everything (retention collects orphans)
         return
     durable.delete([k for k in ours if k.startswith(own) and k not in kept])
+
+
+@dataclass
+class TierStats:
+    """What the tier did, for the worker's metrics (plain counters; read under no lock)."""
+
+    uploaded_checkpoints: int = 0
+    uploaded_bytes: int = 0
+    upload_failures: int = 0
+    upload_seconds: float = 0.0
+    fallbacks: int = 0
+    evictions: int = 0
+    discarded: int = 0
+
+
+@dataclass
+class LocalCommit:
+    """A checkpoint committed in the local tier."""
+
+    ref: CheckpointRef
+    fingerprint: str
+    needed: dict[str, int]
+    """Every local object it needs, its manifest included, with sizes."""
+    seq: int
+    uploaded: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+    attempts: int = 0
 
 
 class Uploads(Protocol):

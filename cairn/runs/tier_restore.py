@@ -9,7 +9,12 @@ The rules (also in the README, "A fast local tier"):
   every read; if that fails (``CheckpointError``: a checksum, a bad manifest, another config;
   a missing or unreadable local object) the local copy is discarded and the durable latest is
   restored (or the run starts fresh) — never a mix of local and durable bytes for one state;
-- otherwise (no local commit, or an older one) the durable latest is restored.
+- otherwise (no local commit, or an older one) the durable latest is restored;
+- local copies are used only while the durable store is the one they were made for (its
+  identity, checked here: another one discards them), and, when the durable store holds no
+  checkpoint of the run, only if that identity is recorded (not a store without one);
+- a run whose upload lost a conflict never uses its local commits: its restore raises
+  ``CheckpointConflictError``, as the conflicting commit would without a tier.
 """
 
 from __future__ import annotations
@@ -38,10 +43,14 @@ RestoreSource = Literal["local", "durable", "fresh"]
 def local_candidate(tiered: TieredStore, durable: Store, run_id: str) -> CheckpointRef | None:
     """The local commit a segment of ``run_id`` may resume from (see the module), or None.
     A local commit at the durable latest's step with other content is discarded here."""
+    if run_id in tiered.conflicts or not tiered.check_identity():
+        return None
     newest = tiered.newest(run_id)
     if newest is None:
         return None
     latest = latest_committed(durable, run_id)
+    if latest is None and tiered.identity is None:
+        return None  # nothing durable, and nothing ties the local copy to this store
     if latest is not None and newest.ref.step < latest.step:
         return None
     if latest is not None and newest.ref.step == latest.step:
@@ -57,6 +66,7 @@ def resume_tiered(
 ) -> tuple[TrainingSession, RestoreSource]:
     """The run's session, restored under the rules above, writing through ``tiered``; and
     where its state came from."""
+    tiered.require_no_conflict(run_id)
     candidate = local_candidate(tiered, durable, run_id)
     if candidate is not None:
         trainer = load_trainer(config)

@@ -3,6 +3,7 @@ resumable and verified uploads, and the byte bound."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -14,7 +15,8 @@ from cairn.checkpoint.manager import latest_committed, list_checkpoints, load_tr
 from cairn.checkpoint.manifest import CheckpointKind
 from cairn.checkpoint.tier import NodeTier, TieredStore
 from cairn.checkpoint.upload import CheckpointRef, Uploader, Uploads
-from cairn.errors import StorageError
+from cairn.errors import CairnError, CheckpointConflictError, StorageError
+from cairn.runs.ownership import store_identity
 from cairn.session import TrainingSession
 from cairn.stores.base import Chunk, ObjectInfo, Store
 from cairn.stores.local import LocalStore
@@ -206,3 +208,86 @@ def test_flush_waits_for_the_upload_and_reports_a_discarded_checkpoint(tmp_path:
     tiered.flush(RUN, 10)
     assert latest_committed(durable, RUN) == CheckpointRef(durable.url, RUN, CheckpointKind.TRAINING, 10)
     assert node.flush_all(5.0)
+
+
+def _flip_a_byte(tiered: TieredStore, step: int) -> None:
+    shard = next(o for o in tiered.local.list(f"{RUN}/training/{step:012d}/") if o.key.endswith(".bin"))
+    path = tiered.local.root / shard.key
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    path.write_bytes(raw)
+
+
+def test_flush_of_a_step_whose_upload_failed_for_good_raises(tmp_path: Path) -> None:
+    """Fail-first: the discarded commit left ``commits``, so flush waited on nothing and
+    returned normally while the durable latest was step 5."""
+    durable = LocalStore(tmp_path / "durable")
+    node, tiered = _tier(tmp_path, durable)
+    session = TrainingSession.fresh(RUN, tiered, small_config())
+    session.run(10, checkpoint_every=5)
+    _flip_a_byte(tiered, 10)
+    _uploader(node).drain()
+    assert node.stats.discarded == 1
+    with pytest.raises(StorageError, match="not durable"):
+        tiered.flush(RUN, 10)
+    tiered.flush(RUN, 5)  # what is durable passes
+
+
+def test_a_local_manifest_that_cannot_be_read_back_fails_its_commit(tmp_path: Path) -> None:
+    durable = LocalStore(tmp_path / "durable")
+    _, tiered = _tier(tmp_path, durable)
+    with pytest.raises(CairnError):
+        tiered.put_if_absent(manifest_key(RUN, "training", 5), b"{not a manifest")
+    assert tiered.newest(RUN) is None
+
+
+def test_a_lost_conflict_drops_the_runs_later_local_commits_and_fails_the_run(tmp_path: Path) -> None:
+    """Fail-first: only step 10 was discarded; 15 (descended from our losing 10) was uploaded."""
+    durable = LocalStore(tmp_path / "durable")
+    TrainingSession.fresh(RUN, durable, small_config(seed=99)).run(10, checkpoint_every=10)  # the other writer
+    theirs = latest_committed(durable, RUN)
+    node, tiered = _tier(tmp_path, durable)
+    session = TrainingSession.fresh(RUN, tiered, small_config())
+    session.run(15, checkpoint_every=5)
+    _uploader(node).drain()
+    assert [r.step for r in list_checkpoints(durable, RUN)] == [5, 10]
+    assert latest_committed(durable, RUN) == theirs
+    assert [c.ref.step for c in tiered.commits.values()] == [5]
+    with pytest.raises(CheckpointConflictError):
+        tiered.flush(RUN, 15)
+    with pytest.raises(CheckpointConflictError):
+        session.run(5, checkpoint_every=5)  # the run's next commit through the tier
+    _uploader(node).drain()
+    assert [r.step for r in list_checkpoints(durable, RUN)] == [5, 10]
+
+
+def test_local_copies_of_another_store_identity_are_discarded_not_uploaded(tmp_path: Path) -> None:
+    """Fail-first: the store was wiped and recreated at the same URL; the old tier's pending
+    commits were uploaded into the new store."""
+    durable = LocalStore(tmp_path / "durable")
+    store_identity(durable, create=True)
+    node, tiered = _tier(tmp_path, durable)
+    TrainingSession.fresh(RUN, tiered, small_config()).run(10, checkpoint_every=5)
+    node.close()
+    shutil.rmtree(tmp_path / "durable")
+    store_identity(durable, create=True)  # recreated: another identity
+    again = NodeTier(tmp_path / "tier", 1 << 30, HeldUploader())
+    [reopened] = again.resume()
+    _uploader(again).drain()
+    assert list_checkpoints(durable, RUN) == [] and reopened.newest(RUN) is None
+    assert again.pending() == (0, 0)
+
+
+def test_a_store_url_not_in_normal_form_resumes_its_pending_uploads(tmp_path: Path) -> None:
+    """Fail-first: the subdirectory was hashed from the raw URL, durable.json held the
+    normalised one, so the next process looked in another subdirectory."""
+    durable = LocalStore(tmp_path / "durable")
+    node = NodeTier(tmp_path / "tier", 1 << 30, HeldUploader())
+    tiered = node.tiered(f"file://{tmp_path / 'durable'}/")
+    assert tiered is node.tiered(durable.url)
+    TrainingSession.fresh(RUN, tiered, small_config()).run(10, checkpoint_every=5)
+    node.close()
+    again = NodeTier(tmp_path / "tier", 1 << 30, HeldUploader())
+    again.resume()
+    _uploader(again).drain()
+    assert [r.step for r in list_checkpoints(durable, RUN)] == [5, 10]

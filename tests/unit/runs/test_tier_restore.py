@@ -3,12 +3,17 @@ durable latest, or a newer local commit), else the durable latest — never a mi
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
+
+import pytest
 
 from cairn.checkpoint.compare import compare_states
 from cairn.checkpoint.manager import latest_committed
 from cairn.checkpoint.tier import NodeTier, TieredStore
-from cairn.runs.tier_restore import resume_tiered
+from cairn.errors import CheckpointConflictError
+from cairn.runs.ownership import store_identity
+from cairn.runs.tier_restore import local_candidate, resume_tiered
 from cairn.session import TrainingSession
 from cairn.stores.local import LocalStore
 from tests.conftest import small_config
@@ -83,3 +88,38 @@ def test_a_local_commit_that_differs_from_the_durable_one_is_discarded(tmp_path:
     session, source = resume_tiered(RUN, tiered, durable, small_config(seed=5))
     assert (source, session.state.step) == ("durable", 5)
     assert tiered.newest(RUN) is None and node.stats.discarded == 1
+
+
+def test_a_run_that_lost_an_upload_conflict_never_resumes_from_its_local_commits(tmp_path: Path) -> None:
+    """Fail-first: the local 15 (descended from the losing 10) was restored."""
+    durable = LocalStore(tmp_path / "durable")
+    TrainingSession.fresh(RUN, durable, small_config(seed=99)).run(10, checkpoint_every=10)  # the other writer
+    _, tiered, uploader = _tier(tmp_path, durable)
+    TrainingSession.fresh(RUN, tiered, small_config()).run(15, checkpoint_every=5)
+    uploader.drain()  # 5 uploaded, 10 conflicts
+    assert local_candidate(tiered, durable, RUN) is None
+    with pytest.raises(CheckpointConflictError):
+        resume_tiered(RUN, tiered, durable, small_config())
+
+
+def test_a_wiped_and_recreated_store_is_not_resumed_from_an_old_local_copy(tmp_path: Path) -> None:
+    """Fail-first: the durable store had nothing of the run, so the old local 15 was used."""
+    durable = LocalStore(tmp_path / "durable")
+    store_identity(durable, create=True)
+    node, tiered, uploader = _tier(tmp_path, durable)
+    TrainingSession.fresh(RUN, tiered, small_config()).run(15, checkpoint_every=5)
+    uploader.drain()
+    shutil.rmtree(tmp_path / "durable")
+    store_identity(durable, create=True)
+    session, source = resume_tiered(RUN, node.tiered(durable.url, durable), durable, small_config())
+    assert (source, session.state.step) == ("fresh", 0)
+    assert tiered.newest(RUN) is None
+
+
+def test_with_nothing_durable_a_local_copy_of_the_same_store_identity_is_used(tmp_path: Path) -> None:
+    durable = LocalStore(tmp_path / "durable")
+    store_identity(durable, create=True)
+    _, tiered, _ = _tier(tmp_path, durable)
+    TrainingSession.fresh(RUN, tiered, small_config()).run(5, checkpoint_every=5)  # not uploaded
+    session, source = resume_tiered(RUN, tiered, durable, small_config())
+    assert (source, session.state.step) == ("local", 5)
