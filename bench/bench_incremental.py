@@ -153,7 +153,38 @@ def section(r: dict[str, Any], targets: Targets) -> list[str]:
         slower <= 1.05,
         "the same bytes written, in the blocked layout, plus the lookup of every block",
     )
+    out += ["", "![incremental checkpoints](bench/results/incremental.png)", ""]
     return out
+
+
+def plot(r: dict[str, Any], folder: Path) -> list[Path]:
+    """``incremental.png``: per regime, MiB written and seconds of each case."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(r["regimes"])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    written = [r["regimes"][n]["written_bytes"]["median"] / 2**20 for n in names]
+    full = [r["regimes"][n]["full_checkpoint_bytes"] / 2**20 for n in names]
+    x = range(len(names))
+    left.bar([i - 0.2 for i in x], full, 0.4, label="full checkpoint")
+    left.bar([i + 0.2 for i in x], written, 0.4, label="incremental: written")
+    left.set_xticks(list(x), names, fontsize=8)
+    left.set_ylabel("MiB per checkpoint (median)")
+    left.legend(fontsize=8)
+    cases = ("incremental", "full", "floor_written", "hash_all")
+    for k, case in enumerate(cases):
+        right.bar([i + (k - 1.5) * 0.2 for i in x], [r["regimes"][n][case]["median"] for n in names], 0.2, label=case)
+    right.set_xticks(list(x), names, fontsize=8)
+    right.set_ylabel("seconds per save (median)")
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    path = folder / "incremental.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
 
 
 def main() -> int:
