@@ -192,7 +192,7 @@ def save(parts: dict[str, PartSpec], world: int) -> dict[str, Any]:
     t = time.perf_counter()
     check_index_refs(result.manifest, UNSIGNED.limits)  # the root's structural check alone
     check_s = time.perf_counter() - t
-    raw = store.read(manifest_key(result.ref.run_id, result.ref.kind, result.ref.step))
+    raw = store.read(manifest_key(result.ref.run_id, result.ref.kind, result.ref.step), 1 << 30)
     return {
         "store": store,
         "ref": result.ref,

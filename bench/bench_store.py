@@ -256,7 +256,7 @@ def restore_split(store: Any, ref: Any, floor_down: Any, reps: int) -> dict[str,
 
     memory = MemoryStore()
     for obj in store.list(""):
-        memory.write_object(obj.key, [store.read(obj.key)])
+        memory.write_object(obj.key, [store.read(obj.key, 1 << 30)])
     busy: list[float] = []
     for _ in range(reps):
         b0, t0 = _busy_jiffies()

@@ -170,7 +170,7 @@ class TrainingSession:
     ) -> TrainingSession:
         """Continue from the run's last durable cursor, or start fresh when it has none."""
         store = _as_store(store)
-        ref = latest_committed(store, run_id)
+        ref = latest_committed(store, run_id, options=resolve_options(kw.get("options")))
         if ref is None:
             return cls.fresh(run_id, store, config, **kw)
         trainer = load_trainer(config)

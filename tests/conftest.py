@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import threading
@@ -17,11 +18,11 @@ from blake3 import blake3
 
 from cairn import errors as E
 from cairn.checkpoint import CheckpointRef, write_checkpoint
-from cairn.checkpoint.blocks import parts_of, split_blocks
+from cairn.checkpoint.blocks import parts_json, parts_of, split_blocks
 from cairn.checkpoint.commit import commit_manifest
-from cairn.checkpoint.content import CheckpointContent
+from cairn.checkpoint.content import CheckpointContent, index_of
 from cairn.checkpoint.index import index_summary, summary_of
-from cairn.checkpoint.manifest import CheckpointKind, HistoryRef, IndexRef
+from cairn.checkpoint.manifest import CheckpointKind, HistoryRef, IndexRef, Manifest
 from cairn.checkpoint.shards import new_save_nonce, write_shards
 from cairn.checkpoint.training import training_content, training_tensors
 from cairn.config import TrainConfig, parse_config
@@ -56,6 +57,21 @@ def checkout_stays_untouched() -> Iterator[None]:
     yield
     new = sorted(checkout_files() - before)
     assert not new, f"the test session wrote into the checkout: {new[:10]}"
+
+
+@functools.cache
+def _template_manifest(run_id: str, kind: CheckpointKind) -> Manifest:
+    store = MemoryStore("template")
+    return write_checkpoint(store, CheckpointContent(kind=kind, run_id=run_id, step=0), {"w": np.ones(2)}).manifest
+
+
+def stamped_manifest(run_id: str, kind: CheckpointKind, step: int) -> bytes:
+    """The bytes of a genuine manifest of ``(run_id, kind, step)`` (one two-element tensor; its
+    shard is not written), fast enough to lay out thousands of committed checkpoints: listing,
+    ``latest`` and retention judge the manifest alone."""
+    m = _template_manifest(run_id, kind).model_copy(update={"step": step, "cursor": step})
+    fingerprint = CheckpointContent.of(m).fingerprint(index_of(m.tensors), parts_json(m.parts), None)
+    return m.model_copy(update={"fingerprint": fingerprint}).to_json_bytes()
 
 
 def small_config(**overrides: Any) -> TrainConfig:
@@ -201,7 +217,7 @@ def rewrite_manifest(
     """Edit a committed manifest in place; by default keep its fingerprint consistent so the
     check under test (not the fingerprint check) is the one that fires."""
     key = f"{ref.prefix}/manifest.json"
-    body = json.loads(store.read(key))
+    body = json.loads(store.read(key, 1 << 30))
     mutate(body)
     if refingerprint:
         from cairn.state import Lineage
@@ -241,10 +257,10 @@ def rewrite_rank_index(
     """Edit one rank's index object of a v3 checkpoint and make the root agree with it (its
     size and checksum; by default its digest, and so the fingerprint), so the check under test
     is the one that fires."""
-    root = json.loads(store.read(f"{ref.prefix}/manifest.json"))
+    root = json.loads(store.read(f"{ref.prefix}/manifest.json", 1 << 30))
     iref = next(r for r in root["indexes"] if r["rank"] == rank)
     key = f"{ref.prefix}/{iref['key']}"
-    body = json.loads(store.read(key))
+    body = json.loads(store.read(key, 1 << 30))
     mutate(body)
     raw = json.dumps(body).encode()
     store.delete([key])

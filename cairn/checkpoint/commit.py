@@ -39,7 +39,7 @@ from cairn.checkpoint.manifest import (
     WriterInfo,
 )
 from cairn.checkpoint.options import CheckpointOptions, resolve_options
-from cairn.checkpoint.reader import parse_manifest
+from cairn.checkpoint.reader import load_manifest_object
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.reuse import remember_blocks, write_rank_blocks
 from cairn.checkpoint.shards import RankShards, new_save_nonce, write_shards
@@ -172,14 +172,14 @@ def _commit(
     if store.put_if_absent(mkey, raw):
         # Trust, then verify: if a store ever ignored the condition and another writer's
         # manifest replaced ours, the fingerprint comparison below still catches it.
-        committed = parse_manifest(store.read(mkey), str(ref), limits=options.limits)
+        committed = load_manifest_object(store, ref, options.limits)
         if committed.writer.nonce == manifest.writer.nonce:
             advance_latest(store, ref, manifest.fingerprint)
             return CommitResult(ref=ref, manifest=manifest, created=True)
         return _converge(store, ref, manifest.fingerprint, orphan_keys=[], options=options, relayout=relayout)
     # Not created by this call — or created by it, with the answer lost and the retried request
     # refused: then the committed manifest is ours, and its shards must not be deleted.
-    committed = parse_manifest(store.read(mkey), str(ref), limits=options.limits)
+    committed = load_manifest_object(store, ref, options.limits)
     if committed.writer.nonce == manifest.writer.nonce:
         advance_latest(store, ref, manifest.fingerprint)
         return CommitResult(ref=ref, manifest=manifest, created=True)
@@ -207,7 +207,7 @@ def write_checkpoint(
     if store.exists(mkey):
         # A retry (or a stale writer) of a committed step: compare, don't rewrite — in the
         # committed layout when it holds these tensors (a retry may differ in incremental).
-        committed = parse_manifest(store.read(mkey), str(ref), limits=options.limits)
+        committed = load_manifest_object(store, ref, options.limits)
         fingerprint = _fingerprint_in(committed, content, tensors, block_bytes, options)
         result = _converge(store, ref, fingerprint, orphan_keys=[], options=options)
     elif block_bytes is None:
@@ -298,8 +298,7 @@ def _converge(
     """Another writer committed this key first: identical content is success, else conflict.
     ``relayout``: this state's fingerprint in the committed manifest's layout, when that is
     not the one ``fingerprint`` was computed in."""
-    mkey = manifest_key(ref.run_id, ref.kind, ref.step)
-    existing = parse_manifest(store.read(mkey), str(ref), limits=options.limits)
+    existing = load_manifest_object(store, ref, options.limits)
     store.delete(orphan_keys)  # only this attempt's nonce-named shards: nobody else refers to them
     if existing.fingerprint != fingerprint and relayout is not None:
         fingerprint = relayout(existing) or fingerprint

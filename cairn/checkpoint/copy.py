@@ -19,14 +19,14 @@ from cairn.checkpoint.commit import CommitResult, commit_indexed, commit_manifes
 from cairn.checkpoint.content import CheckpointContent
 from cairn.checkpoint.history import segment_key
 from cairn.checkpoint.index import write_rank_index
-from cairn.checkpoint.layout import shard_key, shard_object_key
+from cairn.checkpoint.layout import history_segment_bytes, shard_key, shard_object_key
 from cairn.checkpoint.manifest import Manifest, ShardEntry, TensorEntry
 from cairn.checkpoint.options import CheckpointOptions, resolve_options
 from cairn.checkpoint.reader import read_manifest
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.shards import RankShards, new_save_nonce
 from cairn.checkpoint.tensors import CHECKSUM_PREFIX, byte_view, require_checksum
-from cairn.errors import ConfigError, IntegrityError
+from cairn.errors import ConfigError, IntegrityError, SizeLimitError
 from cairn.stores.base import Store
 
 __all__ = ["copy_checkpoint"]
@@ -137,9 +137,15 @@ def _copy_history(source: Store, dest: Store, manifest: Manifest) -> None:
     for name, series in manifest.history.series.items():
         for seg in series.segments:
             key = segment_key(manifest.run_id, name, seg)
-            raw = source.read(key)
+            want = history_segment_bytes(seg.start, seg.end)
+            try:
+                raw = source.read(key, want)  # a larger object is refused by its size, unread
+            except SizeLimitError as exc:
+                where, size = f"history.series[{name}]", exc.found
+                message = "history segment has the wrong size"
+                raise IntegrityError(message, field=where, expected=want, found=size) from None
             found = CHECKSUM_PREFIX + blake3(raw).hexdigest()
-            if found != seg.checksum or len(raw) != (seg.end - seg.start) * 8:
+            if found != seg.checksum or len(raw) != want:
                 raise IntegrityError(
                     "history segment bytes do not match their checksum",
                     field=f"history.series[{name}]",

@@ -238,11 +238,14 @@ def _fetch(store: Store, run_id: str, name: str, seg: HistorySegment, value_chec
     """One segment's values, checked: present, of its size, its checksum, its values."""
     where = f"history.series[{name}].segments[{seg.start}:{seg.end}]"
     key = segment_key(run_id, name, seg)
+    want = (seg.end - seg.start) * ITEM
     try:
-        raw = store.read(key)
+        raw = store.read(key, want)  # a larger object is refused by its size, unread
     except ObjectNotFoundError:
         raise IntegrityError("history segment listed in the manifest is missing", field=where, found=key) from None
-    want = (seg.end - seg.start) * ITEM
+    except SizeLimitError as exc:
+        found = exc.found
+        raise IntegrityError("history segment has the wrong size", field=where, expected=want, found=found) from None
     if len(raw) != want:
         raise IntegrityError("history segment has the wrong size", field=where, expected=want, found=len(raw))
     found = CHECKSUM_PREFIX + blake3(raw).hexdigest()

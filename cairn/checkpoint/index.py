@@ -274,11 +274,17 @@ def read_rank_index(store: Store, ref: CheckpointRef, manifest: Manifest, iref: 
     where = f"indexes[{iref.rank}]"
     key = f"{ref.prefix}/{iref.key}"
     try:
-        raw = store.read(key) if store.size(key) == iref.bytes else None
+        raw = store.read(key, iref.bytes)  # a larger object is refused by its size, unread
     except ObjectNotFoundError:
         raise _index_error(where, "a rank index listed in the manifest is missing") from None
-    if raw is None or len(raw) != iref.bytes:
-        raise _index_error(f"{where}.bytes", "a rank index's size differs from the manifest's", expected=iref.bytes)
+    except SizeLimitError as exc:
+        raise _index_error(
+            f"{where}.bytes", "a rank index's size differs from the manifest's", expected=iref.bytes, found=exc.found
+        ) from None
+    if len(raw) != iref.bytes:
+        raise _index_error(
+            f"{where}.bytes", "a rank index's size differs from the manifest's", expected=iref.bytes, found=len(raw)
+        )
     found = CHECKSUM_PREFIX + blake3(raw).hexdigest()
     if found != iref.checksum:
         raise _index_error(

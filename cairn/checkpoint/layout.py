@@ -64,6 +64,9 @@ __all__ = [
     "LATEST_NAME",
     "latest_key",
     "steps_after",
+    "MAX_POINTER_BYTES",
+    "MAX_PIN_BYTES",
+    "history_segment_bytes",
 ]
 
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -74,6 +77,14 @@ STORE_ID_KEY = f"{RESERVED_PREFIX}store-id.json"
 _STEP = re.compile(rf"^[0-9]{{{STEP_DIGITS}}}$")
 _KIND = re.compile(r"^[a-z]+$")
 
+
+MAX_POINTER_BYTES = 4 << 10
+"""``latest.json`` and ``.cairn/store-id.json``: a step or an id and a few words (~100 bytes)."""
+MAX_PIN_BYTES = 4 << 10
+"""``RUN/pins/NAME.json``: a kind and a step (~40 bytes)."""
+# Owner claims, lifecycle events, registry entries, the tier's record: ``cairn.stores.objects.MAX_RECORD_BYTES``.
+# The bounds of the other objects are the checkpoint's own: a manifest's is ``Limits.max_manifest_bytes``,
+# a rank index's and a history segment's the exact size the (checked) manifest declares for it.
 
 PROBE_MARK = ".preflight-"
 """Names of a store's write probes, directly under the run's prefix (deleted before the probe
@@ -252,6 +263,11 @@ def history_segment_key(run_id: str, name: str, start: int, end: int, digest: st
     """The segment holding entries ``[start, end)`` of history key ``name`` whose bytes have the
     BLAKE3 hex ``digest``: the same values always have the same key."""
     return f"{history_prefix(run_id)}{name}/{start:012d}-{end:012d}-{digest}.bin"
+
+
+def history_segment_bytes(start: int, end: int) -> int:
+    """The exact size of the segment holding entries ``[start, end)`` (little-endian float64)."""
+    return 8 * (end - start)
 
 
 def parse_history_segment_key(key: str) -> tuple[str, str, int, int, str] | None:

@@ -1,15 +1,16 @@
 """The manager layer: training state <-> checkpoints, listing, latest committed.
 
 Short functions that wire the state, the format and the store together. Listing sees only
-committed checkpoints (a manifest exists); a half-written prefix is invisible here.
+committed checkpoints (``cairn.checkpoint.committed``); a half-written prefix, or anything
+found at a manifest's key that Cairn did not commit there, is invisible here.
 """
 
 from __future__ import annotations
 
-from cairn.checkpoint import latest
+from cairn.checkpoint.latest import latest_committed
 from cairn.checkpoint.commit import CommitResult, write_checkpoint
+from cairn.checkpoint.committed import judge_all, manifest_candidates
 from cairn.checkpoint.history import read_history, remember, write_history
-from cairn.checkpoint.layout import parse_checkpoint_key, run_prefix
 from cairn.checkpoint.manifest import CheckpointKind, Manifest
 from cairn.checkpoint.options import CheckpointOptions, resolve_options
 from cairn.checkpoint.reader import read_logical, read_manifest
@@ -20,6 +21,8 @@ from cairn.checkpoint.validate import check_training_manifest, run_bounds
 from cairn.config import TrainConfig
 from cairn.state import TrainState
 from cairn.stores.base import Store
+from cairn.stores.local import LocalStore
+from cairn.stores.memory import MemoryStore
 from cairn.trainers.base import Trainer
 
 __all__ = [
@@ -108,26 +111,14 @@ def load_training_with_trainer(
 
 
 def list_checkpoints(
-    store: Store, run_id: str | None = None, kind: CheckpointKind | None = None
+    store: Store,
+    run_id: str | None = None,
+    kind: CheckpointKind | None = None,
+    options: CheckpointOptions | None = None,
 ) -> list[CheckpointRef]:
-    """Committed checkpoints (those with a manifest), sorted by (run, kind, step)."""
-    refs: list[CheckpointRef] = []
-    kinds = {k.value: k for k in CheckpointKind}
-    prefix = run_prefix(run_id) if run_id else ""
-    if run_id and kind is not None:
-        prefix += f"{kind.value}/"  # only this kind's keys: not the run's other objects
-    for info in store.list(prefix):
-        key = parse_checkpoint_key(info.key)
-        if key is None or not key.is_manifest or key.kind not in kinds:
-            continue
-        if kind is not None and key.kind != kind.value:
-            continue
-        refs.append(CheckpointRef(store.url, key.run_id, kinds[key.kind], key.step))
-    return sorted(refs, key=lambda r: (r.run_id, r.kind.value, r.step))
-
-
-def latest_committed(store: Store, run_id: str, kind: CheckpointKind = CheckpointKind.TRAINING) -> CheckpointRef | None:
-    """The highest committed step of this run and kind: the last durable cursor. Found from the
-    run's advisory latest pointer in a few store calls, verified, else by listing the run
-    (``cairn.checkpoint.latest``)."""
-    return latest.latest_committed(store, run_id, kind)
+    """Committed checkpoints, sorted by (run, kind, step): every manifest listed is judged by
+    the one rule (``cairn.checkpoint.committed``); foreign objects at a manifest's key are left
+    out (``cairn ckpt list`` shows them, with the reason)."""
+    refs, _ = manifest_candidates(store, run_id, kind)
+    concurrent = not isinstance(store, LocalStore | MemoryStore)  # a remote store: overlap the reads
+    return [v.ref for v in judge_all(store, refs, options, concurrent=concurrent) if v.committed]

@@ -1,4 +1,5 @@
-"""The read path: parse and check a manifest, then verify or load its tensors.
+"""The read path: parse and check a manifest (``cairn.checkpoint.manifest_read``, re-exported
+here), then verify or load its tensors.
 
 Every check runs from the manifest alone before anything is allocated (``Limits``: manifest
 bytes, tensor count, total bytes, dimensions per tensor, each dimension <= ``MAX_DIM`` and each
@@ -14,7 +15,6 @@ its signature.
 from __future__ import annotations
 
 import functools
-import json
 import math
 import os
 from collections.abc import Callable, Iterator
@@ -23,41 +23,39 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 
 import numpy as np
 from blake3 import blake3
-from pydantic import ValidationError
 
-from cairn.checkpoint.blocks import base_name, check_parts, parts_json, plan_blocks
-from cairn.checkpoint.content import CheckpointContent, index_of
-from cairn.checkpoint.index import check_index_refs, expand, index_summary
-from cairn.checkpoint.layout import manifest_key, shard_object_key
-from cairn.checkpoint.manifest import FORMAT_NAME, SUPPORTED_VERSIONS, CheckpointKind, Manifest, TensorEntry
-from cairn.checkpoint.options import DEFAULT_LIMITS, CheckpointOptions, Limits, resolve_options
+from cairn.checkpoint.blocks import base_name, plan_blocks
+from cairn.checkpoint.layout import shard_object_key
+from cairn.checkpoint.manifest import Manifest, TensorEntry
+from cairn.checkpoint.manifest_read import (
+    load_manifest_object,
+    manifest_bytes,
+    parse_manifest,
+    read_manifest,
+    verify_manifest,
+)
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.tensors import (
     CHECK_CHUNK,
     byte_view,
     dtype_from_tag,
     require_checksum,
-    require_in_shard,
-    require_shape,
 )
 from cairn.errors import (
-    CheckpointNotFoundError,
-    FormatVersionError,
     IntegrityError,
-    KindMismatchError,
-    ManifestError,
     ObjectNotFoundError,
-    SizeLimitError,
     TensorSpecError,
 )
-from cairn.jsonio import JsonLimits, parse_json
 from cairn.stores.base import Store
 
 __all__ = [
     "ValueCheck",
     "check_shards_present",
     "parse_manifest",
+    "manifest_bytes",
+    "load_manifest_object",
     "read_manifest",
+    "verify_manifest",
     "verify_tensors",
     "read_tensors",
     "read_logical",
@@ -66,155 +64,6 @@ __all__ = [
 
 ValueCheck = Callable[[str, np.ndarray], None]
 """``value_check(name, chunk)``: raise to refuse a tensor from a 1-D chunk of its values."""
-
-
-def parse_manifest(raw: bytes, where: str, *, limits: Limits = DEFAULT_LIMITS) -> Manifest:
-    """Bounded JSON (``cairn.jsonio``), then format name/version, then the schema."""
-    data = parse_json(raw, where=where, error=ManifestError, limits=JsonLimits(max_bytes=limits.max_manifest_bytes))
-    if not isinstance(data, dict):
-        raise ManifestError(field="manifest", expected="a JSON object", found=type(data).__name__)
-    if data.get("format") != FORMAT_NAME:
-        raise FormatVersionError(field="format", expected=FORMAT_NAME, found=data.get("format"))
-    if data.get("format_version") not in SUPPORTED_VERSIONS:
-        raise FormatVersionError(
-            field="format_version", expected=sorted(SUPPORTED_VERSIONS), found=data.get("format_version")
-        )
-    try:
-        return Manifest.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"]) or "manifest"
-        ctx_error = first.get("ctx", {}).get("error")
-        msg = str(ctx_error) if first["type"] == "value_error" and ctx_error is not None else first["msg"]
-        raise ManifestError(f"{msg} (found {json.dumps(first.get('input'), default=str)[:80]})", field=loc) from exc
-
-
-def _check_structure(manifest: Manifest, limits: Limits) -> None:
-    """Declared sizes and layout, checked before any tensor is allocated."""
-    if manifest.indexes is not None:  # v3: the root's parts and rank index refs (O(ranks + tensors))
-        parts = manifest.parts or {}
-        if len(parts) > limits.max_tensors:
-            raise SizeLimitError(field="parts", expected=f"<= {limits.max_tensors} tensors", found=len(parts))
-        if manifest.total_bytes > limits.max_total_bytes:
-            raise SizeLimitError(
-                field="total_bytes",
-                expected=f"<= {limits.max_total_bytes} ({limits.sized_by})",
-                found=manifest.total_bytes,
-            )
-        declared = 0
-        for name, spec in parts.items():
-            require_shape(spec.shape, f"parts[{name}].shape", max_ndim=limits.max_ndim)
-            declared += math.prod(spec.shape) * dtype_from_tag(str(spec.dtype), f"parts[{name}].dtype").itemsize
-            if declared > limits.max_total_bytes:  # Python ints, from the root alone
-                raise SizeLimitError(
-                    "the declared tensors add up past the bound",
-                    field=f"parts[{name}].shape",
-                    expected=f"<= {limits.max_total_bytes} bytes in all ({limits.sized_by})",
-                    found=declared,
-                )
-        check_parts(manifest)
-        check_index_refs(manifest, limits)
-        return
-    if manifest.parts is not None and len(manifest.parts) > limits.max_tensors:  # v2: parts are the tensors
-        raise SizeLimitError(field="parts", expected=f"<= {limits.max_tensors} tensors", found=len(manifest.parts))
-    bound = limits.max_tensors if manifest.parts is None else limits.max_blocks
-    if len(manifest.tensors) > bound:
-        raise SizeLimitError(field="tensors", expected=f"<= {bound} entries", found=len(manifest.tensors))
-    if manifest.total_bytes > limits.max_total_bytes:
-        raise SizeLimitError(
-            field="total_bytes", expected=f"<= {limits.max_total_bytes} ({limits.sized_by})", found=manifest.total_bytes
-        )
-    sizes = {s.key: s.bytes for s in manifest.shards}
-    if len(sizes) != len(manifest.shards):
-        raise ManifestError("a shard is listed twice", field="shards", found=[s.key for s in manifest.shards])
-    seen: set[str] = set()
-    total = 0
-    for t in manifest.tensors:
-        where = f"tensors[{t.name}]"
-        if t.name in seen:
-            raise TensorSpecError("duplicate tensor name", field=where)
-        seen.add(t.name)
-        itemsize = dtype_from_tag(t.dtype, f"{where}.dtype").itemsize
-        require_shape(t.shape, f"{where}.shape", max_ndim=limits.max_ndim)
-        want = math.prod(t.shape) * itemsize  # Python ints: cannot overflow
-        if want > limits.max_total_bytes:
-            raise SizeLimitError(field=f"{where}.shape", expected=f"<= {limits.max_total_bytes} bytes", found=want)
-        if t.length != want:
-            raise TensorSpecError(
-                "byte length disagrees with dtype x shape",
-                field=f"{where}.length",
-                expected=want,
-                found=t.length,
-            )
-        require_in_shard(where, t.shard, t.offset, t.length, sizes)
-        total += t.length
-    if total != manifest.total_bytes:
-        raise TensorSpecError(field="total_bytes", expected=total, found=manifest.total_bytes)
-    check_parts(manifest)
-
-
-def read_manifest(
-    store: Store,
-    ref: CheckpointRef,
-    *,
-    expect_kind: CheckpointKind | None,
-    options: CheckpointOptions | None = None,
-    expand_index: bool = True,
-    bounds: Callable[[Manifest], Limits] | None = None,
-) -> Manifest:
-    """Read and check a committed manifest: size, format, schema, kind, location, signature
-    (when a key is configured: ``options`` defaults to the configured ones),
-    layout and fingerprint.
-
-    A v3 manifest is returned with every rank index read, checked and filled in (its
-    ``tensors`` and ``shards``); ``expand_index=False`` returns the checked root alone, for a
-    reader that then reads only the indexes it needs (``cairn.checkpoint.index.expand``).
-
-    ``bounds``: the bounds sized by the run (``cairn.checkpoint.validate.run_bounds``: what its
-    trainer declares, under the ceiling), applied to the layout in place of ``options.limits``."""
-    options = resolve_options(options)
-    limits = options.limits
-    key = manifest_key(ref.run_id, ref.kind, ref.step)
-    try:
-        size = store.size(key)
-    except ObjectNotFoundError:
-        raise CheckpointNotFoundError(
-            f"no committed checkpoint at {ref} (manifest missing: never written, or not yet committed)"
-        ) from None
-    if size > limits.max_manifest_bytes:
-        raise SizeLimitError(field="manifest", expected=f"<= {limits.max_manifest_bytes} bytes", found=size)
-    manifest = parse_manifest(store.read(key), str(ref), limits=limits)
-    if expect_kind is not None and manifest.kind != expect_kind:
-        raise KindMismatchError(
-            f"a {manifest.kind.value} checkpoint cannot be restored as {expect_kind.value} state",
-            field="kind",
-            expected=expect_kind.value,
-            found=manifest.kind.value,
-        )
-    for name, want, found in (
-        ("run_id", ref.run_id, manifest.run_id),
-        ("step", ref.step, manifest.step),
-        ("kind", ref.kind.value, manifest.kind.value),
-    ):
-        if want != found:
-            raise IntegrityError("manifest does not match its location", field=name, expected=want, found=found)
-    if options.signer is not None:
-        options.signer.verify(manifest.signed_payload(), manifest.signature)
-    _check_structure(manifest, limits if bounds is None else bounds(manifest))
-    summary = None if manifest.indexes is None else index_summary(manifest.indexes)
-    recomputed = CheckpointContent.of(manifest).fingerprint(
-        index_of(manifest.tensors), parts_json(manifest.parts), summary
-    )
-    if recomputed != manifest.fingerprint:
-        raise IntegrityError(
-            "manifest content does not match its fingerprint (edited or corrupted)",
-            field="fingerprint",
-            expected=recomputed,
-            found=manifest.fingerprint,
-        )
-    if expand_index and manifest.indexes is not None:
-        return expand(store, ref, manifest, workers=2 * options.max_workers)
-    return manifest
 
 
 def _at(ref: CheckpointRef, manifest: Manifest, shard: str) -> str:

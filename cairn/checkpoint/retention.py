@@ -1,19 +1,24 @@
 """Retention: keep the last N committed checkpoints plus pinned ones; collect the rest.
 
-Pinned = every ``keep_every`` steps, or named with ``pin`` (an object ``RUN/pins/NAME``
-holding the step). Deleted: older unpinned committed checkpoints (manifest first, so a
-checkpoint stops existing before its shards go), uncommitted prefixes older than the grace
-period (crashed writers), shard files no manifest refers to (losing racers), history segments
-(``RUN/history/``) no kept checkpoint refers to, and incomplete multipart uploads under the run
-(writers killed mid-upload; S3 only), also only after the grace period. Never deleted: the
-latest committed checkpoint, a segment a kept checkpoint (or a pin) refers to — nor any
-segment while a kept manifest cannot be read — or anything younger than the grace period (it
+Committed means what ``cairn.checkpoint.committed`` says, for every manifest listed: a foreign
+object at a manifest's key (junk, truncated, oversized, another run's, unsigned on a signed run)
+is never counted among the committed, kept or deleted — it is reported (``GcPlan.foreign``), and
+while one is there no shard of its kind and no history segment is deleted. Pinned = every
+``keep_every`` steps, or named with ``pin`` (an object ``RUN/pins/NAME`` holding the step; one
+that is not a pin Cairn writes pins nothing and is reported too). Deleted: older unpinned
+committed checkpoints (manifest first, so a checkpoint stops existing before its shards go),
+uncommitted prefixes older than the grace period (crashed writers), shard files no manifest
+refers to (losing racers), history segments (``RUN/history/``) no kept checkpoint refers to,
+and incomplete multipart uploads under the run (writers killed mid-upload; S3 only), also only
+after the grace period. Never deleted: the latest committed checkpoint, a segment a kept
+checkpoint (or a pin) refers to — nor any segment while a foreign manifest is there — or
+anything younger than the grace period (it
 may be being written right now: a save writes its segments before its manifest).
 
 Incremental checkpoints reference shards of earlier ones (``cairn.checkpoint.reuse``), so shard
 files are reference-counted: a shard a kept checkpoint's root links (``IndexRef.linked``) is
 never deleted, whichever checkpoint wrote it (a retired checkpoint's manifest goes, its linked
-shards stay); while a kept manifest of a kind cannot be read, no shard of that kind is deleted;
+shards stay); while a foreign manifest of a kind is there, no shard of that kind is deleted;
 and after uncommitting, the run's intents are listed (``cairn.checkpoint.intents``): nothing
 under an attempt a live intent (younger than two grace periods) names is deleted, expired
 intents are. The retired manifests are deleted first; every other deletion list is final before
@@ -30,13 +35,16 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from cairn.checkpoint.committed import judge_all
 from cairn.checkpoint.history import history_ref_keys
 from cairn.checkpoint.intents import intent_expired, live_intents
 from cairn.checkpoint.layout import (
-    MANIFEST_NAME,
+    MAX_PIN_BYTES,
     RUN_ID_PATTERN,
+    STEP_DIGITS,
     history_prefix,
     linked_shard,
+    manifest_key,
     parse_checkpoint_key,
     parse_history_segment_key,
     parse_intent_key,
@@ -45,12 +53,18 @@ from cairn.checkpoint.layout import (
     run_prefix,
 )
 from cairn.checkpoint.manifest import CheckpointKind, Manifest
-from cairn.checkpoint.reader import parse_manifest
+from cairn.checkpoint.options import CheckpointOptions, resolve_options
 from cairn.checkpoint.ref import CheckpointRef
-from cairn.errors import CheckpointError, ConfigError, InvalidObjectError
+from cairn.errors import CheckpointError, ConfigError, InvalidObjectError, ObjectNotFoundError
 from cairn.stores.base import ObjectInfo, Store
+from cairn.stores.local import LocalStore
+from cairn.stores.memory import MemoryStore
+from cairn.stores.objects import read_json_object
 
-__all__ = ["RetentionPolicy", "GcPlan", "plan_gc", "collect_garbage", "pin", "unpin", "pinned_steps"]
+__all__ = ["RetentionPolicy", "GcPlan", "plan_gc", "collect_garbage", "pin", "unpin", "pinned_steps", "read_pins"]
+
+_KINDS = {k.value: k for k in CheckpointKind}
+_MAX_STEP = 10**STEP_DIGITS - 1
 
 
 @dataclass(frozen=True)
@@ -89,6 +103,10 @@ class GcPlan:
     live intent protects them, or a kept manifest of their kind cannot be read."""
     intents: list[str] = field(default_factory=list)
     """Expired intents (``cairn.checkpoint.intents``), deleted with the orphans."""
+    foreign: dict[str, str] = field(default_factory=dict)
+    """Objects at a manifest's or a pin's key that Cairn did not commit there (key -> why, one
+    line): never counted, kept or deleted; while one is there, its kind's shards and the run's
+    history segments are held back (it might be a damaged checkpoint that references them)."""
     sizes: dict[str, int] = field(default_factory=dict, repr=False)
     """Every listed object's size, for ``deleted_bytes``."""
 
@@ -101,6 +119,7 @@ class GcPlan:
             "aborted_uploads": self.aborted_uploads,
             "history_segments": len(self.segments),
             "referenced_shards": len(self.referenced),
+            "foreign": [{"key": k, "reason": v} for k, v in sorted(self.foreign.items())],
         }
 
 
@@ -123,20 +142,44 @@ def unpin(store: Store, run_id: str, name: str) -> None:
 
 
 def pinned_steps(store: Store, run_id: str) -> dict[tuple[str, int], list[str]]:
+    """(kind, step) -> the names pinning it; pins that are not Cairn's are left out (``read_pins``)."""
+    return read_pins(store, run_id)[0]
+
+
+def read_pins(store: Store, run_id: str) -> tuple[dict[tuple[str, int], list[str]], dict[str, str]]:
+    """The run's pins, read bounded (``MAX_PIN_BYTES``, parsed by the bounded JSON reader): (kind,
+    step) -> names, and the pins that are not a pin Cairn writes (key -> why), which pin nothing."""
     pins: dict[tuple[str, int], list[str]] = defaultdict(list)
+    foreign: dict[str, str] = {}
     for info in store.list(pins_prefix(run_id)):
         try:
-            body = json.loads(store.read(info.key))
-            pins[(str(body["kind"]), int(body["step"]))].append(info.key.rsplit("/", 1)[-1].removesuffix(".json"))
-        except (ValueError, KeyError, TypeError):
+            body = read_json_object(store, info.key, max_bytes=MAX_PIN_BYTES, what="pin")
+        except ObjectNotFoundError:
+            continue  # unpinned since it was listed
+        except (CheckpointError, InvalidObjectError) as exc:
+            foreign[info.key] = str(exc)
             continue
-    return pins
+        kind, step = body.get("kind"), body.get("step")
+        if kind not in _KINDS or type(step) is not int or not 0 <= step <= _MAX_STEP:
+            foreign[info.key] = f"{info.key}: not a pin (expected {{kind, step}}, found {str(body)[:80]})"
+            continue
+        pins[(str(kind), step)].append(info.key.rsplit("/", 1)[-1].removesuffix(".json"))
+    return pins, foreign
 
 
-def plan_gc(store: Store, run_id: str, policy: RetentionPolicy, now: float | None = None) -> GcPlan:
-    """One listing of the run, one pass over it: linear in the number of objects. Manifests
-    are read only for the checkpoints kept (to find shards no manifest refers to)."""
+def plan_gc(
+    store: Store,
+    run_id: str,
+    policy: RetentionPolicy,
+    now: float | None = None,
+    options: CheckpointOptions | None = None,
+) -> GcPlan:
+    """One listing of the run, one pass over it, each manifest read once: linear in the number
+    of objects. Every manifest listed is judged by the one rule (``cairn.checkpoint.committed``;
+    ``options``: whose signer applies); only committed checkpoints are counted, kept or deleted,
+    and a foreign object at a manifest's key is left where it is, with its prefix, and reported."""
     now = time.time() if now is None else now
+    options = resolve_options(options)
     by_prefix: dict[tuple[str, int], list[ObjectInfo]] = defaultdict(list)
     segments: list[ObjectInfo] = []
     expired: list[str] = []
@@ -148,41 +191,53 @@ def plan_gc(store: Store, run_id: str, policy: RetentionPolicy, now: float | Non
             segments.append(info)
         elif parse_intent_key(info.key) is not None and intent_expired(info.mtime, policy.grace_seconds, now):
             expired.append(info.key)
-    referenced: set[str] | None = set()  # None: a kept manifest is unreadable, so nothing is known
+    referenced: set[str] | None = set()  # None: a manifest is not Cairn's, so nothing is known
     linked: set[str] = set()  # shards kept roots reference
-    unknown: set[str] = set()  # kinds with an unreadable kept manifest: any shard may be referenced
-    pins = pinned_steps(store, run_id)
-    plan = GcPlan(intents=expired)
-    committed: dict[str, list[int]] = defaultdict(list)
-    for (kind, step), objects in by_prefix.items():
-        if any(o.key.endswith("/" + MANIFEST_NAME) for o in objects):  # committed
-            committed[kind].append(step)
-        elif all(now - o.mtime > policy.grace_seconds for o in objects):
-            plan.orphans += [o.key for o in objects]  # a crashed writer's uncommitted prefix
-    for kind, steps in committed.items():
-        steps.sort()
+    unknown: set[str] = set()  # kinds with a foreign manifest: any shard may be referenced
+    pins, bad_pins = read_pins(store, run_id)
+    plan = GcPlan(intents=expired, foreign=dict(bad_pins))
+    candidates: list[CheckpointRef] = []
+    for (kind, step), objects in sorted(by_prefix.items()):
+        mkey = manifest_key(run_id, kind, step)
+        if not any(o.key == mkey for o in objects):
+            if all(now - o.mtime > policy.grace_seconds for o in objects):
+                plan.orphans += [o.key for o in objects]  # a crashed writer's uncommitted prefix
+        elif kind in _KINDS:
+            candidates.append(CheckpointRef(store.url, run_id, _KINDS[kind], step))
+        else:
+            plan.foreign[mkey] = f"{mkey}: kind {kind!r} is not one of {sorted(_KINDS)}"
+            unknown.add(kind)
+    committed: dict[str, dict[int, Manifest]] = defaultdict(dict)
+    remote = not isinstance(store, LocalStore | MemoryStore)  # a remote store: overlap the reads
+    for verdict in judge_all(store, candidates, options, concurrent=remote):  # each manifest read once
+        kind = verdict.ref.kind.value
+        if verdict.manifest is not None:
+            committed[kind][verdict.ref.step] = verdict.manifest
+        else:  # foreign: left alone, and it holds back its kind's shards
+            plan.foreign[manifest_key(run_id, kind, verdict.ref.step)] = str(verdict.refusal)
+            unknown.add(kind)
+    if unknown:
+        referenced = None
+    for kind, manifests in committed.items():
+        steps = sorted(manifests)
         keep = set(steps[-policy.keep_last :])
         keep |= {s for s in steps if policy.keep_every and s % policy.keep_every == 0}
         keep |= {s for s in steps if (kind, s) in pins}
         for step in steps:
-            ref = CheckpointRef(store.url, run_id, CheckpointKind(kind), step)
+            ref = CheckpointRef(store.url, run_id, _KINDS[kind], step)
             objects = by_prefix[(kind, step)]
+            mkey = manifest_key(run_id, kind, step)
             if step in keep:
                 plan.keep.append(ref)
-                manifest = _kept_manifest(store, ref)
+                manifest = manifests[step]
                 plan.orphans += _unreferenced_shards(manifest, ref, objects, now, policy)
-                if manifest is None:
-                    unknown.add(kind)
-                else:
-                    linked.update(k for r in manifest.indexes or [] for k in r.linked)
-                if manifest is None or referenced is None:
-                    referenced = None
-                elif manifest.history is not None:
+                linked.update(k for r in manifest.indexes or [] for k in r.linked)
+                if referenced is not None and manifest.history is not None:
                     referenced |= history_ref_keys(run_id, manifest.history)
             else:
                 plan.delete.append(ref)
-                plan.uncommit += [o.key for o in objects if o.key.endswith("/" + MANIFEST_NAME)]
-                plan.remove += [o.key for o in objects if not o.key.endswith("/" + MANIFEST_NAME)]
+                plan.uncommit.append(mkey)
+                plan.remove += [o.key for o in objects if o.key != mkey]
     if referenced is not None:
         doomed = [o for o in segments if o.key not in referenced and now - o.mtime > policy.grace_seconds]
         plan.segments = [o.key for o in doomed]
@@ -217,21 +272,10 @@ def _hold(plan: GcPlan, held: Callable[[str], bool]) -> None:
         setattr(plan, name, [k for k in keys if not held(k)])
 
 
-def _kept_manifest(store: Store, ref: CheckpointRef) -> Manifest | None:
-    """A kept checkpoint's manifest, or None when it cannot be read (for ``verify`` to report,
-    not for GC to act on)."""
-    try:
-        return parse_manifest(store.read(f"{ref.prefix}/{MANIFEST_NAME}"), str(ref))
-    except (CheckpointError, InvalidObjectError):
-        return None
-
-
 def _unreferenced_shards(
-    manifest: Manifest | None, ref: CheckpointRef, objects: list[ObjectInfo], now: float, policy: RetentionPolicy
+    manifest: Manifest, ref: CheckpointRef, objects: list[ObjectInfo], now: float, policy: RetentionPolicy
 ) -> list[str]:
-    if manifest is None:
-        return []  # an unreadable manifest is for `verify` to report, not for GC to act on
-    used = {f"{ref.prefix}/{s.key}" for s in manifest.shards} | {f"{ref.prefix}/{MANIFEST_NAME}"}
+    used = {f"{ref.prefix}/{s.key}" for s in manifest.shards} | {manifest_key(ref.run_id, ref.kind.value, ref.step)}
     committed = None if manifest.indexes is None else f"{ref.prefix}/{manifest.writer.nonce}/"
     return [
         o.key
@@ -243,11 +287,18 @@ def _unreferenced_shards(
 
 
 def collect_garbage(
-    store: Store, run_id: str, policy: RetentionPolicy, *, dry_run: bool = False, now: float | None = None
+    store: Store,
+    run_id: str,
+    policy: RetentionPolicy,
+    *,
+    dry_run: bool = False,
+    now: float | None = None,
+    options: CheckpointOptions | None = None,
 ) -> GcPlan:
     """Apply ``policy`` to a run: batched deletes (manifests first: a checkpoint stops existing
-    before its shards go), then orphans, then stale incomplete uploads."""
-    plan = plan_gc(store, run_id, policy, now)
+    before its shards go), then orphans, then stale incomplete uploads. Foreign objects
+    (``GcPlan.foreign``) are reported, never deleted."""
+    plan = plan_gc(store, run_id, policy, now, options)
     if not dry_run:
         store.delete(plan.uncommit)  # before the intents are listed: see cairn.checkpoint.intents
     if plan.remove or plan.orphans:

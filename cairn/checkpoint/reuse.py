@@ -155,7 +155,8 @@ def _committed_by(store: Store, prior: DurableBlocks, limits: Limits) -> bool:
     of the manifest: a v3 root is small). Anything else — gone, unreadable, another attempt's
     commit of the step — is not."""
     try:
-        committed = parse_manifest(store.read(prior.manifest), prior.manifest, limits=limits)
+        raw = store.read(prior.manifest, limits.max_manifest_bytes)
+        committed = parse_manifest(raw, prior.manifest, limits=limits)
     except (ObjectNotFoundError, InvalidObjectError, CheckpointError):
         return False
     return committed.writer.nonce == prior.nonce

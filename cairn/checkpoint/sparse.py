@@ -26,7 +26,7 @@ from cairn.checkpoint.manifest import IndexRef, PartSpec, ShardEntry, TensorEntr
 from cairn.checkpoint.shards import RankShards
 from cairn.checkpoint.tensors import CHECKSUM_PREFIX, dtype_from_tag
 from cairn.errors import StorageError
-from cairn.stores.base import Chunk, ObjectInfo, split_key
+from cairn.stores.base import Chunk, ObjectInfo, split_key, too_large
 from cairn.stores.memory import MemoryStore
 
 __all__ = ["SparseStore", "zero_checksum", "zero_rank"]
@@ -74,12 +74,14 @@ class SparseStore(MemoryStore):
         with self._sparse_lock:
             self.reads[key] = self.reads.get(key, 0) + 1
 
-    def read(self, key: str) -> bytes:
+    def read(self, key: str, max_bytes: int) -> bytes:
         self._count(key)
         with self._sparse_lock:
             sparse = self._sparse.get(key)
         if sparse is None:
-            return super().read(key)
+            return super().read(key, max_bytes)
+        if sparse[0] > max_bytes:
+            raise too_large(key, max_bytes, sparse[0])
         if sparse[0] > len(_ZEROS):
             raise StorageError(f"{key}: a sparse shard is read by ranges only")
         return _ZEROS[: sparse[0]]

@@ -13,9 +13,8 @@ normal-form ``url`` and tied to its identity (read, never created): when the sto
 has another, its local copies are discarded. Opening a store's tier finds local commits
 without a marker and uploads them (a crashed worker's). A lost upload conflict drops the run's
 later local commits and fails its next flush, restore or commit. The bound: before a save,
-uploaded checkpoints are evicted oldest first; never one not yet uploaded, so when the
-un-uploaded bytes leave no room the save goes to the durable store synchronously
-(``save_target``). The restore rules are in ``cairn.runs.tier_restore`` and the README.
+uploaded checkpoints are evicted oldest first, never one not yet uploaded: without room the save
+goes to the durable store (``save_target``). Restores: ``cairn.runs.tier_restore``, the README.
 """
 
 from __future__ import annotations
@@ -52,6 +51,7 @@ from cairn.runs.ownership import store_identity
 from cairn.stores import open_store
 from cairn.stores.base import Chunk, ObjectInfo, Store
 from cairn.stores.local import LocalStore
+from cairn.stores.objects import read_record
 
 __all__ = ["NodeTier", "TieredStore", "TierStats", "LocalCommit"]
 
@@ -121,7 +121,7 @@ class NodeTier:
         opened = []
         for sub in sorted(p for p in self.root.iterdir() if (p / DURABLE_NAME).is_file()):
             try:
-                url = json.loads((sub / DURABLE_NAME).read_text())["url"]
+                url = read_record(LocalStore(sub), DURABLE_NAME, what="local tier record")["url"]
                 opened.append(self.tiered(url))
             except (OSError, ValueError, KeyError, TypeError, CairnError) as exc:
                 log.warning("local tier %s: cannot resume its uploads: %s", sub, exc)
@@ -212,8 +212,8 @@ class TieredStore(Store):
                 self.node.uploader.submit(self, ref)
         return created
 
-    def read(self, key: str) -> bytes:
-        return self.local.read(key)
+    def read(self, key: str, max_bytes: int) -> bytes:
+        return self.local.read(key, max_bytes)
 
     def read_into(self, key: str, offset: int, out: memoryview) -> None:
         self.local.read_into(key, offset, out)
@@ -420,7 +420,7 @@ class TieredStore(Store):
         """On opening: record this directory's local commits, delete what no commit needs
         (a crashed save's leftovers), and queue the commits not uploaded yet."""
         try:
-            self.identity = json.loads(self.local.read(DURABLE_NAME)).get("store_id")
+            self.identity = read_record(self.local, DURABLE_NAME, what="local tier record")["store_id"]
         except ObjectNotFoundError:
             self.identity = store_identity(self.durable, create=False)  # new: made for this store
         except (CairnError, ValueError, AttributeError):

@@ -27,13 +27,21 @@ from blake3 import blake3
 
 from cairn import faults
 from cairn.checkpoint.history import segment_key
+from cairn.checkpoint.index import expand
 from cairn.checkpoint.latest import advance_latest
 from cairn.checkpoint.layout import checkpoint_prefix, manifest_key, shard_object_key
 from cairn.checkpoint.manifest import Manifest
-from cairn.checkpoint.reader import parse_manifest, read_manifest
+from cairn.checkpoint.options import resolve_options
+from cairn.checkpoint.reader import manifest_bytes, read_manifest, verify_manifest
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.tensors import CHECKSUM_PREFIX
-from cairn.errors import CheckpointConflictError, IntegrityError, ObjectNotFoundError, StorageError
+from cairn.errors import (
+    CheckpointConflictError,
+    CheckpointNotFoundError,
+    IntegrityError,
+    ObjectNotFoundError,
+    StorageError,
+)
 from cairn.stores.base import Store
 
 __all__ = [
@@ -139,8 +147,11 @@ def upload_checkpoint(local: Store, durable: Store, ref: CheckpointRef, *, concu
     manifest), ``ObjectNotFoundError`` (a local object is missing), ``CheckpointConflictError``
     (the durable store committed other content under the key), ``StorageError``."""
     local_ref = CheckpointRef(local.url, ref.run_id, ref.kind, ref.step)
-    manifest = read_manifest(local, local_ref, expect_kind=None)
-    raw = local.read(manifest_key(ref.run_id, ref.kind, ref.step))
+    options = resolve_options(None)
+    raw = manifest_bytes(local, local_ref, options.limits)  # read once: these bytes are checked, then sent
+    manifest = verify_manifest(raw, local_ref, expect_kind=None, options=options)
+    if manifest.indexes is not None:
+        manifest = expand(local, local_ref, manifest, workers=2 * options.max_workers)
     needed = checkpoint_objects(manifest)
     missing = [o for o in needed.values() if _durable_size(durable, o.key) != o.size]
     own = f"{checkpoint_prefix(ref.run_id, ref.kind.value, ref.step)}/"
@@ -153,9 +164,12 @@ def upload_checkpoint(local: Store, durable: Store, ref: CheckpointRef, *, concu
         sent = sum(pool.map(send, missing))
     faults.maybe_crash("tier-mid-upload", step=ref.step)
     key = manifest_key(ref.run_id, ref.kind, ref.step)
+    durable_ref = CheckpointRef(durable.url, ref.run_id, ref.kind, ref.step)
     created = durable.put_if_absent(key, raw)
-    if not created:
-        existing = parse_manifest(durable.read(key), f"{durable.url}/{key}")
+    if not created and manifest_bytes(durable, durable_ref, options.limits) != raw:
+        # Another attempt's commit (or a damaged one): it must check out as any read does, and hold
+        # this very content; a commit every reader would refuse is never taken for ours.
+        existing = read_manifest(durable, durable_ref, expect_kind=None, options=options, expand_index=False)
         if existing.fingerprint != manifest.fingerprint:
             _drop_unreferenced(durable, ref, own, needed)
             raise CheckpointConflictError(
@@ -164,19 +178,21 @@ def upload_checkpoint(local: Store, durable: Store, ref: CheckpointRef, *, concu
                 expected=manifest.fingerprint,
                 found=existing.fingerprint,
             )
+    if not created:
         _drop_unreferenced(durable, ref, own, needed)
-    advance_latest(durable, CheckpointRef(durable.url, ref.run_id, ref.kind, ref.step), manifest.fingerprint)
+    advance_latest(durable, durable_ref, manifest.fingerprint)
     return UploadOutcome(created=created, sent_bytes=sent, fingerprint=manifest.fingerprint)
 
 
 def require_durable(durable: Store, ref: CheckpointRef, fingerprint: str | None, why: str = "") -> None:
-    """Require the durable commit of ``ref`` (with ``fingerprint``, when given): missing is a
-    retryable ``StorageError`` (a retry restores what is durable), other content is
-    ``CheckpointConflictError``."""
+    """Require the durable commit of ``ref`` (with ``fingerprint``, when given), checked as every
+    reader checks it (location, signature, layout, fingerprint: a commit they would refuse is
+    not durable state): missing is a retryable ``StorageError`` (a retry restores what is
+    durable), a refused manifest its ``CheckpointError``, other content ``CheckpointConflictError``."""
     durable_ref = CheckpointRef(durable.url, ref.run_id, ref.kind, ref.step)
     try:
-        found = parse_manifest(durable.read(manifest_key(ref.run_id, ref.kind, ref.step)), str(durable_ref))
-    except ObjectNotFoundError:
+        found = read_manifest(durable, durable_ref, expect_kind=None, expand_index=False)
+    except CheckpointNotFoundError:
         raise StorageError(f"{durable_ref} is not durable{': ' + why if why else ''}") from None
     if fingerprint is not None and found.fingerprint != fingerprint:
         raise CheckpointConflictError(

@@ -9,13 +9,13 @@ finds its own entry and returns it; the same key with a different body is refuse
 from __future__ import annotations
 
 import hashlib
-import json
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from cairn.checkpoint.layout import registry_entry_key, registry_prefix
-from cairn.errors import IdempotencyConflictError
+from cairn.errors import IdempotencyConflictError, InvalidObjectError
 from cairn.stores.base import Store
+from cairn.stores.objects import read_record
 
 __all__ = ["PublishedModel", "publish_model", "published_entries"]
 
@@ -39,7 +39,7 @@ def publish_model(store: Store, entry: PublishedModel) -> tuple[str, bool]:
     body = entry.model_dump_json().encode()
     if store.put_if_absent(path, body):
         return path, True
-    existing = PublishedModel.model_validate(json.loads(store.read(path)))
+    existing = _read_entry(store, path)
     if existing != entry:
         raise IdempotencyConflictError(
             "publish key already used for another checkpoint",
@@ -53,5 +53,16 @@ def publish_model(store: Store, entry: PublishedModel) -> tuple[str, bool]:
 def published_entries(store: Store, run_id: str) -> list[PublishedModel]:
     out = []
     for info in store.list(registry_prefix(run_id)):
-        out.append(PublishedModel.model_validate(json.loads(store.read(info.key))))
+        out.append(_read_entry(store, info.key))
     return out
+
+
+def _read_entry(store: Store, key: str) -> PublishedModel:
+    """A registry entry, read bounded; one that is not an entry Cairn writes is ``InvalidObjectError``."""
+    body = read_record(store, key, what="registry entry")
+    try:
+        return PublishedModel.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "entry"
+        raise InvalidObjectError(f"{store.url}/{key}: not a registry entry ({where}: {first['msg']})") from None

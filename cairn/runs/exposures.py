@@ -10,10 +10,11 @@ from datetime import UTC, datetime
 
 from cairn.checkpoint.layout import lifecycle_prefix
 from cairn.checkpoint.ref import CheckpointRef
-from cairn.errors import StorageError
+from cairn.errors import InvalidObjectError, StorageError
 from cairn.state import Lineage
 from cairn.stores.base import Store
 from cairn.stores.numbered import NumberedLog
+from cairn.stores.objects import read_record
 
 __all__ = ["Exposure", "record_test_exposure", "logged_exposures", "exposure_count"]
 
@@ -37,7 +38,7 @@ def _exposures(store: Store, entries: list[tuple[int, str]]) -> list[Exposure]:
     out = []
     for seq, key in entries:
         try:
-            body = json.loads(store.read(key)[: 1 << 16])
+            body = read_record(store, key, what="lifecycle event")
             if body.get("event") != "test-exposure":
                 continue
             out.append(
@@ -50,7 +51,7 @@ def _exposures(store: Store, entries: list[tuple[int, str]]) -> list[Exposure]:
                     metrics={k: float(v) for k, v in dict(body.get("metrics", {})).items()},
                 )
             )
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (InvalidObjectError, ValueError, KeyError, TypeError, AttributeError, OverflowError):
             continue  # a malformed entry is skipped
     return out
 

@@ -20,6 +20,7 @@ Three rules keep a run on one store and one writer:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import uuid
@@ -28,10 +29,11 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from cairn.checkpoint.layout import STORE_ID_KEY, owner_key, owners_prefix
-from cairn.errors import ConfigError, ObjectNotFoundError, RunOwnershipError, StoreIdentityError
+from cairn.checkpoint.layout import MAX_POINTER_BYTES, STORE_ID_KEY, owner_key, owners_prefix
+from cairn.errors import ConfigError, InvalidObjectError, ObjectNotFoundError, RunOwnershipError, StoreIdentityError
 from cairn.stores.base import Store
 from cairn.stores.numbered import NumberedLog
+from cairn.stores.objects import read_json_object, read_record
 
 __all__ = [
     "STORE_ID_KEY",
@@ -46,6 +48,7 @@ __all__ = [
     "require_run_owner",
 ]
 
+log = logging.getLogger("cairn.runs")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _SHARED_HINT = "several hosts need one shared store: use s3://bucket/prefix (or one shared filesystem path)"
 
@@ -87,20 +90,21 @@ def resolve_store_url(url: str, cwd: str | Path | None = None) -> str:
 def store_identity(store: Store, *, create: bool) -> str | None:
     """The store's identity; with ``create``, written on first use (create-if-absent)."""
     try:
-        return _parse_identity(store.read(STORE_ID_KEY), store)
+        return _read_identity(store)
     except ObjectNotFoundError:
         if not create:
             return None
     body = {"store_id": uuid.uuid4().hex, "created_at": _now()}
     store.put_if_absent(STORE_ID_KEY, json.dumps(body).encode())
-    return _parse_identity(store.read(STORE_ID_KEY), store)  # whoever won the race
+    return _read_identity(store)  # whoever won the race
 
 
-def _parse_identity(raw: bytes, store: Store) -> str:
-    try:
-        value = json.loads(raw)["store_id"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise StoreIdentityError(f"{store.url}/{STORE_ID_KEY}: malformed store identity ({exc})") from None
+def _read_identity(store: Store) -> str:
+    """The store's identity record, read bounded (``MAX_POINTER_BYTES``) and checked."""
+    body = read_json_object(
+        store, STORE_ID_KEY, max_bytes=MAX_POINTER_BYTES, what="store identity", error=StoreIdentityError
+    )
+    value = body.get("store_id")
     if not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{32}", value):
         raise StoreIdentityError(field=f"{store.url}/{STORE_ID_KEY}", expected="32 hex digits", found=value)
     return value
@@ -140,10 +144,16 @@ def read_owner(store: Store, run_id: str) -> OwnerRecord | None:
     if not claims:
         return None
     try:
-        body = json.loads(store.read(claims[-1][1]))
-        return OwnerRecord(**{k: str(body[k]) for k in ("run_id", "workflow_id", "store_id", "claimed_at")})
-    except (ObjectNotFoundError, ValueError, KeyError, TypeError):
+        body = read_record(store, claims[-1][1], what="owner claim")
+    except (ObjectNotFoundError, InvalidObjectError) as exc:
+        if not isinstance(exc, ObjectNotFoundError):
+            log.warning("run %s: its latest owner claim is not one Cairn writes (%s): it names no owner", run_id, exc)
         return None  # a malformed record names no live owner; the next claim replaces it
+    fields = {k: body.get(k) for k in ("run_id", "workflow_id", "store_id", "claimed_at")}
+    if not all(isinstance(v, str) for v in fields.values()):
+        log.warning("run %s: its latest owner claim is not one Cairn writes: it names no owner", run_id)
+        return None
+    return OwnerRecord(**fields)  # type: ignore[arg-type]
 
 
 def claim_run(

@@ -13,9 +13,14 @@ A checkpoint save calls, in order:
    exists under that key, atomically (link(2) on disk, ``If-None-Match: *`` on S3), and
    says whether this call created it.
 
-A load calls ``size`` and ``read`` for the manifest, then ``read_into`` for tensor bytes
-(ranged, concurrently). ``latest`` calls ``read`` (its advisory pointer), ``size`` (the
-manifest it names) and ``list`` with ``start_after`` (only what sorts after that step).
+A load calls ``read`` for the manifest, then ``read_into`` for tensor bytes (ranged,
+concurrently). ``latest`` calls ``read`` (its advisory pointer, then the manifest it names) and
+``list`` with ``start_after`` (only what sorts after that step).
+
+Every ``read`` states the most bytes its object may hold (``max_bytes``: the bound of its kind,
+``cairn.checkpoint.layout``): a larger object is refused with ``SizeLimitError`` from its size
+before a byte of it is read, and no read takes more than ``max_bytes + 1`` bytes, so nothing
+planted in a store can make a reader allocate for it.
 Retention calls ``list`` and ``delete``, then ``abort_stale_uploads`` with its grace period
 (``stale_uploads`` in a dry run), to collect uploads that a crashed writer left incomplete:
 ``list`` does not show them, yet the store keeps (and bills) their parts.
@@ -30,9 +35,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from cairn.errors import InvalidObjectError, ObjectNotFoundError
+from cairn.errors import InvalidObjectError, ObjectNotFoundError, SizeLimitError
 
-__all__ = ["Store", "ObjectInfo", "Chunk", "key_problem", "split_key"]
+__all__ = ["Store", "ObjectInfo", "Chunk", "key_problem", "split_key", "too_large"]
 
 Chunk = bytes | bytearray | memoryview
 
@@ -65,6 +70,16 @@ def split_key(key: str) -> list[str]:
     return key.split("/")
 
 
+def too_large(key: str, max_bytes: int, found: int | None) -> SizeLimitError:
+    """The refusal of an object over its bound (``found``: its size, None: more than the bound)."""
+    return SizeLimitError(
+        "object larger than its kind allows (not written by Cairn, or damaged)",
+        field=key,
+        expected=f"<= {max_bytes} bytes",
+        found=f"> {max_bytes} bytes" if found is None else f"{found} bytes",
+    )
+
+
 @dataclass(frozen=True)
 class ObjectInfo:
     key: str
@@ -94,8 +109,13 @@ class Store(ABC):
         """Create ``key`` with ``data`` iff nothing is there; True if this call created it."""
 
     @abstractmethod
-    def read(self, key: str) -> bytes:
-        """The whole object."""
+    def read(self, key: str, max_bytes: int) -> bytes:
+        """The whole object, which may hold at most ``max_bytes`` bytes.
+
+        A larger object is refused with ``SizeLimitError`` (``too_large``) from its size (a
+        stat, the GET's ``Content-Length``) before its bytes are read; at most ``max_bytes + 1``
+        bytes are ever taken, so one that grew after its size was read is refused too.
+        """
 
     @abstractmethod
     def read_into(self, key: str, offset: int, out: memoryview) -> None:

@@ -29,12 +29,13 @@ from cairn.errors import (
     StorageError,
     StoreNotFoundError,
 )
-from cairn.stores.base import Chunk, ObjectInfo, Store, split_key
+from cairn.stores.base import Chunk, ObjectInfo, Store, split_key, too_large
 
 __all__ = ["LocalStore"]
 
 TMP_MARK = ".tmp-"
 
+_READ_CHUNK = 1 << 20
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -221,11 +222,22 @@ class LocalStore(Store):
             raise _os_error(exc, "commit", final) from exc
         return created
 
-    def read(self, key: str) -> bytes:
+    def read(self, key: str, max_bytes: int) -> bytes:
         fd, path = self._open_object(key)
         try:
-            with open(fd, "rb", buffering=0, closefd=False) as f:
-                return f.read()
+            size = os.fstat(fd).st_size
+            if size > max_bytes:
+                raise too_large(key, max_bytes, size)
+            chunks, total = [], 0
+            while total <= max_bytes:  # at most max_bytes + 1, whatever the file does meanwhile
+                chunk = os.read(fd, min(_READ_CHUNK, max_bytes + 1 - total))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                total += len(chunk)
+            if total > max_bytes:
+                raise too_large(key, max_bytes, None)
+            return b"".join(chunks)
         except OSError as exc:
             raise StorageError(f"cannot read {path}: {exc.strerror or exc}") from exc
         finally:

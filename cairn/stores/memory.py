@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterable, Iterator
 
 from cairn.errors import ObjectNotFoundError, StorageError
-from cairn.stores.base import Chunk, ObjectInfo, Store, split_key
+from cairn.stores.base import Chunk, ObjectInfo, Store, split_key, too_large
 
 __all__ = ["MemoryStore"]
 
@@ -42,8 +42,11 @@ class MemoryStore(Store):
             except KeyError:
                 raise ObjectNotFoundError(f"no object {key}") from None
 
-    def read(self, key: str) -> bytes:
-        return self._get(key)
+    def read(self, key: str, max_bytes: int) -> bytes:
+        data = self._get(key)
+        if len(data) > max_bytes:
+            raise too_large(key, max_bytes, len(data))
+        return data
 
     def read_into(self, key: str, offset: int, out: memoryview) -> None:
         data = self._get(key)

@@ -41,7 +41,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from cairn.errors import ConfigError, ObjectNotFoundError, StorageError, StoreNotFoundError
-from cairn.stores.base import Chunk, ObjectInfo, Store, split_key
+from cairn.stores.base import Chunk, ObjectInfo, Store, split_key, too_large
 from cairn.stores.s3_retry import InflightLimit, RetryPolicy, call_with_retries, process_limit
 
 __all__ = ["S3Store"]
@@ -265,11 +265,24 @@ class S3Store(Store):
         raise StorageError(f"commit {self.url}/{key}: conditional write kept conflicting")
 
     # -- reads --------------------------------------------------------------------------------
-    def read(self, key: str) -> bytes:
+    def read(self, key: str, max_bytes: int) -> bytes:
+        full = self._key(key)
+
+        def get() -> bytes:
+            response = self.client.get_object(Bucket=self.bucket, Key=full)
+            body = response["Body"]
+            try:
+                if int(response.get("ContentLength", 0)) > max_bytes:  # refused before the body is read
+                    raise too_large(key, max_bytes, int(response["ContentLength"]))
+                data: bytes = body.read(max_bytes + 1)
+            finally:
+                body.close()
+            if len(data) > max_bytes:
+                raise too_large(key, max_bytes, None)
+            return data
+
         with _translate(f"get {self.url}/{key}"):
-            full = self._key(key)
-            body: bytes = self._call(lambda: self.client.get_object(Bucket=self.bucket, Key=full)["Body"].read())
-            return body
+            return self._call(get)
 
     def _read_range(self, full: str, offset: int, out: memoryview, where: str) -> None:
         span = f"bytes={offset}-{offset + len(out) - 1}"

@@ -80,12 +80,12 @@ def test_small_write_of_unknown_size_is_one_put(s3_store: S3Store, s3_calls: lis
     """A pin (40 bytes, size not given) was three multipart requests; a large stream still is."""
     s3_store.write_object("run/pins/best.json", [b'{"kind": "training", ', b'"step": 4}'])
     assert s3_calls == ["PutObject"]
-    assert s3_store.read("run/pins/best.json") == b'{"kind": "training", "step": 4}'
+    assert s3_store.read("run/pins/best.json", 1 << 30) == b'{"kind": "training", "step": 4}'
     s3_calls.clear()
     data = bytes(range(256)) * (s3_store.part_size // 256) + b"tail"  # one part and a bit
     s3_store.write_object("run/big.bin", (data[i : i + MiB] for i in range(0, len(data), MiB)))
     assert s3_calls == ["CreateMultipartUpload", "UploadPart", "UploadPart", "CompleteMultipartUpload"]
-    assert s3_store.read("run/big.bin") == data
+    assert s3_store.read("run/big.bin", 1 << 30) == data
     assert _open_uploads(s3_store) == []
 
 
@@ -93,13 +93,13 @@ def test_small_write_of_known_size_is_one_put(s3_store: S3Store, s3_calls: list[
     s3_store.write_object("run/a.bin", [b"12345"], size=5)
     s3_store.write_object("run/empty.bin", [])
     assert s3_calls == ["PutObject", "PutObject"]
-    assert s3_store.read("run/empty.bin") == b""
+    assert s3_store.read("run/empty.bin", 1 << 30) == b""
 
 
 @pytest.mark.parametrize("key", ["../escape", "run//x", "run/./x", "/abs", "a\x00b", "a\nb"])
 def test_malformed_keys_are_invalid_not_retryable(s3_store: S3Store, key: str, s3_calls: list[str]) -> None:
     for call in (
-        lambda: s3_store.read(key),
+        lambda: s3_store.read(key, 1 << 30),
         lambda: s3_store.size(key),
         lambda: s3_store.write_object(key, [b"x"]),
         lambda: s3_store.put_if_absent(key, b"x"),

@@ -26,7 +26,7 @@ MiB = 1 << 20
 
 def test_object_basics(any_store: Store) -> None:
     any_store.write_object("a/b/one.bin", [b"hello ", memoryview(b"world")])
-    assert any_store.read("a/b/one.bin") == b"hello world"
+    assert any_store.read("a/b/one.bin", 1 << 30) == b"hello world"
     assert any_store.size("a/b/one.bin") == 11
     out = bytearray(5)
     any_store.read_into("a/b/one.bin", 6, memoryview(out))
@@ -34,7 +34,7 @@ def test_object_basics(any_store: Store) -> None:
     assert {o.key for o in any_store.list("a/")} == {"a/b/one.bin"}
     assert any_store.exists("a/b/one.bin") and not any_store.exists("a/b/two.bin")
     with pytest.raises(E.ObjectNotFoundError):
-        any_store.read("a/b/two.bin")
+        any_store.read("a/b/two.bin", 1 << 30)
     any_store.delete(["a/b/one.bin", "a/b/missing.bin"])
     assert list(any_store.list("a/")) == []
 
@@ -56,7 +56,7 @@ def test_large_object_streams_and_ranges(any_store: Store) -> None:
 def test_put_if_absent(any_store: Store) -> None:
     assert any_store.put_if_absent("c/manifest.json", b"first") is True
     assert any_store.put_if_absent("c/manifest.json", b"second") is False
-    assert any_store.read("c/manifest.json") == b"first"
+    assert any_store.read("c/manifest.json", 1 << 30) == b"first"
 
 
 def test_training_round_trip_and_latest(any_store: Store, config: TrainConfig) -> None:
@@ -160,7 +160,7 @@ def test_racing_different_writers_success_or_conflict(any_store: Store) -> None:
     assert len(winners) == 1 and len(conflicts) == len(states) - 1
     manifests = [o for o in any_store.list("diverge/") if o.key.endswith("manifest.json")]
     assert len(manifests) == 1
-    committed = json.loads(any_store.read(manifests[0].key))
+    committed = json.loads(any_store.read(manifests[0].key, 1 << 30))
     assert committed["fingerprint"] == winners[0].manifest.fingerprint
     assert all(c.expected == committed["fingerprint"] for c in conflicts)
     # Losers removed their own shards; only the winner's remain. (Their history segments are

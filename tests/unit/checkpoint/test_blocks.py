@@ -48,7 +48,7 @@ def _blocked_checkpoint(tmp_path: Path, version: int = 2) -> tuple[LocalStore, C
 
 def _rewrite_manifest(store: LocalStore, ref: CheckpointRef, edit: object) -> None:
     key = manifest_key(ref.run_id, ref.kind, ref.step)
-    body = json.loads(store.read(key))
+    body = json.loads(store.read(key, 1 << 30))
     edit(body)  # type: ignore[operator]
     path = store.root / key
     path.chmod(0o644)

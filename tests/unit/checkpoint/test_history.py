@@ -339,7 +339,7 @@ def test_gc_keeps_referenced_segments_and_deletes_unreferenced_old_ones(monkeypa
 def _refs(store: MemoryStore, refs: list[CheckpointRef]) -> list[HistoryRef]:
     out = []
     for ref in refs:
-        body = json.loads(store.read(f"{ref.prefix}/manifest.json"))
+        body = json.loads(store.read(f"{ref.prefix}/manifest.json", 1 << 30))
         out.append(HistoryRef.model_validate(body["history"]))
     return out
 

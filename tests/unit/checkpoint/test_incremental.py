@@ -126,7 +126,7 @@ def same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
 
 
 def linked_shards(store: MemoryStore, step: int) -> set[str]:
-    root = json.loads(store.read(manifest_key(RUN, "training", step)))
+    root = json.loads(store.read(manifest_key(RUN, "training", step), 1 << 30))
     return {k for r in root["indexes"] for k in r.get("linked", [])}
 
 
@@ -344,7 +344,7 @@ def test_a_checkpoint_whose_index_points_outside_the_run_is_refused() -> None:
     ):
         copy = CountingStore(f"forged-{len(outside)}")
         for o in store.list(""):
-            copy.write_object(o.key, [store.read(o.key)])
+            copy.write_object(o.key, [store.read(o.key, 1 << 30)])
         first = sorted(linked_shards(store, 10))[0]
 
         def forge(body: dict[str, Any], first: str = first, outside: str = outside) -> None:
@@ -377,7 +377,7 @@ def test_a_standalone_copy_needs_no_other_checkpoint() -> None:
     dest = MemoryStore("copy")
     result = copy_checkpoint(store, CheckpointRef(store.url, RUN, TRAINING, 20), dest, options=FULL)
     assert result.manifest.fingerprint == restore(store, 20)[1].fingerprint
-    root = json.loads(dest.read(manifest_key(RUN, "training", 20)))
+    root = json.loads(dest.read(manifest_key(RUN, "training", 20), 1 << 30))
     assert all(not r.get("linked") for r in root["indexes"])
     assert {k.split("/")[2] for k in shard_objects(dest)} == {"000000000020"}
     arrays, _ = restore(dest, 20)

@@ -21,6 +21,7 @@ from cairn.checkpoint.manager import list_checkpoints
 from cairn.checkpoint.retention import RetentionPolicy, collect_garbage
 from cairn.stores import LocalStore, MemoryStore
 from cairn.stores.base import Chunk, ObjectInfo, Store
+from tests.conftest import stamped_manifest
 
 RUN = "big"
 TRAINING = CheckpointKind.TRAINING
@@ -55,9 +56,9 @@ class CountingStore(Store):
         self._count("put_if_absent")
         return self.inner.put_if_absent(key, data)
 
-    def read(self, key: str) -> bytes:
+    def read(self, key: str, max_bytes: int) -> bytes:
         self._count("read")
-        return self.inner.read(key)
+        return self.inner.read(key, max_bytes)
 
     def read_into(self, key: str, offset: int, out: memoryview) -> None:
         self._count("read_into")
@@ -78,12 +79,15 @@ class CountingStore(Store):
         self.inner.delete(keys)
 
 
+def _manifest(step: int) -> bytes:
+    return stamped_manifest(RUN, TRAINING, step)
+
+
 def _fill_memory(store: MemoryStore, steps: Iterable[int]) -> None:
-    """The layout of committed checkpoints (a shard and a manifest each); their bytes do not
-    matter to ``latest``, which looks at keys and checks that the manifest exists."""
+    """The layout of committed checkpoints (a shard and a manifest each)."""
     for step in steps:
         store.write_object(f"{checkpoint_prefix(RUN, TRAINING, step)}/nonce/rank000-0000.bin", [b"\0" * 8])
-        store.put_if_absent(manifest_key(RUN, TRAINING, step), b"{}")
+        store.put_if_absent(manifest_key(RUN, TRAINING, step), _manifest(step))
 
 
 def _fill_disk(root: Path, steps: Iterable[int]) -> None:
@@ -92,7 +96,7 @@ def _fill_disk(root: Path, steps: Iterable[int]) -> None:
         folder = root / checkpoint_prefix(RUN, TRAINING, step)
         (folder / "nonce").mkdir(parents=True)
         (folder / "nonce" / "rank000-0000.bin").write_bytes(b"\0" * 8)
-        (folder / "manifest.json").write_bytes(b"{}")
+        (folder / "manifest.json").write_bytes(_manifest(step))
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +131,7 @@ def test_latest_at_ten_thousand_checkpoints_takes_constant_store_calls(kind: str
     assert advance_latest(inner, _ref(inner, MANY), "f" * 64)
     store.reset()
     assert latest_committed(store, RUN) == _ref(store, MANY)
-    assert store.calls == {"read": 1, "size": 1, "list": 1}  # pointer, its manifest, what follows
+    assert store.calls == {"read": 2, "list": 1}  # pointer, its manifest (judged), what follows
     assert store.listed <= 1  # at most the pointer itself sorts after the last step
     store.reset()
     assert manager_latest(store, RUN) == _ref(store, MANY)  # the manager's entry point is the same
@@ -208,7 +212,8 @@ def test_a_pointer_behind_lists_only_what_follows_it() -> None:
     _set_pointer(inner, _pointer(990))
     store = CountingStore(inner)
     assert latest_committed(store, RUN) == _ref(store, 1000)
-    assert store.total == 3 and store.listed == 2 * 10 + 1  # steps 991..1000 and the pointer
+    # the pointer, its manifest, the listing of steps 991..1000 and the pointer, step 1000's manifest
+    assert store.total == 4 and store.listed == 2 * 10 + 1
 
 
 def test_no_checkpoint_at_all() -> None:

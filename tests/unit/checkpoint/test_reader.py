@@ -70,7 +70,7 @@ def test_a_shard_listed_twice_is_refused(memory_store: MemoryStore) -> None:
 def test_a_deeply_nested_manifest_is_a_manifest_error(memory_store: MemoryStore) -> None:
     ref = _inference(memory_store, {"w": np.arange(3.0)})
     key = f"{ref.prefix}/manifest.json"
-    raw = memory_store.read(key)
+    raw = memory_store.read(key, 1 << 30)
     memory_store.corrupt(key, raw[:-2] + b', "deep": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
     with pytest.raises(E.ManifestError, match="nested too deep"):
         read_manifest(memory_store, ref, expect_kind=INFERENCE)
@@ -109,7 +109,7 @@ def test_verify_tensors_refuses_corruption_and_bad_values(memory_store: MemorySt
     with pytest.raises(E.NonFiniteError):
         fmt.verify_tensors(memory_store, ref, manifest, value_check=check_training_values, chunk_bytes=8)
     shard = f"{ref.prefix}/{manifest.shards[0].key}"
-    raw = bytearray(memory_store.read(shard))
+    raw = bytearray(memory_store.read(shard, 1 << 30))
     raw[-1] ^= 0x40
     memory_store.corrupt(shard, bytes(raw))
     with pytest.raises(E.IntegrityError, match="checksum"):

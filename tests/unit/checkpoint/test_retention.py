@@ -1,5 +1,5 @@
 """Retention (``cairn.checkpoint.retention``) is linear in the objects of a run: one listing,
-manifests read only for the kept checkpoints, batched deletes."""
+each manifest read once (judged: ``cairn.checkpoint.committed``), batched deletes."""
 
 from __future__ import annotations
 
@@ -7,9 +7,13 @@ from collections.abc import Iterable, Iterator
 
 from cairn.checkpoint.layout import checkpoint_prefix, manifest_key
 from cairn.checkpoint.manager import list_checkpoints
+from cairn.checkpoint.manifest import CheckpointKind
 from cairn.checkpoint.retention import RetentionPolicy, collect_garbage, pin
 from cairn.stores import MemoryStore
 from cairn.stores.base import ObjectInfo
+from tests.conftest import stamped_manifest
+
+INFERENCE = CheckpointKind.INFERENCE
 
 
 class CountingStore(MemoryStore):
@@ -26,9 +30,9 @@ class CountingStore(MemoryStore):
         self._count("list")
         return super().list(prefix, start_after)
 
-    def read(self, key: str) -> bytes:
+    def read(self, key: str, max_bytes: int) -> bytes:
         self._count("read")
-        return super().read(key)
+        return super().read(key, max_bytes)
 
     def delete(self, keys: Iterable[str]) -> None:
         self._count("delete")
@@ -36,13 +40,13 @@ class CountingStore(MemoryStore):
 
 
 def test_retention_is_linear_over_ten_thousand_objects() -> None:
-    """5,000 checkpoints (10,000 objects): one listing, manifests read only for the kept ones,
-    batched deletes — and exactly the right checkpoints survive."""
+    """5,000 checkpoints (10,000 objects): one listing, each manifest read once, batched deletes
+    — and exactly the right checkpoints survive."""
     store = CountingStore()
     shard = b"\0" * 8
-    for step in range(5000):  # the layout of a committed checkpoint; its bytes do not matter here
+    for step in range(5000):  # the layout of a committed checkpoint; its shard's bytes do not matter here
         store.write_object(f"{checkpoint_prefix('big', 'inference', step)}/n/rank000-0000.bin", [shard])
-        store.put_if_absent(manifest_key("big", "inference", step), b"{}")
+        store.put_if_absent(manifest_key("big", "inference", step), stamped_manifest("big", INFERENCE, step))
     pin(store, list_checkpoints(store, "big")[10], "keep-me")
     assert sum(1 for _ in store.list("big/")) >= 10_000
     store.calls.clear()
@@ -53,5 +57,5 @@ def test_retention_is_linear_over_ten_thousand_objects() -> None:
     assert len(plan.delete) == 5000 - len(kept)
     assert [r.step for r in list_checkpoints(store, "big")] == kept
     assert calls["list"] <= 3  # the run, its pins, its intents (after the uncommits), nothing per checkpoint
-    assert calls["read"] <= len(kept) + 1  # kept manifests and the pin
+    assert calls["read"] <= 5000 + 1  # every manifest once (judged before it is kept or deleted) and the pin
     assert calls["delete"] <= 4  # manifests, their shards, orphans (+ nothing per checkpoint)

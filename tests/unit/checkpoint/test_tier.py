@@ -65,8 +65,8 @@ class RecordingStore(Store):
         self.calls.append(("commit", key))
         return self.inner.put_if_absent(key, data)
 
-    def read(self, key: str) -> bytes:
-        return self.inner.read(key)
+    def read(self, key: str, max_bytes: int) -> bytes:
+        return self.inner.read(key, max_bytes)
 
     def read_into(self, key: str, offset: int, out: memoryview) -> None:
         self.inner.read_into(key, offset, out)

@@ -55,7 +55,7 @@ def test_store_identity_is_created_once_and_checked(tmp_path: Path) -> None:
     with pytest.raises(StoreIdentityError):
         require_store_identity(other, first)
     store.write_object(STORE_ID_KEY, [b"{not json"])
-    with pytest.raises(StoreIdentityError, match="malformed"):
+    with pytest.raises(StoreIdentityError, match=r"store identity\): not valid JSON"):
         store_identity(store, create=False)
 
 

@@ -62,7 +62,7 @@ def test_fifo_manifest_is_refused_without_blocking(store: LocalStore) -> None:
     fifo = store.root / MANIFEST
     os.mkfifo(fifo)
     for call in (
-        lambda: store.read(MANIFEST),
+        lambda: store.read(MANIFEST, 1 << 30),
         lambda: store.read_into(MANIFEST, 0, memoryview(bytearray(4))),
         lambda: store.size(MANIFEST),
     ):
@@ -80,7 +80,7 @@ resource.setrlimit(resource.RLIMIT_AS, (512 << 20, 512 << 20))
 from cairn.stores import LocalStore
 store, key, seen = LocalStore({str(root)!r}), {key!r}, {{}}
 for name, call in [
-    ("read", lambda: store.read(key)),
+    ("read", lambda: store.read(key, 1 << 30)),
     ("read_into", lambda: store.read_into(key, 0, memoryview(bytearray(64)))),
     ("size", lambda: store.size(key)),
 ]:
@@ -108,7 +108,7 @@ def test_symlink_out_of_the_store_is_refused(store: LocalStore, tmp_path: Path) 
     secret.write_text('{"not": "yours"}')
     os.symlink(secret, store.root / MANIFEST)
     for call in (
-        lambda: store.read(MANIFEST),
+        lambda: store.read(MANIFEST, 1 << 30),
         lambda: store.read_into(MANIFEST, 0, memoryview(bytearray(4))),
         lambda: store.size(MANIFEST),
     ):
@@ -121,7 +121,7 @@ def test_symlink_inside_the_store_is_refused(store: LocalStore) -> None:
     """Objects are regular files the store wrote: even a link to another object is refused."""
     os.symlink("shard-0.bin", store.root / MANIFEST)
     with pytest.raises(E.InvalidObjectError, match="symlink"):
-        store.read(MANIFEST)
+        store.read(MANIFEST, 1 << 30)
     assert {o.key for o in store.list("run/")} == {"run/training/000000000004/shard-0.bin"}
 
 
@@ -132,7 +132,7 @@ def test_symlinked_directory_on_the_path_is_refused(store: LocalStore, tmp_path:
     os.symlink(outside, store.root / "run" / "inference")
     key = "run/inference/000000000008/manifest.json"
     with pytest.raises(E.InvalidObjectError, match="symlink"):
-        store.read(key)
+        store.read(key, 1 << 30)
     with pytest.raises(E.InvalidObjectError, match="symlink"):
         store.write_object(key, [b"{}"])
     assert (outside / "000000000008" / "manifest.json").read_text() == "{}"  # untouched
@@ -142,7 +142,7 @@ def test_symlinked_directory_on_the_path_is_refused(store: LocalStore, tmp_path:
 def test_directory_where_an_object_should_be_is_refused(store: LocalStore) -> None:
     (store.root / MANIFEST).mkdir()
     for call in (
-        lambda: store.read(MANIFEST),
+        lambda: store.read(MANIFEST, 1 << 30),
         lambda: store.read_into(MANIFEST, 0, memoryview(bytearray(4))),
         lambda: store.size(MANIFEST),
         lambda: store.exists(MANIFEST),
@@ -167,7 +167,7 @@ BAD_KEYS = ["", "/etc/passwd", "../escape", "run/../../escape", "run/./x", "run/
 @pytest.mark.parametrize("key", BAD_KEYS)
 def test_malformed_keys_are_invalid_not_retryable(store: LocalStore, key: str) -> None:
     for call in (
-        lambda: store.read(key),
+        lambda: store.read(key, 1 << 30),
         lambda: store.size(key),
         lambda: store.read_into(key, 0, memoryview(bytearray(1))),
         lambda: store.write_object(key, [b"x"]),

@@ -190,11 +190,14 @@ class ScriptedClient:
         client = self
 
         class Body:
-            def read(self) -> bytes:
+            def read(self, amt: int | None = None) -> bytes:
                 client._enter("body")  # the body read is part of the request: retried as one
-                return data
+                return data if amt is None else data[:amt]
 
-        return {"Body": Body()}
+            def close(self) -> None:
+                pass
+
+        return {"Body": Body(), "ContentLength": len(data)}
 
 
 FAST = RetryPolicy(attempts=6, base_s=0.001, throttle_base_s=0.001, cap_s=0.004)
@@ -227,7 +230,7 @@ def test_ranged_gets_retry_a_body_cut_mid_read() -> None:
     out = bytearray(len(data))
     store.read_into("k/obj.bin", 0, memoryview(out))
     assert bytes(out) == data and client.failed >= 1
-    assert store.read("k/obj.bin") == data
+    assert store.read("k/obj.bin", 1 << 30) == data
     store.close()
 
 
