@@ -7,10 +7,10 @@ found at a manifest's key that Cairn did not commit there, is invisible here.
 
 from __future__ import annotations
 
-from cairn.checkpoint.latest import latest_committed
 from cairn.checkpoint.commit import CommitResult, write_checkpoint
 from cairn.checkpoint.committed import judge_all, manifest_candidates
 from cairn.checkpoint.history import read_history, remember, write_history
+from cairn.checkpoint.latest import latest_committed
 from cairn.checkpoint.manifest import CheckpointKind, Manifest
 from cairn.checkpoint.options import CheckpointOptions, resolve_options
 from cairn.checkpoint.reader import read_logical, read_manifest
