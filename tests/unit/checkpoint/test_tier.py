@@ -3,6 +3,7 @@ resumable and verified uploads, and the byte bound."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -13,9 +14,10 @@ from cairn.checkpoint.latest import read_latest
 from cairn.checkpoint.layout import MANIFEST_NAME, manifest_key
 from cairn.checkpoint.manager import latest_committed, list_checkpoints, load_training
 from cairn.checkpoint.manifest import CheckpointKind
+from cairn.checkpoint.reader import read_manifest
 from cairn.checkpoint.tier import NodeTier, TieredStore
-from cairn.checkpoint.upload import CheckpointRef, Uploader, Uploads
-from cairn.errors import CairnError, CheckpointConflictError, StorageError
+from cairn.checkpoint.upload import CheckpointRef, Uploader, Uploads, require_durable, upload_checkpoint
+from cairn.errors import CairnError, CheckpointConflictError, IntegrityError, StorageError
 from cairn.runs.ownership import store_identity
 from cairn.session import TrainingSession
 from cairn.stores.base import Chunk, ObjectInfo, Store
@@ -291,3 +293,47 @@ def test_a_store_url_not_in_normal_form_resumes_its_pending_uploads(tmp_path: Pa
     again.resume()
     _uploader(again).drain()
     assert [r.step for r in list_checkpoints(durable, RUN)] == [5, 10]
+
+
+class SecondReadChanged(LocalStore):
+    """A local tier whose manifest changes after its first read (an editor, a bit flip, a racing
+    writer): the upload must send the bytes it verified, never a second read."""
+
+    def __init__(self, root: Path, key: str) -> None:
+        super().__init__(root)
+        self.key, self.reads = key, 0
+
+    def read(self, key: str, max_bytes: int) -> bytes:
+        raw = super().read(key, max_bytes)
+        if key != self.key:
+            return raw
+        self.reads += 1
+        return raw if self.reads == 1 else raw.replace(b'"cursor":', b'"cursor": ', 1).replace(b"10", b"11", 1)
+
+
+def test_the_upload_sends_the_manifest_bytes_it_verified(tmp_path: Path) -> None:
+    local = LocalStore(tmp_path / "local")
+    TrainingSession.fresh(RUN, local, small_config()).run(10)
+    key = manifest_key(RUN, CheckpointKind.TRAINING, 10)
+    verified = local.read(key, 1 << 20)
+    changing = SecondReadChanged(tmp_path / "local", key)
+    durable = LocalStore(tmp_path / "durable")
+    ref = CheckpointRef(durable.url, RUN, CheckpointKind.TRAINING, 10)
+    upload_checkpoint(changing, durable, ref)
+    assert durable.read(key, 1 << 20) == verified
+    read_manifest(durable, ref, expect_kind=None)  # every reader accepts what was committed durably
+    require_durable(durable, ref, read_manifest(durable, ref, expect_kind=None).fingerprint)
+
+
+def test_the_durable_check_refuses_a_commit_with_the_right_fingerprint_field_but_other_bytes(tmp_path: Path) -> None:
+    """A durable manifest whose fingerprint field is the expected one, with another cursor: readers
+    refuse it (the fingerprint covers the cursor), so it is not durable state."""
+    durable = LocalStore(tmp_path / "durable")
+    result = TrainingSession.fresh(RUN, durable, small_config()).run(10)
+    assert result is not None
+    key = manifest_key(RUN, CheckpointKind.TRAINING, 10)
+    body = json.loads(durable.read(key, 1 << 20))
+    body["cursor"] += 1
+    (durable.root / key).write_bytes(json.dumps(body).encode())
+    with pytest.raises(IntegrityError, match="fingerprint"):
+        require_durable(durable, result.ref, result.manifest.fingerprint)
