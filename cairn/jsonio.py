@@ -6,8 +6,9 @@ Two steps, each usable alone:
 - ``read_regular_file`` opens without blocking and refuses anything that is not a regular
   file (a FIFO would block forever, ``/dev/zero`` would never end, a directory is not data)
   before reading a byte, then reads at most ``max_bytes + 1`` bytes.
-- ``parse_json`` decodes strict UTF-8, refuses nesting deeper than ``max_depth`` *before*
-  ``json.loads`` runs (so the parser can never recurse deeply), refuses integers longer than
+- ``parse_json`` decodes strict UTF-8, refuses nesting deeper than ``max_depth`` and (when
+  the reader says how many it expects) more than ``max_items`` values *before* ``json.loads``
+  runs (so the parser can never recurse deeply, nor build millions of objects), refuses integers longer than
   ``max_int_digits`` (Python's own limit of 4300 digits would raise a bare ``ValueError``),
   ``NaN``/``Infinity`` and floats that overflow to infinity (``1e400``), strings longer than
   ``max_string_chars`` and lone UTF-16 surrogates (``"\\ud800"``, which no encoder can write back).
@@ -50,6 +51,10 @@ class JsonLimits:
     max_depth: int = 64
     max_int_digits: int = 64
     max_string_chars: int = 1 << 20
+    max_items: int | None = None
+    """Values and members a document may hold in all (None: as many as ``max_bytes`` allows):
+    counted before parsing, so a reader that knows how many entries it expects bounds the
+    memory and time of the parse by that, not by the bytes (a header of millions of ``{}``)."""
 
 
 class _Refused(Exception):
@@ -143,10 +148,13 @@ class _Scan:
     """Deepest nesting of arrays/objects outside strings."""
     longest_string: int = 0
     """Bytes between the quotes of the longest string: an upper bound on its characters."""
+    items: int = 0
+    """Commas and opening brackets outside strings: an upper bound on the values and members
+    the parser builds (a container's k elements are separated by k - 1 commas)."""
 
 
-def _scan(raw: bytes, max_depth: int) -> _Scan:
-    """Nesting depth and longest string of ``raw``, without parsing it.
+def _scan(raw: bytes, max_depth: int, count_items: bool = False) -> _Scan:
+    """Nesting depth, longest string and (``count_items``) the items of ``raw``, without parsing it.
 
     Exact for valid JSON and for every valid prefix of invalid JSON, which is all the parser
     ever recurses into. Stops early once the depth passes ``max_depth``.
@@ -168,12 +176,16 @@ def _scan(raw: bytes, max_depth: int) -> _Scan:
             # A bracket is outside every string iff an even number of quotes precede it.
             outside = ((np.searchsorted(quotes, at) + inside) & 1) == 0
             steps = (block[at[outside]] & 2).astype(np.int32) - 1  # '[' '{' -> +1, ']' '}' -> -1
+            out.items += int(np.count_nonzero(steps > 0)) if count_items else 0
             if steps.size:
                 running = np.cumsum(steps)
                 out.depth = max(out.depth, depth + int(running.max()))
                 depth += int(running[-1])
                 if out.depth > max_depth:
                     return out
+        if count_items:
+            commas = np.flatnonzero(block == 0x2C)
+            out.items += int(np.count_nonzero(((np.searchsorted(quotes, commas) + inside) & 1) == 0))
         if quotes.size:
             quotes += start
             if inside:  # the first quote closes the string opened in an earlier block
@@ -224,13 +236,20 @@ def parse_json(
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise error(f"{where}: not UTF-8 text (binary file?): invalid byte at offset {exc.start}") from None
-    scan = _scan(raw, limits.max_depth)
+    scan = _scan(raw, limits.max_depth, count_items=limits.max_items is not None)
     if scan.depth > limits.max_depth:
         raise error(
             "JSON nested too deep",
             field=where,
             expected=f"<= {limits.max_depth} levels",
             found=f"{scan.depth} levels",
+        )
+    if limits.max_items is not None and scan.items > limits.max_items:
+        raise error(
+            "JSON holds more entries than expected",
+            field=where,
+            expected=f"<= {limits.max_items} values and members",
+            found=f"about {scan.items}",
         )
 
     def parse_int(literal: str) -> int:

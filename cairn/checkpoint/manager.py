@@ -89,7 +89,11 @@ def load_training_with_trainer(
     """``load_training``, also returning the trainer that validated the checkpoint."""
     options = resolve_options(options)
     run_trainer = trainer
-    sized = None if run_trainer is None else (lambda m: run_bounds(run_trainer, m, options.limits))
+    sized = (
+        None
+        if run_trainer is None
+        else (lambda m: run_bounds(run_trainer, m, options.limits, block_bytes=options.block_bytes))
+    )
     manifest = read_manifest(store, ref, expect_kind=CheckpointKind.TRAINING, options=options, bounds=sized)
     config, trainer = check_training_manifest(manifest, run_config=run_config, trainer=trainer)
     arrays = read_logical(store, ref, manifest, max_workers=options.max_workers, value_check=trainer.check_values)

@@ -216,15 +216,15 @@ class Manifest(_Model):
     lineage: Lineage | None = None
     rng: dict[str, Any] | None = None
     meta: dict[str, Any] = Field(default_factory=dict)
-    tensors: list[TensorEntry]
-    shards: list[ShardEntry]
+    tensors: list[TensorEntry] = Field(fail_fast=True)  # a forged list of junk: one error, not millions
+    shards: list[ShardEntry] = Field(fail_fast=True)
     total_bytes: int = Field(ge=0)
     fingerprint: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
     writer: WriterInfo
     signature: str | None = None
     parts: dict[str, PartSpec] | None = None
     """v2 and v3: logical tensor name -> shape and block size (``cairn.checkpoint.blocks``)."""
-    indexes: list[IndexRef] | None = None
+    indexes: list[IndexRef] | None = Field(default=None, fail_fast=True)
     """v3 only: the rank index objects, by rank; the root's ``tensors`` and ``shards`` are empty."""
     history: HistoryRef | None = None
     """The history as run-level segments; None: the history is in ``tensors`` (``history/KEY``)."""

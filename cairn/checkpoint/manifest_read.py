@@ -52,6 +52,15 @@ def parse_manifest(raw: bytes, where: str, *, limits: Limits = DEFAULT_LIMITS) -
         raise FormatVersionError(
             field="format_version", expected=sorted(SUPPORTED_VERSIONS), found=data.get("format_version")
         )
+    # Counts before the model is built: a forged manifest of millions of entries is refused by
+    # its counts, never turned into millions of objects (or of validation errors).
+    for name, bound in (("tensors", limits.max_blocks), ("shards", limits.max_blocks), ("indexes", limits.max_blocks)):
+        found = data.get(name)
+        if isinstance(found, list | dict) and len(found) > bound:
+            raise SizeLimitError(field=name, expected=f"<= {bound} entries", found=len(found))
+    parts = data.get("parts")
+    if isinstance(parts, dict) and len(parts) > limits.max_tensors:
+        raise SizeLimitError(field="parts", expected=f"<= {limits.max_tensors} tensors", found=len(parts))
     try:
         return Manifest.model_validate(data)
     except ValidationError as exc:

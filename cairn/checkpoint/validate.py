@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
@@ -48,7 +47,13 @@ from cairn.trainers.base import (
     TensorSpec,
     Trainer,
 )
-from cairn.trainers.loading import load_trainer, normalized_config, require_trusted
+from cairn.trainers.loading import (
+    IDENTITY_FIELDS,
+    check_config_compatible,
+    normalized_config,
+    require_trusted,
+    trainer_for_checkpoint,
+)
 
 __all__ = [
     "IDENTITY_FIELDS",
@@ -60,7 +65,6 @@ __all__ = [
     "manifest_config",
 ]
 
-IDENTITY_FIELDS = ("trainer", "seed", "batch_size", "model", "data", "tokenizer_version", "init_from", "distributed")
 F8 = dtype_tag(np.float64)
 WIDEST_ITEMSIZE = 8
 """Bytes per element of the widest dtype a checkpoint may hold (``ALLOWED_DTYPES``)."""
@@ -105,56 +109,38 @@ def _check_history(ref: HistoryRef, want: dict[str, int]) -> None:
     check_history_ref(ref)
 
 
-def run_bounds(trainer: Trainer, manifest: Manifest, ceiling: Limits, *, checked: bool = False) -> Limits:
+def run_bounds(
+    trainer: Trainer, manifest: Manifest, ceiling: Limits, *, checked: bool = False, block_bytes: int = 1 << 20
+) -> Limits:
     """The bounds a training checkpoint of ``trainer`` at the manifest's step is read under,
     sized by what its tensor specs declare (never above the ``ceiling``): at most as many bytes
     as the declared elements take in the widest dtype a checkpoint may hold (8 bytes), and at
-    most as many blocks as the declared elements make at the manifest's block sizes. Computed
-    from the specs (Python integers): a manifest that claims more is refused before anything
-    is allocated, and one the trainer declares at 2 TB is read. (The exact dtypes and shapes
-    are compared next, by ``check_training_manifest``.) The trainer's ``check_state`` runs first
-    unless ``checked`` (its specs may read ``meta``, which must be well formed); a state it refuses
-    is read under the ``ceiling`` and refused by ``check_training_manifest``."""
+    most as many blocks as the declared elements make in blocks of the *run's* size — its
+    config's ``distributed.block_bytes``, else ``block_bytes`` (a single-process run's
+    ``CheckpointOptions.block_bytes``) — never the manifest's own (one-element blocks would
+    reach the ceiling, and every block entry costs memory). Computed from the specs (Python
+    integers): a manifest that claims more is refused before anything is allocated, and one the
+    trainer declares at 2 TB is read. (The exact dtypes and shapes are compared next, by
+    ``check_training_manifest``.) The trainer's ``check_state`` runs first unless ``checked``
+    (its specs may read ``meta``, which must be well formed); a state it refuses is read under
+    the ``ceiling`` and refused by ``check_training_manifest``."""
     if not checked:  # the trainer's specs read the manifest's meta: its form first
         try:
             trainer.check_state(manifest.step, manifest.cursor, manifest.rng, manifest.meta)
         except CairnError:
             return ceiling  # refused later, in ``check_training_manifest``'s order (the config first)
     specs = expected_tensors(trainer, manifest)
-    parts = manifest.parts or {}
+    dist = trainer.config.distributed
+    block = dist.block_bytes if dist is not None else block_bytes
+    per_block = max(1, block // WIDEST_ITEMSIZE)
     elements = {name: math.prod(spec.shape) for name, spec in specs.items()}
-    blocks = sum(max(1, -(-n // parts[name].block_elems)) if name in parts else 1 for name, n in elements.items())
+    blocks = sum(max(1, -(-n // per_block)) for n in elements.values())
     return replace(
         ceiling,
         max_total_bytes=min(ceiling.max_total_bytes, WIDEST_ITEMSIZE * sum(elements.values())),
         max_blocks=min(ceiling.max_blocks, blocks),
-        sized_by=f"what the run's trainer declares at step {manifest.step}",
+        sized_by=f"what the run's trainer declares at step {manifest.step}, in {block}-byte blocks",
     )
-
-
-def _first_difference(a: Any, b: Any, path: str) -> tuple[str, Any, Any] | None:
-    if isinstance(a, dict) and isinstance(b, dict):
-        for key in sorted(set(a) | set(b)):
-            diff = _first_difference(a.get(key), b.get(key), f"{path}.{key}")
-            if diff:
-                return diff
-        return None
-    return None if a == b else (path, a, b)
-
-
-def check_config_compatible(run: TrainConfig, found: TrainConfig) -> None:
-    """Refuse a checkpoint whose identity fields differ from the run's config."""
-    run_d, found_d = run.model_dump(mode="json"), found.model_dump(mode="json")
-    for name in IDENTITY_FIELDS:
-        diff = _first_difference(run_d[name], found_d[name], f"config.{name}")
-        if diff:
-            path, want, got = diff
-            raise IncompatibleConfigError(
-                "checkpoint belongs to a different run configuration",
-                field=path,
-                expected=want,
-                found=got,
-            )
 
 
 def manifest_config(manifest: Manifest) -> TrainConfig:
@@ -175,19 +161,18 @@ def check_training_manifest(
 ) -> tuple[TrainConfig, Trainer]:
     """Metadata rules, checked before any tensor bytes are read.
 
-    ``trainer`` is the run's trainer (built from ``run_config``); without it, the trainer the
-    checkpoint names is loaded under ``trainer_for_checkpoint``'s trust rule. Returns the
-    checkpoint's config and the trainer that validates (and will train) it.
+    ``trainer`` is the run's trainer; without it, ``trainer_for_checkpoint`` builds one: from
+    ``run_config`` when given (the run's config decides), else from the checkpoint's own config
+    under the trust rule. The checkpoint's config must match the trainer's on every identity
+    field. Returns the checkpoint's config and the trainer that validates (and will train) it.
     """
     found = manifest_config(manifest)
-    if trainer is not None:
-        run_config = trainer.config
-    require_trusted(found, run_config)  # before the checkpoint's trainer is imported
-    config = normalized_config(found)
-    if run_config is not None:
-        check_config_compatible(normalized_config(run_config) if trainer is None else run_config, config)
     if trainer is None:
-        trainer = load_trainer(config)
+        trainer = trainer_for_checkpoint(found, run_config)
+    else:
+        require_trusted(found, trainer.config)  # before the checkpoint's trainer is imported
+    config = normalized_config(found)
+    check_config_compatible(trainer.config, config)
     lineage = manifest.lineage
     if lineage is None:
         raise ManifestError(field="lineage", expected="dataset and model versions", found=None)

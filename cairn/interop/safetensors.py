@@ -50,6 +50,12 @@ FROM_SAFETENSORS = {v: k for k, v in TO_SAFETENSORS.items()}
 assert set(TO_SAFETENSORS) == ALLOWED_DTYPES
 MAX_HEADER_BYTES = 100 << 20
 """The largest header read (safetensors' own reader refuses more than 100 MB)."""
+MAX_ENTRIES = 1 << 16
+"""Tensors a header may list when the reader expects no particular number (``Limits.max_tensors``)."""
+_ITEMS_PER_ENTRY = 16 + 8
+"""JSON values and members one entry takes at most: its key, dtype, shape (up to 8 dims, as
+``Limits.max_ndim``) and offsets, with their containers."""
+_METADATA_ITEMS = 1 << 12
 INDEX_SUFFIX = ".safetensors.index.json"
 
 
@@ -118,10 +124,15 @@ def header_bytes(plan: FilePlan, metadata: Mapping[str, str]) -> bytes:
     return struct.pack("<Q", len(raw)) + raw
 
 
-def read_header(handle: BinaryIO, where: str) -> tuple[dict[str, FileEntry], dict[str, str]]:
+def read_header(
+    handle: BinaryIO, where: str, max_entries: int = MAX_ENTRIES
+) -> tuple[dict[str, FileEntry], dict[str, str]]:
     """The tensors and metadata of an open safetensors file, every field checked: the header
-    fits the file and ``MAX_HEADER_BYTES``; each dtype is one Cairn stores; each shape times the
-    itemsize is exactly its byte range; ranges lie inside the file and do not overlap."""
+    fits the file and ``MAX_HEADER_BYTES``; it lists at most ``max_entries`` tensors (the
+    reader's expectation: how many the model has), counted before the JSON is parsed, so the
+    parse costs what that many entries cost, whatever the header's size; each dtype is one
+    Cairn stores; each shape times the itemsize is exactly its byte range; ranges lie inside the
+    file and do not overlap."""
     size = os.fstat(handle.fileno()).st_size
     prefix = handle.read(8)
     if len(prefix) != 8:
@@ -134,9 +145,14 @@ def read_header(handle: BinaryIO, where: str) -> tuple[dict[str, FileEntry], dic
             expected=f"<= {min(MAX_HEADER_BYTES, size - 8)} bytes",
             found=n,
         )
-    data = parse_json(handle.read(n), where=where, limits=JsonLimits(max_bytes=MAX_HEADER_BYTES))
+    budget = JsonLimits(max_bytes=MAX_HEADER_BYTES, max_items=_ITEMS_PER_ENTRY * max_entries + _METADATA_ITEMS)
+    data = parse_json(handle.read(n), where=f"{where}: header", error=TensorSpecError, limits=budget)
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: header", expected="a JSON object", found=type(data).__name__)
+    if len(data) - ("__metadata__" in data) > max_entries:
+        raise TensorSpecError(
+            "the file lists more tensors than expected", field=f"{where}: header", expected=max_entries, found=len(data)
+        )
     metadata = data.pop("__metadata__", None) or {}
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise ConfigError(f"{where}: __metadata__", expected="an object of strings", found=str(metadata)[:80])

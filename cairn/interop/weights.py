@@ -26,6 +26,9 @@ __all__ = ["ImportedWeights", "content_hash", "read_weights"]
 
 FIELD = "init_from.safetensors"
 SIDE_FILES = ("config.json",)
+_SLACK = 1024
+"""Tensors past the model's own a header may list and still be parsed, so that the refusal names
+the foreign ones; the parse stays bounded by that many."""
 """Files of a directory the content hash covers besides the weights and their index."""
 
 
@@ -78,11 +81,12 @@ def _read_file(path: Path, entries: list[FileEntry], arrays: dict[str, np.ndarra
     return _digest_line(path, pos, inner.hexdigest())
 
 
-def _headers(files: list[Path]) -> dict[str, tuple[Path, FileEntry]]:
+def _headers(files: list[Path], expected: int) -> dict[str, tuple[Path, FileEntry]]:
+    """Every file's tensors; no file may list more than the ``expected`` (the model's own)."""
     found: dict[str, tuple[Path, FileEntry]] = {}
     for path in files:
         with open(path, "rb") as f:
-            entries, _ = read_header(f, str(path))
+            entries, _ = read_header(f, str(path), max_entries=expected)
         for key, entry in entries.items():
             if key in found:
                 raise TensorSpecError("a tensor is in two files", field=f"{FIELD}: {key}", found=str(path))
@@ -98,8 +102,8 @@ def read_weights(path: Path, trainer: Trainer, fresh: Mapping[str, np.ndarray]) 
     """The weights at ``path`` under their checkpoint names, checked against ``fresh`` (the
     model's step-0 state); see the module docstring."""
     files = safetensors_files(path)
-    found = _headers(files)
     names, aliases = trainer.exchange_names()
+    found = _headers(files, len(names) + len(aliases) + _SLACK)
     unknown = sorted(set(found) - set(names) - set(aliases))
     missing = sorted(set(names) - set(found))
     if unknown or missing:

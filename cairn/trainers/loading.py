@@ -1,8 +1,8 @@
 """Loading a trainer by import path, its validated options, and the trust rule.
 
 The trust rule, stated here once and applied on every path that reads a checkpoint (the worker,
-gang ranks, ``cairn train --resume``, ``ckpt verify/compare``, ``eval``, reports, drills): a
-checkpoint is untrusted input, so the trainer it names is imported only when
+gang ranks, ``cairn train --resume``, ``ckpt verify/compare/export``, ``eval``, ``init_from``,
+reports, drills): a checkpoint is untrusted input, so the trainer it names is imported only when
 
 1. the run's own config names the same trainer (``run_config``: the run input for the worker
    and the drill, the config ``cairn train``/``ckpt``/``eval``/``report`` were given with
@@ -11,13 +11,17 @@ checkpoint is untrusted input, so the trainer it names is imported only when
 3. ``CAIRN_TRAINERS`` lists it (comma-separated import paths).
 
 Anything else is refused before anything is imported, with a ``ConfigError`` that says how to
-trust it.
+trust it. With a run config, that config decides: the trainer is built from it alone, and a
+checkpoint whose config differs from it on an identity field (``IDENTITY_FIELDS``) is refused
+naming the first such field; the checkpoint's own config builds the trainer only without one.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Iterable
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -26,9 +30,12 @@ from cairn.errors import ConfigError, IncompatibleConfigError
 from cairn.trainers.base import ON_HOST, Trainer
 
 __all__ = [
+    "IDENTITY_FIELDS",
     "SHIPPED_TRAINERS",
     "TRUSTED_TRAINERS_ENV",
+    "check_config_compatible",
     "check_trainer_options",
+    "first_difference",
     "load_trainer",
     "normalized_config",
     "require_trusted",
@@ -36,6 +43,9 @@ __all__ = [
 ]
 
 TRUSTED_TRAINERS_ENV = "CAIRN_TRAINERS"
+IDENTITY_FIELDS = ("trainer", "seed", "batch_size", "model", "data", "tokenizer_version", "init_from", "distributed")
+"""The config fields a checkpoint must share with the run that reads it (the optimizer and the
+stage may differ)."""
 
 
 def _import_factory(path: str) -> type[Trainer]:
@@ -120,10 +130,16 @@ def _trusted_paths() -> set[str]:
 
 
 def trainer_for_checkpoint(found: TrainConfig, run_config: TrainConfig | None, *, on_host: bool = False) -> Trainer:
-    """The trainer that validates a checkpoint whose config is ``found``, imported only under
-    the trust rule (the module docstring): with ``run_config``, only the trainer it names."""
+    """The trainer that validates a checkpoint whose config is ``found``. With ``run_config``
+    (the run's own config, or ``--config``) it is built from that config alone, after ``found``
+    has been compared with it (``check_config_compatible``); without one, from ``found``, imported
+    only under the trust rule (the module docstring)."""
     require_trusted(found, run_config)
-    return load_trainer(found, on_host=on_host)
+    if run_config is None:
+        return load_trainer(found, on_host=on_host)
+    run = normalized_config(run_config)
+    check_config_compatible(run, normalized_config(found))  # the factory is the run's: checked above
+    return load_trainer(run, on_host=on_host)
 
 
 def require_trusted(found: TrainConfig, run_config: TrainConfig | None) -> None:
@@ -140,4 +156,38 @@ def require_trusted(found: TrainConfig, run_config: TrainConfig | None) -> None:
         raise ConfigError(
             f"config.trainer.factory: the checkpoint names trainer {found.trainer_path!r}, which is not trusted "
             f"here; pass the run's config naming it (--config FILE) or list it in {TRUSTED_TRAINERS_ENV} to import it"
+        )
+
+
+def _difference(a: Any, b: Any, path: str) -> tuple[str, Any, Any] | None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b)):
+            diff = _difference(a.get(key), b.get(key), f"{path}.{key}")
+            if diff:
+                return diff
+        return None
+    return None if a == b else (path, a, b)
+
+
+def first_difference(
+    expected: TrainConfig, found: TrainConfig, fields: Iterable[str] = IDENTITY_FIELDS
+) -> tuple[str, Any, Any] | None:
+    """The first of ``fields`` (in order; nested keys sorted) where the configs differ, as
+    (``config.PATH``, expected value, found value); None where they agree. Compare normalized
+    configs (``normalized_config``): ``{}`` and the defaults spelt out are then the same."""
+    want, got = expected.model_dump(mode="json"), found.model_dump(mode="json")
+    for name in fields:
+        diff = _difference(want[name], got[name], f"config.{name}")
+        if diff:
+            return diff
+    return None
+
+
+def check_config_compatible(run: TrainConfig, found: TrainConfig) -> None:
+    """Refuse a checkpoint whose identity fields differ from the run's config, naming the first."""
+    diff = first_difference(run, found)
+    if diff:
+        path, want, got = diff
+        raise IncompatibleConfigError(
+            "checkpoint belongs to a different run configuration", field=path, expected=want, found=got
         )

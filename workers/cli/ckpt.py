@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,24 +16,24 @@ from cairn.checkpoint import (
     CheckpointOptions,
     CheckpointRef,
     Manifest,
-    list_checkpoints,
     load_training,
     read_manifest,
     verify_tensors,
 )
+from cairn.checkpoint.committed import Verdict, judge_all, manifest_candidates
 from cairn.checkpoint.compare import compare_states
 from cairn.checkpoint.history import verify_history
 from cairn.checkpoint.retention import RetentionPolicy, collect_garbage, pin, pinned_steps, unpin
 from cairn.checkpoint.reuse import referenced_of
 from cairn.checkpoint.validate import check_training_manifest, manifest_config
 from cairn.config import BUILTIN_TRAINER, TrainConfig, load_config
-from cairn.errors import CairnError, CheckpointError, CheckpointNotFoundError, ConfigError, ObjectNotFoundError
+from cairn.errors import ConfigError
 from cairn.numerics import NumericsRecord
 from cairn.runs.exposures import exposure_count
 from cairn.state import TrainState
 from cairn.stores import LocalStore, MemoryStore, open_store
 from cairn.trainers.base import Trainer, check_finite
-from cairn.trainers.loading import load_trainer, trainer_for_checkpoint
+from cairn.trainers.loading import trainer_for_checkpoint
 from workers.cli.args import Common, run_id_arg, store_arg
 from workers.cli.ckpt_copy import add_copy_parser
 from workers.cli.ckpt_export import add_export_parser
@@ -54,7 +53,7 @@ def register(sub: Any, common: Common) -> None:
     p = ckpt_sub.add_parser("verify", help="exit 0 only when intact and valid")
     common(p)
     p.add_argument("checkpoint")
-    p.add_argument("--config", help="the run's config (trusts the trainer it names)")
+    p.add_argument("--config", help="the run's config: builds the trainer; the checkpoint must match it")
     p.add_argument(
         "--format-only",
         action="store_true",
@@ -67,7 +66,7 @@ def register(sub: Any, common: Common) -> None:
     p.add_argument("b")
     p.add_argument("--rtol", type=float, default=0.0, help="relative tolerance (default 0: bit for bit)")
     p.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default 0: bit for bit)")
-    p.add_argument("--config", help="the runs' config (trusts the trainer it names)")
+    p.add_argument("--config", help="the runs' config: builds the trainer; both checkpoints must match it")
     p.set_defaults(handler=cmd_ckpt_compare)
     add_export_parser(ckpt_sub, common)
     add_copy_parser(ckpt_sub, common)
@@ -200,9 +199,10 @@ def cmd_ckpt_verify(args: argparse.Namespace) -> int:
 
 
 def _trainer_here(found: TrainConfig, given: TrainConfig | None) -> Trainer:
-    """The trainer that checks a checkpoint against its model; when its package or its data is
-    not on this machine, say so (exit 2) and point at ``--format-only``: a verify that could
-    not check the model must not exit 0."""
+    """The trainer that checks a checkpoint against its model (built from ``--config`` when
+    given: ``trainer_for_checkpoint``); when its package or its data is not on this machine, say
+    so (exit 2) and point at ``--format-only``: a verify that could not check the model must not
+    exit 0."""
     try:
         return trainer_for_checkpoint(found, given, on_host=True)
     except ConfigError as exc:
@@ -216,14 +216,10 @@ def _trainer_here(found: TrainConfig, given: TrainConfig | None) -> Trainer:
 
 def _load_on_host(ref: CheckpointRef, given: TrainConfig | None) -> tuple[TrainState, Manifest]:
     """``load_training`` with a trainer built on the host (a GPU run's checkpoint compares on a
-    machine without a GPU): the run's config's trainer, else the checkpoint's under the trust rule."""
+    machine without a GPU): from the run's config, else the checkpoint's under the trust rule."""
     store = open_store(ref.store_url)
-    if given is not None:
-        trainer = load_trainer(given, on_host=True)
-    else:
-        found = manifest_config(read_manifest(store, ref, expect_kind=CheckpointKind.TRAINING, expand_index=False))
-        trainer = trainer_for_checkpoint(found, None, on_host=True)
-    return load_training(store, ref, trainer=trainer)
+    found = manifest_config(read_manifest(store, ref, expect_kind=CheckpointKind.TRAINING, expand_index=False))
+    return load_training(store, ref, trainer=trainer_for_checkpoint(found, given, on_host=True))
 
 
 def cmd_ckpt_compare(args: argparse.Namespace) -> int:
@@ -284,6 +280,14 @@ def cmd_ckpt_gc(args: argparse.Namespace) -> int:
         f"{verb} {len(plan.delete)} checkpoint(s), {len(plan.orphans)} orphan object(s), {plan.deleted_bytes} bytes"
     )
     emit(args, {"dry_run": args.dry_run, **plan.to_json()}, "\n".join(lines))
+    for key, why in sorted(plan.foreign.items())[:3]:
+        print(f"warning: foreign: {key}: {why}", file=sys.stderr)
+    if plan.foreign:
+        print(
+            f"warning: {len(plan.foreign)} object(s) at a manifest's or a pin's key are not Cairn's: left in place, "
+            "not counted among the kept; their kind's shards are held until they are removed by hand",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -306,54 +310,46 @@ def cmd_ckpt_unpin(args: argparse.Namespace) -> int:
 
 
 def cmd_ckpt_list(args: argparse.Namespace) -> int:
-    """One row per committed checkpoint, from its manifest, read and checked like every manifest
-    read (concurrently from a remote store: 10,000 manifests are not 10,000 round trips in a row)."""
+    """One row per object at a manifest's key, judged by the one rule of what is committed
+    (``cairn.checkpoint.committed``, read concurrently from a remote store: 10,000 manifests are
+    not 10,000 round trips in a row): a committed checkpoint's row says what its manifest says; a
+    foreign object's row says why it is not a checkpoint (never the latest, never collected)."""
     run_id = run_id_arg(args.run, "--run")
     store = store_arg(args.store, must_exist=True)
-    refs = list_checkpoints(store, run_id)
-    if run_id is not None and not refs:
+    refs, unknown = manifest_candidates(store, run_id)
+    options = CheckpointOptions.from_env()  # once: the signer applies to every manifest read
+    remote = not isinstance(store, LocalStore | MemoryStore)  # local: CPU-bound, threads only contend for the GIL
+    verdicts = judge_all(store, refs, options, concurrent=remote)
+    if run_id is not None and not any(v.committed for v in verdicts):
         raise ConfigError("--run", expected=f"a run with committed checkpoints in {store.url}", found=run_id)
     pins: dict[tuple[str, str, int], list[str]] = {}
-    for run in sorted({r.run_id for r in refs}):
+    for run in sorted({v.ref.run_id for v in verdicts}):
         for (kind, step), names in pinned_steps(store, run).items():
             pins[(run, kind, step)] = sorted(names)
-    options = CheckpointOptions.from_env()  # once: the signer applies to every manifest read
-
-    def read(ref: CheckpointRef) -> Manifest | CairnError | None:
-        try:
-            return read_manifest(store, ref, expect_kind=None, options=options, expand_index=False)
-        except (CheckpointNotFoundError, ObjectNotFoundError):
-            return None  # collected since it was listed: no longer committed
-        except CheckpointError as exc:
-            return exc  # refused (corrupt, edited, unsigned...): listed, and said so
-
-    if isinstance(store, LocalStore | MemoryStore) or len(refs) < 2:
-        found = [read(r) for r in refs]  # CPU-bound here: threads only contend for the GIL
-    else:
-        with ThreadPoolExecutor(max_workers=min(16, len(refs))) as pool:  # latency-bound: overlap the reads
-            found = list(pool.map(read, refs))
-    rows = [
-        _listing_row(ref, m, pins.get((ref.run_id, ref.kind.value, ref.step), []))
-        for ref, m in zip(refs, found, strict=True)
-        if m is not None
-    ]
+    rows = [_listing_row(v, pins.get((v.ref.run_id, v.ref.kind.value, v.ref.step), [])) for v in verdicts]
+    foreign = [r for r in rows if r["error"]] + [{"checkpoint": u.key, "error": u.reason} for u in unknown]
     if args.json:
-        print(to_json({"store": store.url, "checkpoints": rows}))
+        print(to_json({"store": store.url, "checkpoints": rows, "foreign": [f["checkpoint"] for f in foreign]}))
     else:
         print("\n".join(_listing_lines(rows)))
-    refused = [r for r in rows if r["error"]]
-    for r in refused[:3]:
-        print(f"warning: {r['checkpoint']}: {r['error']}", file=sys.stderr)
-    if refused:
-        more = f" ({len(refused) - 3} more not shown)" if len(refused) > 3 else ""
-        print(f"warning: {len(refused)} manifest(s) refused{more}; `cairn ckpt verify` says why", file=sys.stderr)
+    for r in foreign[:3]:
+        print(f"warning: foreign: {r['checkpoint']}: {r['error']}", file=sys.stderr)
+    if foreign:
+        more = f" ({len(foreign) - 3} more not shown)" if len(foreign) > 3 else ""
+        print(
+            f"warning: {len(foreign)} object(s) at a manifest's key are not checkpoints Cairn committed{more}: "
+            "never resumed from, counted or collected; `cairn ckpt verify` says why, delete them by hand",
+            file=sys.stderr,
+        )
     return 0
 
 
-def _listing_row(ref: CheckpointRef, manifest: Manifest | CairnError, pins: list[str]) -> dict[str, Any]:
-    """A checkpoint's row (the JSON of ``ckpt list``): what its manifest says, or why it was refused."""
+def _listing_row(verdict: Verdict, pins: list[str]) -> dict[str, Any]:
+    """A row of ``ckpt list`` (its JSON): what a committed manifest says, or why the object is foreign."""
+    ref, manifest = verdict.ref, verdict.manifest
     row: dict[str, Any] = {"checkpoint": str(ref), "run_id": ref.run_id, "kind": ref.kind.value, "step": ref.step}
-    if isinstance(manifest, Manifest):
+    row["committed"] = manifest is not None
+    if manifest is not None:
         row |= {
             "committed_at": manifest.writer.created_at or None,
             "bytes": manifest.total_bytes,
@@ -363,7 +359,8 @@ def _listing_row(ref: CheckpointRef, manifest: Manifest | CairnError, pins: list
         }
     else:
         row |= dict.fromkeys(("committed_at", "bytes", "format_version", "world_size"))
-        row["error"] = f"{manifest.type_name}: {manifest}"
+        assert verdict.refusal is not None
+        row["error"] = f"{verdict.refusal.type_name}: {verdict.refusal}"
     row["pins"] = pins
     return row
 
@@ -377,7 +374,7 @@ def _listing_lines(rows: list[dict[str, Any]]) -> list[str]:
         [
             r["step"],
             r["kind"],
-            _when(r["committed_at"]) if not r["error"] else "(refused)",
+            _when(r["committed_at"]) if not r["error"] else "(foreign)",
             None if r["bytes"] is None else f"{r['bytes']:,}",
             None if r["format_version"] is None else f"v{r['format_version']}",
             r["world_size"],
@@ -394,7 +391,9 @@ def _listing_lines(rows: list[dict[str, Any]]) -> list[str]:
         right = {4}
     lines = table(headers, cells, right=right)
     total = sum(r["bytes"] or 0 for r in rows)
-    summary = f"{len(rows)} checkpoint(s), {total:,} bytes"
+    foreign = sum(1 for r in rows if r["error"])
+    summary = f"{len(rows) - foreign} checkpoint(s), {total:,} bytes"
+    summary += f", {foreign} foreign object(s)" if foreign else ""
     pinned = [
         f"{', '.join(r['pins'])} ({r['run_id'] + ' ' if several_runs else ''}{r['kind']} step {r['step']})"
         for r in rows

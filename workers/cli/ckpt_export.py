@@ -49,7 +49,7 @@ def add_export_parser(ckpt_sub: Any, common: Any) -> None:
         default=DEFAULT_MAX_FILE_BYTES,
         help="shard the weights into files of at most this size, with an index (default 5GB)",
     )
-    p.add_argument("--config", help="the run's config (trusts the trainer it names)")
+    p.add_argument("--config", help="the run's config: builds the trainer; the checkpoint must match it")
     p.set_defaults(handler=cmd_ckpt_export)
 
 
@@ -62,7 +62,9 @@ def cmd_ckpt_export(args: argparse.Namespace) -> int:
     store = open_store(ref.store_url)
     manifest = read_manifest(store, ref, expect_kind=CheckpointKind.TRAINING)
     given = load_config(args.config) if args.config else None
-    trainer = trainer_for_checkpoint(manifest_config(manifest), given, on_host=True)  # a GPU run's too, GPU or not
+    # From --config when given (the checkpoint must match it), else the checkpoint's own if trusted;
+    # on the host: a GPU run's too, GPU or not.
+    trainer = trainer_for_checkpoint(manifest_config(manifest), given, on_host=True)
     check_training_manifest(manifest, trainer=trainer)  # the tensors are this model's
     with tqdm(desc=f"export {ref.run_id}@{ref.step}", unit="B", unit_scale=True, disable=None, leave=False) as bar:
 

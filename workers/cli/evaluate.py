@@ -7,13 +7,14 @@ import argparse
 import sys
 from typing import Any
 
-from cairn.checkpoint import CheckpointKind, CheckpointRef
+from cairn.checkpoint import CheckpointKind, CheckpointRef, read_manifest
 from cairn.checkpoint.manager import load_training_with_trainer
+from cairn.checkpoint.validate import manifest_config
 from cairn.config import load_config
 from cairn.errors import ConfigError
 from cairn.runs.exposures import record_test_exposure
 from cairn.stores import open_store
-from cairn.trainers.loading import load_trainer
+from cairn.trainers.loading import trainer_for_checkpoint
 from workers.cli.args import Common, add_numerics_arg
 from workers.cli.output import emit
 
@@ -25,7 +26,7 @@ def register(sub: Any, common: Common) -> None:
     common(p)
     p.add_argument("checkpoint")
     p.add_argument("--split", choices=["val", "test"], default="val")
-    p.add_argument("--config", help="the run's config (trusts the trainer it names)")
+    p.add_argument("--config", help="the run's config: builds the trainer; the checkpoint must match it")
     add_numerics_arg(p, "evaluates")
     p.set_defaults(handler=cmd_eval)
 
@@ -37,7 +38,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise ConfigError("checkpoint.kind", expected="training", found=ref.kind.value)
     store = open_store(ref.store_url)
     given = load_config(args.config) if args.config else None
-    trainer = load_trainer(given) if given is not None else None
+    found = manifest_config(read_manifest(store, ref, expect_kind=CheckpointKind.TRAINING, expand_index=False))
+    trainer = trainer_for_checkpoint(found, given)  # from --config when given: the checkpoint must match it
     state, manifest, trainer = load_training_with_trainer(store, ref, trainer=trainer)
     metrics = trainer.evaluate(state, args.split)
     if metrics is None:

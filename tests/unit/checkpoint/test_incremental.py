@@ -594,12 +594,14 @@ def test_a_fine_tuning_stage_with_a_frozen_base_writes_only_what_changed(
             assert frozen and all(t in linked for t in frozen)
             assert written * 5 < manifest.total_bytes
         previous = {t.checksum for t in manifest.tensors}
-    # Every checkpoint restores bit for bit, with the fingerprint of a full save of its state.
+    # Every checkpoint restores bit for bit, with the fingerprint of a full save of its state
+    # (read at the run's block size: it sizes the bound on the blocks a checkpoint may list).
+    reader = CheckpointOptions(block_bytes=1024)
     for result, _ in commits:
-        state, manifest = load_training(store, result.ref, options=CheckpointOptions(), trainer=tune.trainer)
+        state, manifest = load_training(store, result.ref, options=reader, trainer=tune.trainer)
         full = save_training(MemoryStore(f"full-{result.ref.step}"), "tune", state, options=options)
         assert full.manifest.fingerprint == manifest.fingerprint == result.manifest.fingerprint
-    final, _ = load_training(store, commits[-1][0].ref, options=CheckpointOptions(), trainer=tune.trainer)
+    final, _ = load_training(store, commits[-1][0].ref, options=reader, trainer=tune.trainer)
     assert compare_states(final, tune.state) == []
     # GC keeps what the kept checkpoints reference; the CLI says what each wrote and references.
     collect_garbage(store, "tune", RetentionPolicy(keep_last=2, grace_seconds=3600), now=time.time() + 3 * 3600)
@@ -621,7 +623,7 @@ def test_a_fine_tuning_stage_with_a_frozen_base_writes_only_what_changed(
     shutil.rmtree(tmp_path / "store")  # the copy needs nothing of the source store
     ref = CheckpointRef.parse(copied["copy"])
     alone, _ = load_training(
-        LocalStore(tmp_path / "standalone"), ref, options=CheckpointOptions(), trainer=tune.trainer
+        LocalStore(tmp_path / "standalone"), ref, options=CheckpointOptions(block_bytes=1024), trainer=tune.trainer
     )
     assert compare_states(alone, tune.state) == []
 

@@ -29,7 +29,7 @@ from cairn.checkpoint.sparse import SparseStore, zero_rank
 from cairn.checkpoint.tensors import ALLOWED_DTYPES, dtype_from_tag
 from cairn.checkpoint.validate import WIDEST_ITEMSIZE, run_bounds
 from cairn.trainers.base import TensorSpec
-from tests.conftest import rewrite_manifest, rewrite_rank_index
+from tests.conftest import rewrite_manifest, rewrite_rank_index, small_config
 
 pytestmark = pytest.mark.usefixtures("no_signing_key")
 INFERENCE = CheckpointKind.INFERENCE
@@ -203,10 +203,12 @@ def test_the_root_grows_with_ranks_not_with_blocks() -> None:
 
 
 def _declared(step: int, specs: dict[str, TensorSpec], parts: dict[str, PartSpec]) -> Any:
-    """A stand-in trainer that declares ``specs`` (all ``run_bounds`` asks of one)."""
+    """A stand-in trainer that declares ``specs`` and a config with no ``distributed`` section
+    (all ``run_bounds`` asks of one)."""
 
     class Declares:
         eval_history = False
+        config = small_config()
 
         def tensor_specs(self, step: int, meta: dict[str, Any]) -> dict[str, TensorSpec]:
             return specs

@@ -21,6 +21,8 @@ from cairn.checkpoint import (
     write_checkpoint,
 )
 from cairn.checkpoint.compare import compare_states
+from cairn.checkpoint.reader import read_manifest
+from cairn.checkpoint.validate import check_training_manifest
 from cairn.config import TrainConfig
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore
@@ -53,6 +55,21 @@ def assert_refused(
     assert session.last_commit is before_commit
     assert field in str(info.value), f"message should name {field!r}: {info.value}"
     return info.value
+
+
+def test_the_runs_config_builds_the_trainer_that_validates(
+    good: CheckpointRef, local_store: LocalStore, config: TrainConfig
+) -> None:
+    """With a run config the trainer is built from it (the checkpoint's config is only compared
+    with it); the checkpoint's own config is what the state holds."""
+    manifest = read_manifest(local_store, good, expect_kind=CheckpointKind.TRAINING)
+    given = config.model_copy(update={"optimizer": config.optimizer.model_copy(update={"lr": 0.5})})
+    found, trainer = check_training_manifest(manifest, run_config=given)
+    assert trainer.config == given and found == config
+    differing = config.model_copy(update={"model": config.model.model_copy(update={"hidden": 4})})
+    with pytest.raises(E.IncompatibleConfigError) as info:
+        check_training_manifest(manifest, run_config=differing)
+    assert (info.value.field, info.value.expected, info.value.found) == ("config.model.hidden", 4, config.model.hidden)
 
 
 def test_good_checkpoint_restores(session: TrainingSession, good: CheckpointRef) -> None:
@@ -143,7 +160,7 @@ def test_missing_tensor(session: TrainingSession, local_store: LocalStore) -> No
 
 
 def test_checksum(session: TrainingSession, good: CheckpointRef, local_store: LocalStore) -> None:
-    manifest = json.loads(local_store.read(f"{good.prefix}/manifest.json"))
+    manifest = json.loads(local_store.read(f"{good.prefix}/manifest.json", 1 << 30))
     shard = manifest["shards"][0]["key"]
     path = local_store.root / good.prefix / shard
     data = bytearray(path.read_bytes())
@@ -153,7 +170,7 @@ def test_checksum(session: TrainingSession, good: CheckpointRef, local_store: Lo
 
 
 def test_missing_shard(session: TrainingSession, good: CheckpointRef, local_store: LocalStore) -> None:
-    manifest = json.loads(local_store.read(f"{good.prefix}/manifest.json"))
+    manifest = json.loads(local_store.read(f"{good.prefix}/manifest.json", 1 << 30))
     local_store.delete([f"{good.prefix}/{manifest['shards'][0]['key']}"])
     assert_refused(session, good, E.IntegrityError, "missing")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ from cairn.interop.export import export_checkpoint
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore
 from cairn.trainers.loading import load_trainer
-from tests.conftest import digits_dp_config, hf_config, small_config
+from tests.conftest import HF_MODELS, REPO, digits_dp_config, hf_config, small_config
 from workers.cli.main import main
 
 transformers = pytest.importorskip("transformers")
@@ -134,3 +135,28 @@ def test_a_blocked_checkpoint_of_a_distributed_run_exports_whole_tensors(tmp_pat
     assert set(loaded) == set(names)
     for key, name in names.items():
         assert loaded[key].numpy().tobytes() == state.tensors[name].tobytes(), key
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"model": {**HF_MODELS["gpt2"], "n_embd": 64}}, "config.trainer.options.model.n_embd"),
+        ({"corpus": [str(REPO / "README.md")]}, "config.trainer.options.corpus"),
+        ({"corpus_bytes": 5000}, "config.trainer.options.corpus_bytes"),
+    ],
+    ids=["model-size", "corpus", "corpus-size"],
+)
+def test_a_hugging_face_checkpoint_is_checked_against_the_given_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], options: dict[str, Any], field: str
+) -> None:
+    """``--config`` decides the model size and the corpus: a checkpoint of another is refused by
+    verify and export in one line naming the option, and nothing is written."""
+    _, ref = trained(hf_config("gpt2"), tmp_path, steps=2)
+    given = tmp_path / "given.json"
+    given.write_text(json.dumps(hf_config("gpt2", **options).model_dump(mode="json")))
+    out = tmp_path / "out"
+    for args in (["ckpt", "verify", str(ref)], ["ckpt", "export", str(ref), str(out), "--format", "safetensors"]):
+        assert main([*args, "--config", str(given)]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "IncompatibleConfigError" in err and f"{field}:" in err, err
+    assert not out.exists()

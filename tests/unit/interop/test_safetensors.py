@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from cairn import errors as E
 from cairn.checkpoint.tensors import BFLOAT16, dtype_tag
 from cairn.interop.safetensors import TO_SAFETENSORS, header_bytes, plan_files, read_header
+from tests.conftest import refused_within_bounds
 
 ARRAYS = {
     "a.f64": np.arange(6, dtype="<f8").reshape(2, 3),
@@ -106,3 +107,30 @@ def test_hostile_headers_are_refused_before_anything_is_allocated(
     with open(path, "rb") as f, pytest.raises(E.CairnError) as info:
         read_header(f, "bad")
     assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_header_of_a_million_empty_entries_is_refused_by_its_count_before_parsing(tmp_path: Path) -> None:
+    """~100 MiB of ``"kN":{}`` entries: refused by the entry budget the reader declares (here the
+    three tensors a model has), within the memory bound, before ``json.loads`` builds a dict."""
+    entries = b",".join(b'"k%d":{}' % i for i in range(1_790_000))
+    raw = b"{" + entries + b"}"
+    raw += b" " * (-len(raw) % 8)
+    path = tmp_path / "many.safetensors"
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw)
+
+    def read() -> None:
+        with open(path, "rb") as f:
+            read_header(f, "many", max_entries=3)
+
+    exc = refused_within_bounds(read, E.TensorSpecError)
+    assert "more entries than expected" in str(exc) and "<= " in str(exc)
+
+
+def test_the_entry_budget_admits_exactly_the_expected_count(tmp_path: Path) -> None:
+    header = {f"w{i}": {"dtype": "F32", "shape": [1], "data_offsets": [4 * i, 4 * i + 4]} for i in range(3)}
+    path = hostile(tmp_path, {"__metadata__": {"format": "pt"}, **header}, data=b"\0" * 12)
+    with open(path, "rb") as f:
+        entries, _ = read_header(f, "ok", max_entries=3)
+    assert sorted(entries) == ["w0", "w1", "w2"]
+    with open(path, "rb") as f, pytest.raises(E.TensorSpecError, match="more tensors than expected"):
+        read_header(f, "ok", max_entries=2)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from cairn import errors as E
 from cairn.checkpoint import CheckpointRef
 from cairn.config import parse_config
 from cairn.session import TrainingSession
-from tests.conftest import epoch_config
+from tests.conftest import dist_config, epoch_config, rewrite_manifest, small_config
 from workers.cli.main import main as cli
 
 
@@ -61,3 +62,92 @@ def test_init_from_starts_a_stage_and_test_exposures_are_counted(
     assert cli(["ckpt", "verify", ckpt]) == 0
     capsys.readouterr()
     assert CheckpointRef.parse(ckpt) == stage2_done.ref
+
+
+def _file_config(path: Path) -> dict[str, object]:
+    body = small_config().model_dump(mode="json")
+    body["data"] = {"source": "file", "path": str(path), "n_features": 8, "n_classes": 3, "version": "file-v1"}
+    return body
+
+
+def test_the_stages_config_builds_the_references_trainer(tmp_path: Path) -> None:
+    """The reference is read with a trainer built from the new stage's config, never from its own:
+    a reference whose data the contract lets change is not opened (here its file is gone), only its
+    weights are read, checked against this stage's model."""
+    data = tmp_path / "data.npz"
+    rng = np.random.default_rng(0)
+    np.savez(data, x=rng.standard_normal((64, 8)), y=rng.integers(0, 3, 64))
+    store = tmp_path / "store"
+    base = TrainingSession.fresh("base", store, parse_config(_file_config(data)))
+    done = base.run(4)
+    assert done is not None
+    data.unlink()
+    body = small_config().model_dump(mode="json")
+    body.update(stage="finetune", init_from={"checkpoint": str(done.ref)})  # may_change: data (the default)
+    stage = TrainingSession.fresh("stage", store, parse_config(body))
+    assert stage.state.lineage.reference is not None
+    assert stage.state.lineage.reference.fingerprint == done.manifest.fingerprint
+    assert np.array_equal(stage.state.params["W1"], base.state.params["W1"])
+    assert stage.state.lineage.dataset_hash == stage.trainer.data_hash  # this stage's data, not the reference's
+
+
+def test_a_reference_differing_outside_the_contract_is_refused_naming_the_field(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    done = TrainingSession.fresh("base", store, small_config()).run(2)
+    assert done is not None
+    body = small_config().model_dump(mode="json")
+    body["model"]["hidden"] = 4
+    body.update(stage="finetune", init_from={"checkpoint": str(done.ref)})
+    with pytest.raises(E.IncompatibleConfigError, match="stage contract") as info:
+        TrainingSession.fresh("stage", store, parse_config(body))
+    assert (info.value.field, info.value.expected, info.value.found) == ("config.model.hidden", 16, 4)
+
+
+def test_weights_that_do_not_fit_the_stages_model_are_refused_before_they_are_read(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    done = TrainingSession.fresh("base", store, small_config()).run(2)
+    assert done is not None
+    body = small_config().model_dump(mode="json")
+    body["data"]["n_features"] = 6  # data may change; this model's first layer then has another shape
+    body.update(stage="finetune", init_from={"checkpoint": str(done.ref)})
+    for shard in store.rglob("*.bin"):
+        shard.write_bytes(b"\0" * shard.stat().st_size)  # never read: the shapes refuse it first
+    with pytest.raises(E.TensorSpecError, match="init_from") as info:
+        TrainingSession.fresh("stage", store, parse_config(body))
+    assert "W1" in str(info.value.field)
+
+
+@pytest.mark.parametrize("data", [{}, {"n_examples": 300}], ids=["same-run", "new-data"])
+def test_a_stage_starts_from_a_distributed_runs_blocked_checkpoint(tmp_path: Path, data: dict[str, object]) -> None:
+    """Validated completely (the same run's config) or by its weights alone (new data), a blocked
+    checkpoint's weights arrive whole."""
+    store = tmp_path / "store"
+    base = TrainingSession.fresh("base", store, dist_config())
+    done = base.run(3)
+    assert done is not None
+    body = dist_config().model_dump(mode="json")
+    body["data"].update(data)
+    body.update(stage="finetune", init_from={"checkpoint": str(done.ref)})
+    stage = TrainingSession.fresh("stage", store, parse_config(body))
+    weights = [n for n in stage.state.tensors if stage.trainer.is_weight(n)]
+    assert weights and all(np.array_equal(stage.state.tensors[n], base.state.tensors[n]) for n in weights)
+    assert stage.run(2) is not None
+
+
+def test_a_reference_of_the_same_run_config_is_validated_completely(tmp_path: Path) -> None:
+    """Where the reference agrees with the stage on every identity field, it is checked as a resume
+    would be: here its lineage names other data (refingerprinted, so the rule itself must refuse)."""
+    store = tmp_path / "store"
+    session = TrainingSession.fresh("base", store, small_config())
+    done = session.run(2)
+    assert done is not None
+
+    def other_data(body: dict[str, Any]) -> None:
+        body["lineage"]["dataset_hash"] = "sha256:" + "0" * 64
+
+    rewrite_manifest(session.store, done.ref, other_data)
+    body = small_config().model_dump(mode="json")
+    body.update(stage="finetune", init_from={"checkpoint": str(done.ref)})
+    with pytest.raises(E.IncompatibleConfigError, match="different data") as info:
+        TrainingSession.fresh("stage", store, parse_config(body))
+    assert info.value.field == "lineage.dataset_hash"

@@ -15,7 +15,7 @@ from cairn import errors as E
 from cairn.checkpoint import CheckpointRef
 from cairn.config import load_config, parse_config
 from cairn.session import TrainingSession
-from cairn.trainers.loading import load_trainer, trainer_for_checkpoint
+from cairn.trainers.loading import load_trainer, normalized_config, trainer_for_checkpoint
 from tests.conftest import REPO, rewrite_manifest, small_config
 
 
@@ -50,6 +50,19 @@ def test_a_checkpoint_naming_an_untrusted_trainer_is_refused_before_import(tmp_p
     with pytest.raises(E.IncompatibleConfigError, match="another trainer") as info:
         trainer_for_checkpoint(found, small_config())
     assert info.value.field == "config.trainer.factory"
+
+
+def test_with_the_runs_config_the_trainer_is_built_from_it_never_from_the_checkpoint() -> None:
+    """The run's config decides: the trainer is built from it, and a checkpoint whose config
+    differs on an identity field is refused naming it before anything is built; the checkpoint's
+    own config builds the trainer only when there is no run config."""
+    given = small_config(stage="finetune")
+    found = small_config(optimizer={"lr": 0.5})  # not an identity field: the run's may differ
+    assert trainer_for_checkpoint(found, given).config == normalized_config(given)
+    assert trainer_for_checkpoint(found, None).config == normalized_config(found)
+    with pytest.raises(E.IncompatibleConfigError, match="different run configuration") as info:
+        trainer_for_checkpoint(small_config(model={"kind": "mlp", "hidden": 4}), given)
+    assert (info.value.field, info.value.expected, info.value.found) == ("config.model.hidden", 16, 4)
 
 
 PAYLOAD = """

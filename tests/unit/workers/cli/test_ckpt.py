@@ -113,3 +113,60 @@ def test_pins_are_listed_and_can_be_removed(tmp_path: Path, capsys: pytest.Captu
     assert all(c["pins"] == [] for c in json.loads(out)["checkpoints"])
     code, _, err = run(capsys, "ckpt", "unpin", store, "--run", "r", "--name", "best")
     assert code == 2 and "best" in err
+
+
+# -- --config: the given config decides -----------------------------------------------------------
+
+DIFFERING = [
+    ({"seed": 8}, "config.seed"),
+    ({"model": {"hidden": 12}}, "config.model.hidden"),
+    ({"data": {"n_examples": 200}}, "config.data.n_examples"),
+]
+
+
+def _config_file(tmp_path: Path, change: dict[str, object]) -> str:
+    """The example config with ``change`` merged into it (a section's fields, or a top-level value)."""
+    body = json.loads(Path(CONFIG).read_text())
+    for key, value in change.items():
+        body[key] = {**body[key], **value} if isinstance(value, dict) else value
+    path = tmp_path / "given.json"
+    path.write_text(json.dumps(body))
+    return str(path)
+
+
+def _trained(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> str:
+    code, out, _ = run(capsys, "train", "--config", CONFIG, "--steps", "2", "--store", str(tmp_path / "s"), "--json")
+    assert code == 0
+    return str(json.loads(out)["checkpoint"])
+
+
+def _command(name: str, ref: str, out: Path) -> tuple[str, ...]:
+    return {
+        "verify": ("ckpt", "verify", ref),
+        "export": ("ckpt", "export", ref, str(out), "--format", "safetensors"),
+        "eval": ("eval", ref),
+        "compare": ("ckpt", "compare", ref, ref),
+    }[name]
+
+
+@pytest.mark.parametrize(("change", "field"), DIFFERING, ids=["seed", "hidden", "dataset-size"])
+@pytest.mark.parametrize("name", ["verify", "export", "eval", "compare"])
+def test_a_checkpoint_that_differs_from_the_given_config_is_refused_naming_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, change: dict[str, object], field: str
+) -> None:
+    """``--config`` means the given config decides: the trainer is built from it, and a checkpoint
+    of another seed, model or dataset is refused in one line, expected (the config) vs found."""
+    ref = _trained(capsys, tmp_path)
+    code, out, err = run(capsys, *_command(name, ref, tmp_path / "out"), "--config", _config_file(tmp_path, change))
+    assert code == 1 and out == "", err
+    assert err.count("\n") == 1 and "IncompatibleConfigError" in err and f"{field}:" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", ["verify", "export", "compare"])
+def test_the_runs_own_config_is_accepted(tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str) -> None:
+    """A config that differs only where a checkpoint may (the optimizer: not an identity field) is the run's."""
+    ref = _trained(capsys, tmp_path)
+    given = _config_file(tmp_path, {"optimizer": {"lr": 0.5}})
+    code, _, err = run(capsys, *_command(name, ref, tmp_path / "out"), "--config", given)
+    assert code == 0, err

@@ -206,12 +206,13 @@ def test_list_json_has_every_field_of_each_manifest(tmp_path: Path, capsys: pyte
             "format_version": expected["format_version"][i],
             "world_size": expected["world_size"][i],
             "pins": expected["pins"][i],
+            "committed": True,
             "error": None,
         }
         assert datetime.fromisoformat(row["committed_at"]).tzinfo is not None
 
 
-def test_a_refused_manifest_is_listed_as_refused_not_fatal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_foreign_manifest_is_listed_as_foreign_not_fatal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     store = LocalStore(tmp_path / "s")
     good = _gpt_like(store)
     bad = write_checkpoint(store, CheckpointContent(kind=INFERENCE, run_id="gpt", step=9), {"w": np.ones(2)}).ref
@@ -221,8 +222,10 @@ def test_a_refused_manifest_is_listed_as_refused_not_fatal(tmp_path: Path, capsy
     rows = {r["step"]: r for r in json.loads(out)["checkpoints"]}
     assert rows[good.step]["error"] is None and rows[good.step]["bytes"] is not None
     assert rows[bad.step]["error"].startswith("IntegrityError: ") and rows[bad.step]["bytes"] is None
-    assert f"warning: {bad}: IntegrityError" in err
+    assert rows[good.step]["committed"] and not rows[bad.step]["committed"]
+    assert json.loads(out)["foreign"] == [str(bad)]
+    assert f"warning: foreign: {bad}: IntegrityError" in err
     code, out, err = run(capsys, "ckpt", "list", str(store.root), "--run", "gpt")
-    assert code == 0 and "1 manifest(s) refused" in err
+    assert code == 0 and "1 object(s) at a manifest's key are not checkpoints Cairn committed" in err
     rows_text, _ = _parse_list(out, LIST_HEADERS)
-    assert rows_text[1]["committed at (UTC)"] == "(refused)" and rows_text[1]["bytes"] == "-"
+    assert rows_text[1]["committed at (UTC)"] == "(foreign)" and rows_text[1]["bytes"] == "-"
