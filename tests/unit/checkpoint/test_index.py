@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ from cairn.checkpoint.blocks import Block, parts_of, plan_blocks, split_blocks
 from cairn.checkpoint.commit import commit_indexed
 from cairn.checkpoint.index import expand, write_rank_index
 from cairn.checkpoint.layout import manifest_key
+from cairn.checkpoint.manager import load_training, save_training
 from cairn.checkpoint.manifest import INDEXED_FORMAT_VERSION, PartSpec
 from cairn.checkpoint.options import CEILING_ENV, CheckpointOptions, Limits
 from cairn.checkpoint.ref import CheckpointRef
@@ -28,6 +30,8 @@ from cairn.checkpoint.shards import new_save_nonce, write_shards
 from cairn.checkpoint.sparse import SparseStore, zero_rank
 from cairn.checkpoint.tensors import ALLOWED_DTYPES, dtype_from_tag
 from cairn.checkpoint.validate import WIDEST_ITEMSIZE, run_bounds
+from cairn.session import TrainingSession
+from cairn.stores import LocalStore
 from cairn.trainers.base import TensorSpec
 from tests.conftest import rewrite_manifest, rewrite_rank_index, small_config
 
@@ -318,3 +322,31 @@ def test_a_rank_index_padded_with_shards_is_refused_from_its_counts() -> None:
     store, ref = _v3()
     rewrite_rank_index(store, ref, 0, lambda b: b["shards"].extend([{}] * 20))
     _refused(store, ref, E.TensorSpecError, "indexes[0].tensors")  # counted before the schema is built
+
+
+def test_blocks_smaller_than_the_runs_are_refused_from_the_root(tmp_path: Path) -> None:
+    """The bound on a checkpoint's blocks comes from the run (its specs at the run's block size),
+    not from the manifest's own block sizes: the same state cut into 64-byte blocks lists far more
+    block entries (each costs memory to hold) and is refused by the root's counts, before a rank
+    index is read. Read at the block size it was written with, it loads."""
+    session = TrainingSession.fresh("fine", LocalStore(tmp_path / "s"), small_config())
+    session.run(5)
+    store = CountingReads(tmp_path / "tiny")
+    tiny = CheckpointOptions(incremental=True, block_bytes=64)
+    ref = save_training(store, "fine", session.state, options=tiny).ref
+    store.indexes = 0
+    with pytest.raises(E.SizeLimitError, match="blocks") as info:
+        load_training(store, ref, options=CheckpointOptions(), trainer=session.trainer)
+    assert "1048576-byte blocks" in str(info.value) and store.indexes == 0
+    state, _ = load_training(store, ref, options=tiny, trainer=session.trainer)
+    assert state.step == 5
+
+
+class CountingReads(LocalStore):
+    """Counts the rank indexes read."""
+
+    indexes = 0
+
+    def read(self, key: str, max_bytes: int) -> bytes:
+        self.indexes += key.endswith(".index.json")
+        return super().read(key, max_bytes)
