@@ -229,3 +229,28 @@ def test_a_foreign_manifest_is_listed_as_foreign_not_fatal(tmp_path: Path, capsy
     assert code == 0 and "1 object(s) at a manifest's key are not checkpoints Cairn committed" in err
     rows_text, _ = _parse_list(out, LIST_HEADERS)
     assert rows_text[1]["committed at (UTC)"] == "(foreign)" and rows_text[1]["bytes"] == "-"
+
+
+def test_gc_on_a_signed_run_with_junk_manifests_deletes_nothing_genuine(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reported case: a signed run (steps 10 and 20 genuine), ``{}`` planted as the manifests
+    of steps 30, 40 and 50, then ``cairn ckpt gc STORE --run R --keep-last 3 --grace-seconds 0``."""
+    monkeypatch.setenv("CAIRN_SIGNING_KEY", "k" * 32)
+    store = LocalStore(tmp_path / "s")
+    for step in (10, 20):
+        content = CheckpointContent(kind=CheckpointKind.TRAINING, run_id="r", step=step)
+        write_checkpoint(store, content, {"w": np.ones(2)})
+    for step in (30, 40, 50):
+        store.write_object(f"r/training/{step:012d}/manifest.json", [b"{}"])
+    gc = ("ckpt", "gc", str(store.root), "--run", "r", "--keep-last", "3", "--grace-seconds", "0", "--json")
+    code, out, err = run(capsys, *gc)
+    assert code == 0
+    plan = json.loads(out)
+    assert plan["delete"] == [] and [k.rsplit("/", 1)[-1] for k in plan["keep"]] == ["000000000010", "000000000020"]
+    assert [f["key"] for f in plan["foreign"]] == [f"r/training/{s:012d}/manifest.json" for s in (30, 40, 50)]
+    assert "3 object(s) at a manifest's or a pin's key are not Cairn's" in err
+    for step in (10, 20, 30, 40, 50):
+        assert (store.root / f"r/training/{step:012d}/manifest.json").exists()
+    code, out, err = run(capsys, "ckpt", "list", str(store.root), "--run", "r")
+    assert code == 0 and "2 checkpoint(s)" in out and "3 foreign object(s)" in out
