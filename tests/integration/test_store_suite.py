@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -37,6 +38,25 @@ def test_object_basics(any_store: Store) -> None:
         any_store.read("a/b/two.bin", 1 << 30)
     any_store.delete(["a/b/one.bin", "a/b/missing.bin"])
     assert list(any_store.list("a/")) == []
+
+
+def test_a_read_states_its_bound_and_an_object_over_it_is_refused_unread(any_store: Store) -> None:
+    """Every store refuses an object larger than the reader's bound from its size (stat, the GET's
+    Content-Length), before its bytes are read: 16 MiB planted, a 4 KiB bound, memory stays small."""
+    any_store.write_object("big/latest.json", [b"\0" * (16 * MiB)], size=16 * MiB)
+    any_store.write_object("big/exact.json", [b"x" * 4096], size=4096)
+    assert any_store.read("big/exact.json", 4096) == b"x" * 4096  # exactly the bound: read
+    tracemalloc.start()
+    try:
+        with pytest.raises(E.SizeLimitError) as info:
+            any_store.read("big/latest.json", 4096)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < MiB, f"peak {peak} bytes: the object was read"  # read whole, it would be 16 MiB
+    assert info.value.field == "big/latest.json" and str(16 * MiB) in str(info.value)
+    with pytest.raises(E.SizeLimitError):
+        any_store.read("big/exact.json", 4095)
 
 
 def test_large_object_streams_and_ranges(any_store: Store) -> None:
