@@ -3,7 +3,8 @@ honors idempotency keys, over HTTP + JSON, backed by SQLite.
 
 Run it with ``python -m workers.stack.reservation --port 8377 --db reservations.db`` (``cairn dev
 up`` and the drill's embedded stack start one). ``body``: what a request may carry; ``service``:
-the state and the idempotency rules; ``server``: the HTTP side and ``main``.
+the state and the idempotency rules; ``app``: the routes; ``server``: HTTP/1.1 on h11 and asyncio,
+its limits (``limits``) and ``main``.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from workers.stack.reservation.body import (
     check_key,
     parse_body,
 )
+from workers.stack.reservation.limits import ServerLimits
 from workers.stack.reservation.server import ReservationHTTPServer, main, serve
 from workers.stack.reservation.service import ReservationService
 
 __all__ = [
     "ReservationService",
     "ReservationHTTPServer",
+    "ServerLimits",
     "parse_body",
     "check_key",
     "serve",

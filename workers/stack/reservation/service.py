@@ -2,8 +2,10 @@
 the idempotency records, in one SQLite file.
 
 A mutating request runs once per ``Idempotency-Key``, in one serialized transaction with the
-record of its outcome; the same key and request again replay that outcome, the same key with a
-different request is ``422 IdempotencyConflict``.
+record of its outcome, a success or a refusal by the service's rules (capacity, an unknown
+resource or reservation); the same key and request again replay that outcome, the same key with a
+different request is ``422 IdempotencyConflict``. A request refused before it ran (a malformed
+body or key) records nothing.
 """
 
 from __future__ import annotations
@@ -77,7 +79,9 @@ class ReservationService:
     def idempotent(
         self, key: str | None, method: str, path: str, body: dict[str, Any], action: Any
     ) -> tuple[int, dict[str, Any], bool]:
-        """Run ``action(db)`` once per key; replay its recorded outcome for the same request."""
+        """Run ``action(db)`` once per key and record its outcome, a refusal (``ServiceError``)
+        included; replay the recorded outcome for the same request (a created reservation
+        replays as ``200``: nothing is created this time)."""
         key = check_key(key)
         digest = _body_hash(method, path, body)
         with self._tx() as db:
@@ -89,11 +93,18 @@ class ReservationService:
                         "IdempotencyConflict",
                         f"Idempotency-Key {key!r} was already used for a different request",
                     )
-                return int(row[1]), json.loads(row[2]), True
-            status, response = action(db)
+                status = int(row[1])
+                return (HTTPStatus.OK if status == HTTPStatus.CREATED else status), json.loads(row[2]), True
+            db.execute("SAVEPOINT action")
+            try:
+                status, response = action(db)
+            except ServiceError as exc:  # refused by the rules: undo what it wrote, record the refusal
+                db.execute("ROLLBACK TO action")
+                status, response = exc.status, exc.body()
+            db.execute("RELEASE action")
             db.execute(
                 "INSERT INTO idempotency(key, request_hash, status, response) VALUES (?, ?, ?, ?)",
-                (key, digest, status, json.dumps(response)),
+                (key, digest, int(status), json.dumps(response)),
             )
             return status, response, False
 
@@ -152,9 +163,20 @@ class ReservationService:
         return int(row[0])
 
     def lookup(self, key: str) -> dict[str, Any] | None:
+        """The effect performed under ``key``, or None if the key is unknown; a key whose recorded
+        outcome is a refusal performed nothing, which is ``404 NotPerformed``."""
         with self._tx() as db:
             row = db.execute("SELECT status, response FROM idempotency WHERE key = ?", (key,)).fetchone()
-        return None if row is None else {"key": key, "status": row[0], "response": json.loads(row[1])}
+        if row is None:
+            return None
+        status, response = int(row[0]), json.loads(row[1])
+        if status >= HTTPStatus.BAD_REQUEST:
+            raise ServiceError(
+                HTTPStatus.NOT_FOUND,
+                "NotPerformed",
+                f"Idempotency-Key {key!r} was refused ({status} {response.get('error')}); nothing was performed",
+            )
+        return {"key": key, "status": status, "response": response}
 
     def resource(self, name: str) -> dict[str, Any] | None:
         with self._tx() as db:
