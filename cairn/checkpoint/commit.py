@@ -39,12 +39,19 @@ from cairn.checkpoint.manifest import (
     WriterInfo,
 )
 from cairn.checkpoint.options import CheckpointOptions, resolve_options
-from cairn.checkpoint.reader import load_manifest_object
+from cairn.checkpoint.reader import load_manifest_object, read_manifest
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.reuse import remember_blocks, write_rank_blocks
 from cairn.checkpoint.shards import RankShards, new_save_nonce, write_shards
 from cairn.checkpoint.tensors import as_le_contiguous, dtype_tag, tensor_checksum
-from cairn.errors import CairnError, CheckpointConflictError, SizeLimitError, TensorSpecError
+from cairn.errors import (
+    CairnError,
+    CheckpointConflictError,
+    CheckpointError,
+    CheckpointNotFoundError,
+    SizeLimitError,
+    TensorSpecError,
+)
 from cairn.stores.base import Store
 
 __all__ = ["CommitResult", "commit_manifest", "commit_indexed", "write_checkpoint"]
@@ -207,7 +214,7 @@ def write_checkpoint(
     if store.exists(mkey):
         # A retry (or a stale writer) of a committed step: compare, don't rewrite — in the
         # committed layout when it holds these tensors (a retry may differ in incremental).
-        committed = load_manifest_object(store, ref, options.limits)
+        committed = _committed_there(store, ref, options, orphan_keys=[])
         fingerprint = _fingerprint_in(committed, content, tensors, block_bytes, options)
         result = _converge(store, ref, fingerprint, orphan_keys=[], options=options)
     elif block_bytes is None:
@@ -286,6 +293,23 @@ def _same_layout(committed: Manifest, tensors: Mapping[str, np.ndarray]) -> dict
     return parts
 
 
+def _committed_there(store: Store, ref: CheckpointRef, options: CheckpointOptions, orphan_keys: list[str]) -> Manifest:
+    """The manifest committed at ``ref``, checked as every reader checks it (signature included):
+    an object there that Cairn did not commit is a ``CheckpointConflictError`` (this attempt's
+    ``orphan_keys`` deleted first), never taken for a state."""
+    try:
+        return read_manifest(store, ref, expect_kind=None, options=options, expand_index=False)
+    except CheckpointNotFoundError:
+        raise
+    except CheckpointError as exc:
+        store.delete(orphan_keys)
+        raise CheckpointConflictError(
+            f"{ref}: this step's manifest key holds an object Cairn did not commit ({exc.type_name}: {exc}); "
+            "`cairn ckpt list` shows it: remove it by hand",
+            field="manifest",
+        ) from exc
+
+
 def _converge(
     store: Store,
     ref: CheckpointRef,
@@ -296,9 +320,11 @@ def _converge(
     relayout: Relayout | None = None,
 ) -> CommitResult:
     """Another writer committed this key first: identical content is success, else conflict.
+    The committed manifest is checked as every reader checks it (signature included): an object
+    there that Cairn did not commit is a conflict, never taken for this state.
     ``relayout``: this state's fingerprint in the committed manifest's layout, when that is
     not the one ``fingerprint`` was computed in."""
-    existing = load_manifest_object(store, ref, options.limits)
+    existing = _committed_there(store, ref, options, orphan_keys)
     store.delete(orphan_keys)  # only this attempt's nonce-named shards: nobody else refers to them
     if existing.fingerprint != fingerprint and relayout is not None:
         fingerprint = relayout(existing) or fingerprint

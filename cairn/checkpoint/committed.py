@@ -16,8 +16,9 @@ error is raised, so no caller acts on a guess.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from cairn.checkpoint.layout import parse_checkpoint_key
@@ -25,12 +26,21 @@ from cairn.checkpoint.manifest import CheckpointKind, Manifest
 from cairn.checkpoint.options import CheckpointOptions, resolve_options
 from cairn.checkpoint.reader import read_manifest
 from cairn.checkpoint.ref import CheckpointRef
-from cairn.errors import CairnError, CheckpointError, CheckpointNotFoundError, InvalidObjectError
+from cairn.errors import (
+    CairnError,
+    CheckpointError,
+    CheckpointNotFoundError,
+    InvalidObjectError,
+    ManifestError,
+    SignatureError,
+)
 from cairn.stores.base import Store
 
-__all__ = ["Verdict", "ForeignKey", "judge", "manifest_candidates", "judge_all", "highest_committed"]
+__all__ = ["Verdict", "ForeignKey", "judge", "manifest_candidates", "judge_each", "judge_all", "highest_committed"]
 
 _KINDS = {k.value: k for k in CheckpointKind}
+BATCH = 32
+"""Manifests judged (and held) at once by ``judge_each``."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +75,9 @@ def judge(store: Store, ref: CheckpointRef, options: CheckpointOptions | None = 
         return None
     except (CheckpointError, InvalidObjectError) as exc:
         return Verdict(ref, None, exc)
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a check that met a shape it did not expect
+        refusal = ManifestError(f"{ref}: not a manifest Cairn reads ({type(exc).__name__}: {exc})")
+        return Verdict(ref, None, refusal)
     return Verdict(ref, manifest, None)
 
 
@@ -96,19 +109,30 @@ def manifest_candidates(
     return refs, unknown
 
 
+def judge_each(
+    store: Store, refs: Iterable[CheckpointRef], options: CheckpointOptions | None = None, *, concurrent: bool = False
+) -> Iterator[Verdict]:
+    """The verdicts on ``refs`` (those whose manifest is gone are left out), in order, a batch
+    at a time (at most ``BATCH`` manifests held at once, whatever the run holds); ``concurrent``:
+    each batch read on threads (a remote store's latency, not the CPU, bounds it)."""
+    options = resolve_options(options)
+    refs = list(refs)
+    with ThreadPoolExecutor(max_workers=16) if concurrent and len(refs) > 1 else nullcontext() as pool:
+        for start in range(0, len(refs), BATCH):
+            batch = refs[start : start + BATCH]
+            found = (
+                pool.map(lambda r: judge(store, r, options), batch)
+                if pool
+                else (judge(store, r, options) for r in batch)
+            )
+            yield from (v for v in found if v is not None)
+
+
 def judge_all(
     store: Store, refs: Iterable[CheckpointRef], options: CheckpointOptions | None = None, *, concurrent: bool = False
 ) -> list[Verdict]:
-    """The verdicts on ``refs`` (those whose manifest is gone are left out), in order;
-    ``concurrent``: read them on threads (a remote store's latency, not the CPU, bounds it)."""
-    options = resolve_options(options)
-    refs = list(refs)
-    if concurrent and len(refs) > 1:
-        with ThreadPoolExecutor(max_workers=min(16, len(refs))) as pool:
-            found = list(pool.map(lambda r: judge(store, r, options), refs))
-    else:
-        found = [judge(store, r, options) for r in refs]
-    return [v for v in found if v is not None]
+    """``judge_each``, as a list."""
+    return list(judge_each(store, refs, options, concurrent=concurrent))
 
 
 def highest_committed(
@@ -121,11 +145,23 @@ def highest_committed(
 ) -> CheckpointRef | None:
     """The highest committed step of ``(run_id, kind)`` among the manifests listed (after
     ``start_after``): candidates are judged from the highest step down, so a foreign object
-    above the genuine latest costs one read and is passed over."""
+    above the genuine latest costs one read and is passed over. When the run holds manifests and
+    none is committed because no signature verifies (a rotated or wrong signing key), it raises
+    ``SignatureError`` rather than answer None: a resume must never start such a run over."""
     refs, _ = manifest_candidates(store, run_id, kind, start_after=start_after)
     options = resolve_options(options)
+    unverified: list[Verdict] = []
     for ref in reversed(refs):
         verdict = judge(store, ref, options)
         if verdict is not None and verdict.committed:
             return ref
+        if verdict is not None and isinstance(verdict.refusal, SignatureError):
+            unverified.append(verdict)
+    if unverified and start_after is None:
+        # Checkpoints are there and none verifies with this key: never start the run over from step 0.
+        raise SignatureError(
+            f"run {run_id}: {len(unverified)} {kind.value} checkpoint(s) and none verifies with the configured "
+            f"signing key (rotated or wrong key on this worker?); the newest: {unverified[0].refusal}",
+            field="signature",
+        )
     return None

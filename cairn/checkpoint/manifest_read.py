@@ -48,7 +48,8 @@ def parse_manifest(raw: bytes, where: str, *, limits: Limits = DEFAULT_LIMITS) -
         raise ManifestError(field="manifest", expected="a JSON object", found=type(data).__name__)
     if data.get("format") != FORMAT_NAME:
         raise FormatVersionError(field="format", expected=FORMAT_NAME, found=data.get("format"))
-    if data.get("format_version") not in SUPPORTED_VERSIONS:
+    version = data.get("format_version")
+    if type(version) is not int or version not in SUPPORTED_VERSIONS:  # (a list is not hashable)
         raise FormatVersionError(
             field="format_version", expected=sorted(SUPPORTED_VERSIONS), found=data.get("format_version")
         )

@@ -35,7 +35,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cairn.checkpoint.committed import judge_all
+from cairn.checkpoint.committed import judge_each
 from cairn.checkpoint.history import history_ref_keys
 from cairn.checkpoint.intents import intent_expired, live_intents
 from cairn.checkpoint.layout import (
@@ -65,6 +65,10 @@ __all__ = ["RetentionPolicy", "GcPlan", "plan_gc", "collect_garbage", "pin", "un
 
 _KINDS = {k.value: k for k in CheckpointKind}
 _MAX_STEP = 10**STEP_DIGITS - 1
+UNVERIFIED_NOTE = (
+    "the run's checkpoints are signed and no signing key is configured here: nothing deleted (a forged unsigned "
+    "manifest could pass as the latest); set CAIRN_SIGNING_KEY to collect"
+)
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,8 @@ class GcPlan:
     live intent protects them, or a kept manifest of their kind cannot be read."""
     intents: list[str] = field(default_factory=list)
     """Expired intents (``cairn.checkpoint.intents``), deleted with the orphans."""
+    notes: list[str] = field(default_factory=list)
+    """Why the pass deleted less than its policy says (one line each)."""
     foreign: dict[str, str] = field(default_factory=dict)
     """Objects at a manifest's or a pin's key that Cairn did not commit there (key -> why, one
     line): never counted, kept or deleted; while one is there, its kind's shards and the run's
@@ -120,6 +126,7 @@ class GcPlan:
             "history_segments": len(self.segments),
             "referenced_shards": len(self.referenced),
             "foreign": [{"key": k, "reason": v} for k, v in sorted(self.foreign.items())],
+            "notes": self.notes,
         }
 
 
@@ -160,7 +167,7 @@ def read_pins(store: Store, run_id: str) -> tuple[dict[tuple[str, int], list[str
             foreign[info.key] = str(exc)
             continue
         kind, step = body.get("kind"), body.get("step")
-        if kind not in _KINDS or type(step) is not int or not 0 <= step <= _MAX_STEP:
+        if not isinstance(kind, str) or kind not in _KINDS or type(step) is not int or not 0 <= step <= _MAX_STEP:
             foreign[info.key] = f"{info.key}: not a pin (expected {{kind, step}}, found {str(body)[:80]})"
             continue
         pins[(str(kind), step)].append(info.key.rsplit("/", 1)[-1].removesuffix(".json"))
@@ -207,33 +214,39 @@ def plan_gc(
         else:
             plan.foreign[mkey] = f"{mkey}: kind {kind!r} is not one of {sorted(_KINDS)}"
             unknown.add(kind)
-    committed: dict[str, dict[int, Manifest]] = defaultdict(dict)
+    committed: dict[str, dict[int, _Refs]] = defaultdict(dict)
+    signed = False
     remote = not isinstance(store, LocalStore | MemoryStore)  # a remote store: overlap the reads
-    for verdict in judge_all(store, candidates, options, concurrent=remote):  # each manifest read once
+    for verdict in judge_each(store, candidates, options, concurrent=remote):  # each manifest read once
         kind = verdict.ref.kind.value
-        if verdict.manifest is not None:
-            committed[kind][verdict.ref.step] = verdict.manifest
+        if verdict.manifest is not None:  # only what GC needs of it is kept, not the manifest
+            committed[kind][verdict.ref.step] = _Refs.of(verdict.manifest, verdict.ref)
+            signed |= verdict.manifest.signature is not None
         else:  # foreign: left alone, and it holds back its kind's shards
             plan.foreign[manifest_key(run_id, kind, verdict.ref.step)] = str(verdict.refusal)
             unknown.add(kind)
     if unknown:
         referenced = None
+    if signed and options.signer is None:
+        plan.notes.append(UNVERIFIED_NOTE)
     for kind, manifests in committed.items():
         steps = sorted(manifests)
         keep = set(steps[-policy.keep_last :])
         keep |= {s for s in steps if policy.keep_every and s % policy.keep_every == 0}
         keep |= {s for s in steps if (kind, s) in pins}
+        if signed and options.signer is None:
+            keep = set(steps)  # signatures unverifiable here: a forged manifest could pass as the latest
         for step in steps:
             ref = CheckpointRef(store.url, run_id, _KINDS[kind], step)
             objects = by_prefix[(kind, step)]
             mkey = manifest_key(run_id, kind, step)
             if step in keep:
                 plan.keep.append(ref)
-                manifest = manifests[step]
-                plan.orphans += _unreferenced_shards(manifest, ref, objects, now, policy)
-                linked.update(k for r in manifest.indexes or [] for k in r.linked)
-                if referenced is not None and manifest.history is not None:
-                    referenced |= history_ref_keys(run_id, manifest.history)
+                refs = manifests[step]
+                plan.orphans += _unreferenced_shards(refs, objects, now, policy)
+                linked.update(refs.linked)
+                if referenced is not None:
+                    referenced |= refs.history
             else:
                 plan.delete.append(ref)
                 plan.uncommit.append(mkey)
@@ -272,16 +285,36 @@ def _hold(plan: GcPlan, held: Callable[[str], bool]) -> None:
         setattr(plan, name, [k for k in keys if not held(k)])
 
 
-def _unreferenced_shards(
-    manifest: Manifest, ref: CheckpointRef, objects: list[ObjectInfo], now: float, policy: RetentionPolicy
-) -> list[str]:
-    used = {f"{ref.prefix}/{s.key}" for s in manifest.shards} | {manifest_key(ref.run_id, ref.kind.value, ref.step)}
-    committed = None if manifest.indexes is None else f"{ref.prefix}/{manifest.writer.nonce}/"
+@dataclass(frozen=True)
+class _Refs:
+    """What GC needs of a committed manifest: the objects of its prefix it uses, the shards of
+    other checkpoints it links, the history segments it refers to."""
+
+    used: frozenset[str]
+    attempt: str | None
+    """v3: the committed attempt's prefix (its shards and rank indexes are all in use)."""
+    linked: frozenset[str]
+    history: frozenset[str]
+
+    @classmethod
+    def of(cls, manifest: Manifest, ref: CheckpointRef) -> _Refs:
+        used = {f"{ref.prefix}/{s.key}" for s in manifest.shards} | {manifest_key(ref.run_id, ref.kind.value, ref.step)}
+        return cls(
+            used=frozenset(used),
+            attempt=None if manifest.indexes is None else f"{ref.prefix}/{manifest.writer.nonce}/",
+            linked=frozenset(k for r in manifest.indexes or [] for k in r.linked),
+            history=frozenset()
+            if manifest.history is None
+            else frozenset(history_ref_keys(ref.run_id, manifest.history)),
+        )
+
+
+def _unreferenced_shards(refs: _Refs, objects: list[ObjectInfo], now: float, policy: RetentionPolicy) -> list[str]:
     return [
         o.key
         for o in objects
-        if o.key not in used
-        and not (committed and o.key.startswith(committed))  # v3: the committed attempt's shards and indexes
+        if o.key not in refs.used
+        and not (refs.attempt and o.key.startswith(refs.attempt))  # v3: the committed attempt's shards and indexes
         and now - o.mtime > policy.grace_seconds
     ]
 

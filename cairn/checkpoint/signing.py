@@ -42,7 +42,7 @@ class Signer:
                 expected="hmac-sha256:<64 hex>",
                 found=None,
             )
-        if not hmac.compare_digest(self.sign(payload), signature):
+        if not hmac.compare_digest(self.sign(payload).encode(), signature.encode("utf-8", "surrogatepass")):
             raise SignatureError(
                 "HMAC does not match the manifest (tampered, or signed with another key)",
                 field="signature",

@@ -420,7 +420,7 @@ class TieredStore(Store):
         """On opening: record this directory's local commits, delete what no commit needs
         (a crashed save's leftovers), and queue the commits not uploaded yet."""
         try:
-            self.identity = read_record(self.local, DURABLE_NAME, what="local tier record")["store_id"]
+            self.identity = read_record(self.local, DURABLE_NAME, what="local tier record").get("store_id")
         except ObjectNotFoundError:
             self.identity = store_identity(self.durable, create=False)  # new: made for this store
         except (CairnError, ValueError, AttributeError):

@@ -37,6 +37,7 @@ from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.tensors import CHECKSUM_PREFIX
 from cairn.errors import (
     CheckpointConflictError,
+    CheckpointError,
     CheckpointNotFoundError,
     IntegrityError,
     ObjectNotFoundError,
@@ -169,7 +170,14 @@ def upload_checkpoint(local: Store, durable: Store, ref: CheckpointRef, *, concu
     if not created and manifest_bytes(durable, durable_ref, options.limits) != raw:
         # Another attempt's commit (or a damaged one): it must check out as any read does, and hold
         # this very content; a commit every reader would refuse is never taken for ours.
-        existing = read_manifest(durable, durable_ref, expect_kind=None, options=options, expand_index=False)
+        try:
+            existing = read_manifest(durable, durable_ref, expect_kind=None, options=options, expand_index=False)
+        except CheckpointNotFoundError:
+            raise
+        except CheckpointError as exc:  # not a commit at all: the local copy is not at fault
+            raise CheckpointConflictError(
+                f"{durable.url}/{key} holds an object Cairn did not commit ({exc.type_name}: {exc})", field="manifest"
+            ) from exc
         if existing.fingerprint != manifest.fingerprint:
             _drop_unreferenced(durable, ref, own, needed)
             raise CheckpointConflictError(

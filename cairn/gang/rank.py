@@ -108,7 +108,7 @@ def _train(comm: Comm, job: GangJob, workdir: Path, local_rank: int) -> RankResu
     assert engine is not None
     chosen: str | None = None
     if comm.rank == 0:
-        latest = job.resume_from or latest_committed(store, job.run_id)
+        latest = job.resume_from or latest_committed(store, job.run_id, options=options)
         chosen = None if latest is None else str(latest)
     ref = comm.broadcast_json(chosen if comm.rank == 0 else None)  # one choice for every rank
     last: dict[str, Any]

@@ -26,10 +26,10 @@ __all__ = ["ImportedWeights", "content_hash", "read_weights"]
 
 FIELD = "init_from.safetensors"
 SIDE_FILES = ("config.json",)
+"""Files of a directory the content hash covers besides the weights and their index."""
 _SLACK = 1024
 """Tensors past the model's own a header may list and still be parsed, so that the refusal names
 the foreign ones; the parse stays bounded by that many."""
-"""Files of a directory the content hash covers besides the weights and their index."""
 
 
 @dataclass

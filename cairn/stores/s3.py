@@ -38,7 +38,7 @@ import boto3
 import botocore.loaders
 import botocore.session
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, IncompleteReadError
 
 from cairn.errors import ConfigError, ObjectNotFoundError, StorageError, StoreNotFoundError
 from cairn.stores.base import Chunk, ObjectInfo, Store, split_key, too_large
@@ -279,6 +279,9 @@ class S3Store(Store):
                 body.close()
             if len(data) > max_bytes:
                 raise too_large(key, max_bytes, None)
+            declared = response.get("ContentLength")
+            if declared is not None and len(data) != int(declared):  # a body cut short: retried like a broken one
+                raise IncompleteReadError(actual_bytes=len(data), expected_bytes=int(declared))
             return data
 
         with _translate(f"get {self.url}/{key}"):
@@ -287,7 +290,10 @@ class S3Store(Store):
     def _read_range(self, full: str, offset: int, out: memoryview, where: str) -> None:
         span = f"bytes={offset}-{offset + len(out) - 1}"
         with _translate(f"get {where}"):
-            data = self._call(lambda: self.client.get_object(Bucket=self.bucket, Key=full, Range=span)["Body"].read())
+            # at most one byte more than asked: a server that ignores Range cannot make it read the object
+            data = self._call(
+                lambda: self.client.get_object(Bucket=self.bucket, Key=full, Range=span)["Body"].read(len(out) + 1)
+            )
         if len(data) != len(out):
             raise StorageError(field=where, expected=f"{len(out)} bytes at {offset}", found=f"{len(data)} bytes")
         out[:] = data

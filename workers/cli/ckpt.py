@@ -280,6 +280,8 @@ def cmd_ckpt_gc(args: argparse.Namespace) -> int:
         f"{verb} {len(plan.delete)} checkpoint(s), {len(plan.orphans)} orphan object(s), {plan.deleted_bytes} bytes"
     )
     emit(args, {"dry_run": args.dry_run, **plan.to_json()}, "\n".join(lines))
+    for note in plan.notes:
+        print(f"warning: {note}", file=sys.stderr)
     for key, why in sorted(plan.foreign.items())[:3]:
         print(f"warning: foreign: {key}: {why}", file=sys.stderr)
     if plan.foreign:

@@ -337,3 +337,17 @@ def test_the_durable_check_refuses_a_commit_with_the_right_fingerprint_field_but
     (durable.root / key).write_bytes(json.dumps(body).encode())
     with pytest.raises(IntegrityError, match="fingerprint"):
         require_durable(durable, result.ref, result.manifest.fingerprint)
+
+
+def test_a_tier_record_written_before_store_identities_still_opens(tmp_path: Path) -> None:
+    """``.tier/durable.json`` of an older release names the store only (no ``store_id``): the tier
+    opens, adopts the store's identity and resumes its uploads, as before the bounded reader."""
+    durable = LocalStore(tmp_path / "durable")
+    node, tiered = _tier(tmp_path, durable)
+    TrainingSession.fresh(RUN, tiered, small_config()).run(5)
+    (tiered.local.root / ".tier" / "durable.json").write_text(json.dumps({"url": durable.url}))
+    node.close()
+    again = NodeTier(tmp_path / "tier", 1 << 30, HeldUploader())
+    assert [t.url for t in again.resume()] == [durable.url]
+    _uploader(again).drain()
+    assert [r.step for r in list_checkpoints(durable, RUN)] == [5]

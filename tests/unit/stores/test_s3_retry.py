@@ -141,6 +141,9 @@ class ScriptedClient:
         self.failed = 0
         self.busy = self.peak = 0
         self.lock = threading.Lock()
+        self.ignore_range = False
+        self.short_bodies = 0
+        self.body_bytes = 0
 
     def _enter(self, op: str) -> None:
         with self.lock:
@@ -187,17 +190,25 @@ class ScriptedClient:
         if Range is not None:
             first, last = (int(x) for x in Range.removeprefix("bytes=").split("-"))
             data = data[first : last + 1]
+
+        if self.ignore_range:
+            data = self.objects[Key]
+        declared = len(data)
+        if self.short_bodies > 0:
+            self.short_bodies -= 1
+            data = data[: len(data) // 2]  # the connection ended early; Content-Length said more
         client = self
 
         class Body:
             def read(self, amt: int | None = None) -> bytes:
                 client._enter("body")  # the body read is part of the request: retried as one
+                client.body_bytes += len(data) if amt is None else min(amt, len(data))
                 return data if amt is None else data[:amt]
 
             def close(self) -> None:
                 pass
 
-        return {"Body": Body(), "ContentLength": len(data)}
+        return {"Body": Body(), "ContentLength": declared}
 
 
 FAST = RetryPolicy(attempts=6, base_s=0.001, throttle_base_s=0.001, cap_s=0.004)
@@ -263,3 +274,34 @@ def test_requests_in_flight_stay_under_the_bound() -> None:
     assert client.peak == 3  # the bound was reached: 4 uploads x 4 workers wanted more
     for s in stores:
         s.close()
+
+
+def test_a_read_over_its_bound_is_refused_from_content_length_without_reading_the_body() -> None:
+    client = ScriptedClient(client_error("InternalError", 500), 10**9, ())
+    store = _store(client)
+    client.objects["p/k/latest.json"] = b"\0" * (8 * MiB)
+    with pytest.raises(E.SizeLimitError) as info:
+        store.read("k/latest.json", 4096)
+    assert info.value.field == "k/latest.json" and client.body_bytes == 0
+    store.close()
+
+
+def test_a_body_shorter_than_its_content_length_is_retried() -> None:
+    client = ScriptedClient(client_error("InternalError", 500), 10**9, ())
+    store = _store(client)
+    client.objects["p/k/pin.json"] = b'{"kind": "training", "step": 4}'
+    client.short_bodies = 2
+    assert store.read("k/pin.json", 4096) == b'{"kind": "training", "step": 4}'
+    assert client.calls["body"] == 3 and client.short_bodies == 0
+    store.close()
+
+
+def test_a_server_ignoring_range_cannot_make_a_ranged_read_take_the_object() -> None:
+    client = ScriptedClient(client_error("InternalError", 500), 10**9, ())
+    store = _store(client)
+    client.objects["p/k/shard.bin"] = b"\1" * (4 * MiB)
+    client.ignore_range = True
+    with pytest.raises(E.StorageError):
+        store.read_into("k/shard.bin", 0, memoryview(bytearray(16)))
+    assert client.body_bytes <= 17
+    store.close()
