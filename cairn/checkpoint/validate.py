@@ -121,10 +121,15 @@ def run_bounds(
     reach the ceiling, and every block entry costs memory). Computed from the specs (Python
     integers): a manifest that claims more is refused before anything is allocated, and one the
     trainer declares at 2 TB is read. (The exact dtypes and shapes are compared next, by
-    ``check_training_manifest``.) The trainer's ``check_state`` runs first unless ``checked``
-    (its specs may read ``meta``, which must be well formed); a state it refuses is read under
-    the ``ceiling`` and refused by ``check_training_manifest``."""
-    if not checked:  # the trainer's specs read the manifest's meta: its form first
+    ``check_training_manifest``.) Unless ``checked``, the checkpoint's config is compared with
+    the trainer's first (``IncompatibleConfigError`` naming the field: a checkpoint of another
+    model is refused for that, not for its size), then the trainer's ``check_state`` runs (its
+    specs may read ``meta``, which must be well formed); a state it refuses is read under the
+    ``ceiling`` and refused by ``check_training_manifest``."""
+    if not checked:  # the checkpoint is the run's (the config names what differs, before any size), then meta's form
+        found = manifest_config(manifest)
+        require_trusted(found, trainer.config)
+        check_config_compatible(trainer.config, normalized_config(found))
         try:
             trainer.check_state(manifest.step, manifest.cursor, manifest.rng, manifest.meta)
         except CairnError:

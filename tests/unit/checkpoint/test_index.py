@@ -245,11 +245,12 @@ def test_a_checkpoint_past_the_old_caps_is_read_when_the_trainer_declares_it() -
     specs = {n: TensorSpec("<f8", tuple(p.shape)) for n, p in parts.items()}
     root = read_manifest(store, ref, expect_kind=INFERENCE, options=UNSIGNED, expand_index=False)
     assert root.total_bytes == 2048 * 8192 * 32768 * 8 > 64 << 30  # 4 TiB: 64x the old 64 GiB cap
-    sized = lambda m: run_bounds(_declared(m.step, specs, parts), m, Limits())  # noqa: E731
+    # an inference checkpoint of no config: the stand-in trainer declares only sizes (checked: no identity to compare)
+    sized = lambda m: run_bounds(_declared(m.step, specs, parts), m, Limits(), checked=True)  # noqa: E731
     manifest = read_manifest(store, ref, expect_kind=INFERENCE, options=UNSIGNED, bounds=sized)
     assert len(manifest.tensors) == 2048 * 2 and manifest.total_bytes == root.total_bytes
     smaller = {**specs, "layer0/w": TensorSpec("<f8", (8192, 1))}  # the trainer declares less than claimed
-    less = lambda m: run_bounds(_declared(m.step, smaller, parts), m, Limits())  # noqa: E731
+    less = lambda m: run_bounds(_declared(m.step, smaller, parts), m, Limits(), checked=True)  # noqa: E731
     before = store.index_reads()
     with pytest.raises(E.SizeLimitError) as info:
         read_manifest(store, ref, expect_kind=INFERENCE, options=UNSIGNED, bounds=less)
