@@ -168,3 +168,30 @@ async def test_watch_shows_the_current_steps_loss_and_ctrl_c_stops_only_watching
     for n, loss in shown:
         window = range(max(1, n - per_heartbeat), n + 1)
         assert any(abs(losses[s - 1] - loss) <= 5e-5 for s in window), (n, loss, [losses[s - 1] for s in window])
+
+
+async def test_status_names_the_queues_a_run_needs_and_who_polls_each(
+    temporal_server: TemporalServer, client: Client, tmp_path: Path, task_queue: str
+) -> None:
+    """With a worker: every queue the run uses (its own, for workflow tasks and bookkeeping, and
+    its numerics profile's, where its segments go) is listed with the workers polling it now.
+    Without one (a queue nobody ever polled), status says which queue waits, in words and JSON."""
+    env = {"TEMPORAL_ADDRESS": temporal_server.address}
+    path, run = run_file(tmp_path, total_steps=400, steps_per_segment=40, throttle_seconds_per_step=0.02)
+    async with serving(client, task_queue):
+        started = await asyncio.to_thread(cairn, "run", "start", str(path), "--task-queue", task_queue, env=env)
+        assert started.returncode == 0, started.stderr
+        deadline = time.monotonic() + 60
+        while (await client.get_workflow_handle(run["run_id"]).query("progress")).get("step", 0) < 5:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.1)
+        shown = await asyncio.to_thread(cairn, "run", "status", run["run_id"], "--json", env=env)
+        text = await asyncio.to_thread(cairn, "run", "status", run["run_id"], env=env)
+        await client.get_workflow_handle(run["run_id"]).terminate("test done")
+    status = json.loads(shown.stdout)
+    queues = {(q["queue"], q["kind"]): q for q in status["queues"]}
+    assert (task_queue, "workflow") in queues and (task_queue, "activity") in queues
+    training = [q for (name, kind), q in queues.items() if name.startswith(f"{task_queue}~") and kind == "activity"]
+    assert len(training) == 1, queues  # the numerics profile's queue, where the segments go
+    assert status["workers_polling"] >= 1 and all(q["live"] >= 1 for q in queues.values())
+    assert "no worker is polling" not in text.stdout and "polling" in text.stdout, text.stdout

@@ -26,7 +26,7 @@ import contextlib
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Literal, TypeVar
 
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
@@ -38,12 +38,14 @@ from cairn.errors import TemporalRefusedError
 from cairn.stores import open_store
 from workers.cli.output import emit, to_json
 from workers.cli.temporal import (
+    QueuePollers,
     attempts_text,
-    count_pollers,
     durable_text,
     failure_message,
     heartbeat_progress,
+    queue_pollers,
     run_progress,
+    run_queues,
     segment_view,
     show_result,
     start_input,
@@ -141,12 +143,20 @@ async def status(args: argparse.Namespace, client: Client) -> int:
     desc = await handle.describe()
     state = desc.status.name if desc.status else "UNKNOWN"
     running = desc.status == WorkflowExecutionStatus.RUNNING
-    pollers = await count_pollers(client, desc.task_queue)
+    # A closed run is never queried (a worker would replay it to answer, and one that failed
+    # before its first line cannot be replayed): its result, history and store say it all.
+    queues = await run_queues(client, wf, desc.task_queue) if running else [(desc.task_queue, "workflow")]
+    pollers = [await queue_pollers(client, queue, kind) for queue, kind in queues]
     progress: RunProgress | None = None
-    if pollers:
+    if running and pollers[0].live:
         with contextlib.suppress(RPCError, TemporalRefusedError):  # no answer: describe and history below
             progress = await run_progress(client, wf)
-    payload: dict[str, Any] = {"workflow_id": wf, "status": state, "workers_polling": pollers}
+    payload: dict[str, Any] = {
+        "workflow_id": wf,
+        "status": state,
+        "workers_polling": min(p.live for p in pollers),  # of the queue with the fewest: the run waits on it
+        "queues": [asdict(p) for p in pollers],
+    }
     if progress is not None:
         payload.update(progress.model_dump())
     lines: list[str] = []
@@ -205,7 +215,7 @@ def _segments_line(progress: RunProgress) -> str:
     )
 
 
-def _running_lines(desc: Any, pollers: int, payload: dict[str, Any]) -> list[str]:
+def _running_lines(desc: Any, pollers: list[QueuePollers], payload: dict[str, Any]) -> list[str]:
     lines = []
     segment = segment_view(desc)
     if segment is not None:
@@ -215,11 +225,16 @@ def _running_lines(desc: Any, pollers: int, payload: dict[str, Any]) -> list[str
             f"  segment     attempt {segment['attempt']}, step {segment.get('step', '-')}{seen}"
             + (f"; last failure: {segment['last_failure']}" if segment.get("last_failure") else "")
         )
-    if not pollers:
+    for p in pollers:
+        if p.live:
+            continue
+        since = "ever" if p.last_seen_s is None else f"for {p.last_seen_s:.0f} s"
         lines.append(
-            f"  worker      no worker is polling task queue {desc.task_queue!r}: progress shown is the last "
-            "the server saw; start one with `cairn worker`"
+            f"  worker      no worker is polling task queue {p.queue!r} ({p.kind} tasks) {since}: the run waits "
+            "for one; progress shown is the last the server saw; start one with `cairn worker`"
         )
+    if all(p.live for p in pollers):
+        lines.append("  workers     " + "; ".join(f"{p.live} polling {p.queue!r} ({p.kind})" for p in pollers))
     return lines
 
 

@@ -6,13 +6,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
-from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest, DescribeTaskQueueResponse
 from temporalio.client import (
     Client,
     WorkflowExecutionDescription,
@@ -22,6 +24,7 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.models import OWN_QUEUE_MARK
 from activities.views import RunProgress, RunSummary
 from cairn.errors import TemporalRefusedError, TemporalUnavailableError
 from workers.cli.output import emit
@@ -32,7 +35,11 @@ from workflows.training_run import TrainingRun
 __all__ = [
     "attempts_text",
     "closed_word",
-    "count_pollers",
+    "LIVE_POLL_SECONDS",
+    "QueuePollers",
+    "pollers_of",
+    "queue_pollers",
+    "run_queues",
     "durable_text",
     "failure_message",
     "heartbeat_progress",
@@ -163,16 +170,54 @@ async def show_result(args: argparse.Namespace, client: Client, workflow_id: str
     return 0
 
 
-async def count_pollers(client: Client, task_queue: str) -> int:
-    """How many workers polled the task queue recently (Temporal keeps them listed a while)."""
-    resp = await client.workflow_service.describe_task_queue(
-        DescribeTaskQueueRequest(
-            namespace=client.namespace,
-            task_queue=TaskQueue(name=task_queue),
-            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
-        )
+LIVE_POLL_SECONDS = 75.0
+"""A worker long-polls for up to a minute and polls again at once, so one that is polling now was
+seen by the server within this; Temporal keeps listing a poller for minutes after it stopped."""
+
+
+@dataclass(frozen=True)
+class QueuePollers:
+    """Who polls one task queue, from the server's description of it."""
+
+    queue: str
+    kind: str
+    """``workflow`` (workflow tasks) or ``activity``."""
+    live: int
+    """Pollers seen within ``LIVE_POLL_SECONDS``: workers polling now."""
+    last_seen_s: float | None
+    """Seconds since the server last saw any poller of it (None: none listed at all)."""
+
+
+def pollers_of(response: DescribeTaskQueueResponse, queue: str, kind: str, now: float) -> QueuePollers:
+    """``QueuePollers`` from a describe answer at wall time ``now`` (seconds since the epoch)."""
+    ages = [max(0.0, now - (p.last_access_time.seconds + p.last_access_time.nanos / 1e9)) for p in response.pollers]
+    live = sum(1 for age in ages if age <= LIVE_POLL_SECONDS)
+    return QueuePollers(queue, kind, live, min(ages) if ages else None)
+
+
+async def queue_pollers(client: Client, queue: str, kind: str) -> QueuePollers:
+    kinds = {"workflow": TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW, "activity": TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY}
+    request = DescribeTaskQueueRequest(
+        namespace=client.namespace, task_queue=TaskQueue(name=queue), task_queue_type=kinds[kind]
     )
-    return len(resp.pollers)
+    resp = await client.workflow_service.describe_task_queue(request)
+    return pollers_of(resp, queue, kind, time.time())
+
+
+async def run_queues(client: Client, workflow_id: str, run_queue: str) -> list[tuple[str, str]]:
+    """The (queue, kind) pairs a running run needs polled: its own queue for workflow tasks and
+    bookkeeping, and the queue its segments were last sent to (its numerics profile's queue, in
+    the shared form: a warm worker's own queue falls back to it), from the run's history."""
+    needed = [(run_queue, "workflow"), (run_queue, "activity")]
+    training: str | None = None
+    async for event in client.get_workflow_handle(workflow_id).fetch_history_events():
+        if event.HasField("activity_task_scheduled_event_attributes"):
+            attrs = event.activity_task_scheduled_event_attributes
+            if attrs.activity_type.name in SEGMENT_ACTIVITIES:
+                training = attrs.task_queue.name.split(OWN_QUEUE_MARK)[0]
+    if training is not None and training != run_queue:
+        needed.append((training, "activity"))
+    return needed
 
 
 async def query_run(handle: Any, query: Any) -> Any:
