@@ -20,6 +20,8 @@ _EXPORTS = {
     "Dataset": "cairn.data",
     "load_dataset": "cairn.data",
     "TrainingSession": "cairn.session",
+    "load_checkpoint": "cairn.models",
+    "load_model": "cairn.models",
     "Lineage": "cairn.state",
     "TrainState": "cairn.state",
     "open_store": "cairn.stores",

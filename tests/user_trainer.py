@@ -17,7 +17,15 @@ import pytest
 
 from tests.conftest import REPO
 
-__all__ = ["MARKER_ENV", "SOURCE", "UserModel", "installed_user_model", "user_config", "write_user_trainer"]
+__all__ = [
+    "LOUD_SOURCE",
+    "MARKER_ENV",
+    "SOURCE",
+    "UserModel",
+    "installed_user_model",
+    "user_config",
+    "write_user_trainer",
+]
 
 MARKER_ENV = "USER_TRAINER_MARKER"
 """A file the trainer appends ``STEP+STEPS`` to whenever it is asked to train (the proof, or not,
@@ -39,11 +47,36 @@ class UserCNN(DigitsCNN):
         return super().train(state, steps, on_step)
 '''
 
+LOUD_SOURCE = '''"""The digits CNN as research code is written: it prints when imported, when built and at every
+step, from Python and from C (straight to file descriptor 1, and through C's buffered stdio)."""
 
-def write_user_trainer(folder: Path, module: str) -> str:
-    """Write the trainer as ``folder/module.py``; returns its factory path."""
+import ctypes
+import json
+import os
+
+from examples.digits import DigitsCNN
+
+print("loud: imported")
+os.write(1, b"loud: fd 1 at import\\n")
+
+
+class UserCNN(DigitsCNN):
+    def __init__(self, config, options):
+        print("loud: number of parameters: 1.23K")
+        ctypes.CDLL(None).printf(b"loud: C printf when built\\n")
+        super().__init__(config, options)
+
+    def compute_loss(self, x, y):
+        print(json.dumps({"loud": "a step"}))
+        os.write(1, b"loud: fd 1 at a step\\n")
+        return super().compute_loss(x, y)
+'''
+
+
+def write_user_trainer(folder: Path, module: str, source: str = SOURCE) -> str:
+    """Write the trainer (``SOURCE``, or ``LOUD_SOURCE``) as ``folder/module.py``; returns its factory path."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{module}.py").write_text(SOURCE)
+    (folder / f"{module}.py").write_text(source)
     return f"{module}:UserCNN"
 
 
@@ -62,11 +95,13 @@ class UserModel:
     marker: Path
 
 
-def installed_user_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str) -> Iterator[UserModel]:
+def installed_user_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str, source: str = SOURCE
+) -> Iterator[UserModel]:
     """The trainer on this process's path and on its workers' (``PYTHONPATH``), trusted nowhere,
     with its config file and marker (a fixture's body: yields once, then forgets the module)."""
     folder = tmp_path / "usercode"
-    factory = write_user_trainer(folder, module)
+    factory = write_user_trainer(folder, module, source)
     monkeypatch.syspath_prepend(str(folder))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(folder), str(REPO), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.delenv("CAIRN_TRAINERS", raising=False)

@@ -109,6 +109,7 @@ def cmd_ckpt_show(args: argparse.Namespace) -> int:
     body["final_test_exposures"] = exposures
     reuse = referenced_of(manifest)
     body["written_bytes"], body["referenced_bytes"] = reuse.written_bytes, reuse.referenced_bytes
+    body["tokenizer"] = tokenizer = _tokenizer(manifest)
     if args.json:
         print(to_json(body))
         return 0
@@ -134,7 +135,7 @@ def cmd_ckpt_show(args: argparse.Namespace) -> int:
         )
     if lineage is not None:
         print(f"dataset      {lineage.dataset_version} {lineage.dataset_hash}")
-        print(f"model        {lineage.model_version}   tokenizer {lineage.tokenizer_version}")
+        print(f"model        {lineage.model_version}   tokenizer {tokenizer}")
         print(f"parent       {lineage.parent or '-'}")
         print(f"trainer      {lineage.trainer or BUILTIN_TRAINER}   contract {lineage.reproducibility or 'bit-exact'}")
         if lineage.model_hash:
@@ -156,6 +157,19 @@ def cmd_ckpt_show(args: argparse.Namespace) -> int:
     for line in table(("tensor", "dtype", "shape", "bytes", "checksum"), rows, indent="  "):
         print(line)
     return 0
+
+
+def _tokenizer(manifest: Manifest) -> str:
+    """The run's tokenizer, as ``ckpt show`` names it: the config's ``tokenizer_version``; else,
+    for a trainer that trains its own on the run's data (options with a ``vocab_size``, as
+    ``HFCausalLM``), its size and that data; else ``none``."""
+    config, lineage = manifest.config or {}, manifest.lineage
+    declared = lineage.tokenizer_version if lineage is not None else config.get("tokenizer_version", "none")
+    options = (config.get("trainer") or {}).get("options") or {}
+    vocab = options.get("vocab_size") if isinstance(options, dict) else None
+    if declared != "none" or lineage is None or not isinstance(vocab, int) or isinstance(vocab, bool):
+        return str(declared)
+    return f"trained on the run's data: {vocab} tokens ({lineage.dataset_version}, {lineage.dataset_hash[:19]}...)"
 
 
 def _numerics_line(record: NumericsRecord | None) -> str:

@@ -8,7 +8,9 @@ SIGINT / SIGTERM (``train`` commits a checkpoint first).
 The code of an error is declared on its class (``cairn.errors``).
 Errors print one line on stderr (``cairn: error: <Type>: <field>: <what> (expected ..., found
 ...)``); with ``--json`` the error is also one JSON object on stdout; ``--debug`` adds the
-traceback. ``--json`` prints exactly one JSON object on stdout, always valid JSON.
+traceback. ``--json`` prints exactly one JSON object on stdout, always valid JSON: whatever else
+the command's code writes there (a trainer's prints, a C extension's output) goes to stderr
+(``workers.cli.output.json_stdout``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from cairn.errors import CairnError, CommandInterrupted
 from cairn.numerics import enter_profile
 from workers.cli import ckpt, drill, evaluate, interval, report, run, train, worker
 from workers.cli.args import CairnArgumentParser, Common, UsageError, common_options
-from workers.cli.output import CommandFailed, report_error, report_usage_error
+from workers.cli.output import CommandFailed, json_stdout, report_error, report_usage_error
 from workers.stack import devstack
 from workers.worker import exit_now
 
@@ -83,8 +85,9 @@ def _dispatch(args: argparse.Namespace, *, reexec: bool = False) -> int:
         os.environ["AWS_ENDPOINT_URL_S3"] = args.endpoint_url  # read by boto3 for every S3 client
     try:
         if getattr(args, "numerics", None):  # a command that computes: under its profile, or not at all
-            enter_profile(args.numerics, reexec=reexec)
-        code: int = args.handler(args)
+            enter_profile(args.numerics, reexec=reexec)  # may replace the process: before stdout is moved
+        with json_stdout(getattr(args, "json", False)):
+            code: int = args.handler(args)
         return code
     except CommandFailed as failed:
         return failed.code

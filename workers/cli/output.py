@@ -1,21 +1,38 @@
 """What every ``cairn`` command prints: its result as text or as one JSON object (``--json``,
 always valid JSON), its error as one line on stderr (and as JSON with ``--json``), and where a
-report's files go."""
+report's files go.
+
+While a ``--json`` command runs (``json_stdout``), stdout carries only the JSON documents this
+module serialised (``to_json``) and the command printed; everything else written to stdout — the
+user's ``print``, a C extension's writes to file descriptor 1, C stdio's buffer — goes to stderr."""
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import io
 import json
 import math
+import os
 import sys
+import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from cairn.errors import CairnError, ConfigError
 
-__all__ = ["CommandFailed", "emit", "report_dir", "report_error", "report_usage_error", "to_json"]
+__all__ = [
+    "CommandFailed",
+    "emit",
+    "json_stdout",
+    "report_dir",
+    "report_error",
+    "report_usage_error",
+    "to_json",
+]
 
 
 class CommandFailed(Exception):
@@ -37,7 +54,104 @@ def _finite(value: Any) -> Any:
 
 
 def to_json(payload: dict[str, Any]) -> str:
-    return json.dumps(_finite(payload), sort_keys=True, default=str, allow_nan=False)
+    """A command's JSON document; while ``json_stdout`` runs, printing it is what reaches stdout."""
+    text = json.dumps(_finite(payload), sort_keys=True, default=str, allow_nan=False)
+    channel = _channel
+    if channel is not None:
+        channel.expect(text)
+    return text
+
+
+class _DocumentStdout(io.TextIOBase):
+    """``sys.stdout`` while a ``--json`` command runs: a document ``to_json`` made is kept for the
+    real stdout (with the newline ``print`` ends it with); any other text goes to ``stderr``."""
+
+    def __init__(self, stderr: TextIO) -> None:
+        super().__init__()
+        self.stderr = stderr
+        self.documents: list[str] = []
+        self._made: set[str] = set()
+        self._newline_owed = False  # a document was written without its newline: ``print``'s end follows
+        self._lock = threading.Lock()
+
+    def expect(self, document: str) -> None:
+        with self._lock:
+            self._made.add(document)
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            owed, self._newline_owed = self._newline_owed, False
+            if owed and text == "\n":
+                return len(text)
+            body = text.removesuffix("\n")
+            if body in self._made:
+                self.documents.append(body)
+                self._newline_owed = body == text
+                return len(text)
+        return self.stderr.write(text)
+
+    def flush(self) -> None:
+        self.stderr.flush()
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return self.stderr.isatty()
+
+    def fileno(self) -> int:
+        return self.stderr.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self.stderr.encoding
+
+    @property
+    def buffer(self) -> Any:
+        """Bytes written to stdout's buffer go where its text goes: to stderr."""
+        return self.stderr.buffer
+
+
+_channel: _DocumentStdout | None = None
+"""The stdout of the ``--json`` command running in this process, if one is."""
+
+
+def _flush_c_stdio() -> None:
+    """Write out what C code buffered in its ``stdout`` (a pipe is block-buffered until exit)."""
+    with suppress(OSError, AttributeError):  # no C library to reach (not a POSIX process): nothing buffered there
+        ctypes.CDLL(None).fflush(None)
+
+
+@contextmanager
+def json_stdout(active: bool) -> Iterator[None]:
+    """Run a command whose result is one JSON document (``--json``; else change nothing): its
+    document goes to stdout when the command is done, and everything else written to stdout
+    meanwhile goes to stderr — Python's ``print`` (``sys.stdout`` is replaced) and writes to file
+    descriptor 1 from C code and child processes (descriptor 1 is pointed at stderr's file)."""
+    global _channel
+    if not active:
+        yield
+        return
+    stdout = sys.stdout
+    stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    channel = _channel = _DocumentStdout(sys.stderr)
+    sys.stdout = channel
+    try:
+        yield
+    finally:
+        sys.stdout, _channel = stdout, None
+        for stream in {id(s): s for s in (stdout, sys.__stdout__) if s is not None}.values():
+            stream.flush()  # written through a reference to the old stdout kept meanwhile: to stderr, too
+        _flush_c_stdio()
+        channel.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+        for document in channel.documents:
+            stdout.write(document + "\n")
+        stdout.flush()
 
 
 def emit(args: argparse.Namespace, payload: dict[str, Any], text: str) -> None:

@@ -197,6 +197,7 @@ async def status(args: argparse.Namespace, client: Client) -> int:
     elif desc.status == WorkflowExecutionStatus.COMPLETED:
         summary = await handle.result()  # from history: no worker needed
         payload.update(summary.model_dump())
+        payload.update(phase="finished", step=summary.steps, total=summary.total_steps)  # as a live run's progress
         lines.append(f"{wf}: COMPLETED")
         lines += ["  " + line for line in summary_text(summary).splitlines()]
     else:

@@ -9,6 +9,7 @@ printed."""
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import signal
 import sys
@@ -161,7 +162,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise CommandInterrupted(
             "aborted by a second Ctrl-C; "
             + (f"last committed checkpoint: {last}" if last else "no checkpoint was committed")
-            + (f"; resume with: {_resume_command(args, str(last), session.run_id)}" if last else "")
+            + (f"; resume with: {_resume_command(args, store, str(last), session.run_id)}" if last else "")
         ) from None
     finally:
         signal.signal(signal.SIGINT, previous)
@@ -174,7 +175,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         left = max(0, args.steps - done)
         print(
             f"cairn: interrupted at step {state.step}: checkpoint {result.ref} committed; "
-            f"resume with: {_resume_command(args, str(result.ref), session.run_id, left)}",
+            f"resume with: {_resume_command(args, store, str(result.ref), session.run_id, left)}",
             file=sys.stderr,
         )
     loss = state.history["loss"][-1] if state.history["loss"] else None
@@ -283,7 +284,7 @@ def _train_gang(args: argparse.Namespace, store: Store, config: TrainConfig | No
             "aborted by a second signal; the gang was stopped; "
             + (f"last committed checkpoint: {last}" if last else "no checkpoint was committed")
             + (
-                f"; resume with: {_resume_command(args, str(last), run_id, target - last.step)} "
+                f"; resume with: {_resume_command(args, store, str(last), run_id, target - last.step)} "
                 f"--world-size {args.world_size}"
                 if last
                 else ""
@@ -307,9 +308,10 @@ def _train_gang(args: argparse.Namespace, store: Store, config: TrainConfig | No
         "checkpoint_every": every,
     }
     if out.interrupted:
+        resume = _resume_command(args, store, str(out.checkpoint), run_id, target - out.step)
         print(
             f"cairn: interrupted at step {out.step}: checkpoint {out.checkpoint} committed; resume with: "
-            f"{_resume_command(args, str(out.checkpoint), run_id, target - out.step)} --world-size {args.world_size}",
+            f"{resume} --world-size {args.world_size}",
             file=sys.stderr,
         )
     emit(args, payload, str(out.checkpoint))
@@ -323,16 +325,23 @@ def _with_trainer(config: TrainConfig | None, factory: str) -> TrainConfig:
     return parse_config({**body, "trainer": {"factory": factory, "options": options}}, "--trainer")
 
 
-def _resume_command(args: argparse.Namespace, ref: str, run_id: str, steps: int | None = None) -> str:
-    """The command that continues from ``ref``: with the config (and ``--trainer``) this one was
-    given, so that the trainer they name is trusted as the run's own (``cairn.trainers.loading``)."""
-    words = ["cairn", "train", "--resume", ref, "--steps", "N" if steps is None else str(steps), "--store", args.store]
-    if args.config:
-        words += ["--config", args.config]
-    if args.trainer:
-        words += ["--trainer", args.trainer]
+def _resume_command(args: argparse.Namespace, store: Store, ref: str, run_id: str, steps: int | None = None) -> str:
+    """The command that continues from ``ref`` as this one would have: with every option that
+    shaped the run — the config (and ``--trainer``) this one was given, so that the trainer they
+    name is trusted as the run's own (``cairn.trainers.loading``), the checkpoint cadence, the
+    numerics profile, the S3 endpoint — and absolute paths, so it works from any directory."""
+    words = ["cairn", "train", "--resume", ref, "--steps", "N" if steps is None else str(steps), "--store", store.url]
     if run_id != CheckpointRef.parse(ref).run_id:
         words += ["--run-id", run_id]
+    if args.checkpoint_every:
+        words += ["--checkpoint-every", str(args.checkpoint_every)]
+    words += ["--numerics", args.numerics]
+    if args.endpoint_url:
+        words += ["--endpoint-url", args.endpoint_url]
+    if args.config:
+        words += ["--config", os.path.abspath(args.config)]
+    if args.trainer:
+        words += ["--trainer", args.trainer]
     return shlex.join(words)
 
 

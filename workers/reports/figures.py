@@ -1,12 +1,13 @@
 """A run report's figures as data (``workers.reports.plots``), from the run's whole history.
 
 Progress over wall time comes from Temporal's segment attempts (each from its start at the
-step it resumed from to its end, a lost one to its last heartbeat) with the commits retention
-kept dotted on it; loss, lr and evaluations come from the latest checkpoint's history, which
-holds every step from 0 whatever retention deleted. A stall (a lost attempt's last heartbeat
-to its retry's start) is shaded on the timeline and the throughput figure; the failure is
-marked at the last heartbeat, its detection (a heartbeat timeout later) by a line of its own.
-Pure: (``RunRecord``) -> ``Figure``; ``workers.reports.run`` draws them.
+step it resumed from, flat until it trains, to its end; a lost one to its last sign of life)
+with the commits retention kept dotted on it; loss, lr and evaluations come from the latest
+checkpoint's history, which holds every step from 0 whatever retention deleted. Each fault
+(``workers.reports.faults``) is marked at the lost attempt's last sign of life, its detection by
+a line named for its detector, and its stall (last sign of life to training again) is shaded on
+the timeline and left out of the throughput, where it is a gap. Pure: (``RunRecord``) ->
+``Figure``; ``workers.reports.run`` draws them.
 """
 
 from __future__ import annotations
@@ -14,14 +15,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from cairn.runs.record import RunRecord, SegmentAttempt, TimelineEvent
+from cairn.runs.record import RunRecord, SegmentAttempt
+from workers.reports.faults import DETECTORS, Fault, fault_of
 from workers.reports.plots import GAP, Figure, Marker, Panel, Series, Span, VLine, moving_mean, spans_decades
 
-__all__ = ["Rate", "origin", "stalls", "rates", "timeline_figure", "throughput_figure", "loss_figure", "WALL", "STEP"]
+__all__ = [
+    "Rate",
+    "origin",
+    "faults",
+    "stalls",
+    "rates",
+    "timeline_figure",
+    "throughput_figure",
+    "loss_figure",
+    "WALL",
+    "STEP",
+    "STALL",
+]
 
 WALL = "wall time since the run started (s)"
 STEP = "step (optimizer updates)"
-STALL = "stall: last heartbeat -> retry started"
+STALL = "stall: last sign of life -> training again"
 
 
 @dataclass(frozen=True)
@@ -51,38 +65,46 @@ def _timed(record: RunRecord) -> list[SegmentAttempt]:
     return sorted((a for a in record.attempts if a.started_at is not None), key=lambda a: a.started_at)  # type: ignore[arg-type, return-value]
 
 
-def stalls(record: RunRecord, t0: datetime) -> list[tuple[TimelineEvent, float, float]]:
-    """(failure, from, to) for each failure: from the lost attempt's last sign of life to the
-    start of the first attempt after its detection (to its detection if none followed)."""
-    starts = sorted(a.started_at for a in record.attempts if a.started_at is not None)
-    out = []
-    for e in record.events:
-        if e.kind != "failure":
-            continue
-        detected = e.detected_at or e.at
-        after = [s for s in starts if s >= detected]
-        end = after[0] if after else detected
-        out.append((e, _x(e.at, t0), _x(max(end, e.at), t0)))
-    return out
+def faults(record: RunRecord) -> list[Fault]:
+    """The run's faults in time order (``workers.reports.faults``)."""
+    found = [fault_of(e) for e in record.events]
+    return sorted((f for f in found if f is not None), key=lambda f: f.at)
+
+
+def stalls(record: RunRecord, t0: datetime) -> list[tuple[Fault, float, float]]:
+    """(fault, from, to) for each fault: from the lost attempt's last sign of life to when the
+    next attempt trained again (to its start, or the detection, where that is not known)."""
+    return [(f, _x(f.at, t0), _x(f.stall_end, t0)) for f in faults(record)]
 
 
 def _stall_spans(record: RunRecord, t0: datetime) -> tuple[Span, ...]:
     return tuple(Span(x0, x1, STALL, "tab:red", 0.12) for _, x0, x1 in stalls(record, t0) if x1 > x0)
 
 
+def _training_start(record: RunRecord, a: SegmentAttempt) -> datetime | None:
+    """When ``a`` began training (its restore or start-up done), where it measured it."""
+    if a.started_at is None or a.ended_at is None:
+        return None
+    starts = [e.at for e in record.events if e.kind == "training" and a.started_at <= e.at <= a.ended_at]
+    return min(starts) if starts else None
+
+
 def rates(record: RunRecord, t0: datetime) -> list[Rate]:
-    """Steps (and samples) per second of every segment attempt with a start, an end and steps;
-    without Temporal's history, between consecutive kept commits."""
+    """Steps (and samples) per second of every segment attempt with a start, an end and steps,
+    over the time it trained (from when it measured its training began: a restore is recovery,
+    not throughput); without Temporal's history, between consecutive kept commits."""
     batch = record.batch_size
     out = []
     for a in _timed(record):
-        seconds, steps = a.seconds, a.steps
-        if seconds is None or steps is None or seconds <= 0 or a.ended_at is None or a.started_at is None:
+        steps = a.steps
+        if a.ended_at is None or a.started_at is None or steps is None:
+            continue
+        began = _training_start(record, a) or a.started_at
+        seconds = (a.ended_at - began).total_seconds()
+        if seconds <= 0:
             continue
         r = steps / seconds
-        out.append(
-            Rate(_x(a.started_at, t0), _x(a.ended_at, t0), r, r * batch if batch else None, a.outcome, a.attempt)
-        )
+        out.append(Rate(_x(began, t0), _x(a.ended_at, t0), r, r * batch if batch else None, a.outcome, a.attempt))
     if out or record.attempts:
         return out
     timed = [c for c in record.commits if c.at is not None]
@@ -106,6 +128,9 @@ def _progress(record: RunRecord, t0: datetime) -> tuple[list[float], list[float]
         points = []
         if a.from_step is not None:
             points.append((a.started_at, a.from_step))
+            training = _training_start(record, a)
+            if training is not None:  # flat while it restores
+                points.append((training, a.from_step))
         end = a.ended_at or a.started_at
         points += [(c.at, c.step) for c in commits if c.at is not None and a.started_at <= c.at <= end]
         if a.ended_at is not None and a.end_step is not None:
@@ -121,7 +146,7 @@ def _progress(record: RunRecord, t0: datetime) -> tuple[list[float], list[float]
 
 def timeline_figure(record: RunRecord) -> Figure:
     t0 = origin(record)
-    title = f"run {record.run_id}: progress, commits, failures and restores"
+    title = f"run {record.run_id}: progress, commits, faults and restores"
     if t0 is None:
         return Figure(title, (Panel(WALL, STEP, empty_note="no timed commits or history"),))
     series = []
@@ -133,14 +158,16 @@ def timeline_figure(record: RunRecord) -> Figure:
         label = "checkpoint committed (kept by retention)"
         cx = tuple(_x(c.at, t0) for c in timed if c.at is not None)
         series.append(Series(label, cx, tuple(float(c.step) for c in timed), style="points", color="tab:green"))
-    markers, vlines = [], []
+    markers, vlines, notes = [], [], []
+    for number, f in enumerate(faults(record), start=1):
+        how = DETECTORS.get(f.detector, DETECTORS["error"])
+        markers.append(Marker(_x(f.at, t0), float(f.step or 0), f.label, how.color, "x", str(number)))
+        if f.detected_at is not None:
+            vlines.append(VLine(_x(f.detected_at, t0), f"detected by {how.name}", how.color, ":"))
+        notes.append(f"{number}. {f.describe(t0)}")
     for e in record.events:
         step = float(e.step or 0)
-        if e.kind == "failure":
-            markers.append(Marker(_x(e.at, t0), step, "failure (last heartbeat)", "tab:red", "x", e.detail[:40]))
-            if e.detected_at is not None:
-                vlines.append(VLine(_x(e.detected_at, t0), "failure detected (heartbeat timeout)", "tab:red", ":"))
-        elif e.kind == "restore":
+        if e.kind == "restore":
             markers.append(Marker(_x(e.at, t0), step, "retry started (restore)", "tab:green", "^"))
         elif e.kind == "interrupted":
             markers.append(Marker(_x(e.at, t0), step, "interrupted on request", "tab:orange", "s"))
@@ -148,7 +175,8 @@ def timeline_figure(record: RunRecord) -> Figure:
     panel = Panel(
         WALL, STEP, tuple(series), _stall_spans(record, t0), tuple(markers), tuple(vlines), legend="upper left"
     )
-    return Figure(f"{title}\n(started {t0:%Y-%m-%d %H:%M:%S} UTC{hb}; shaded: stalls)", (panel,), panel_height=4.4)
+    subtitle = f"(started {t0:%Y-%m-%d %H:%M:%S} UTC{hb}; shaded: stalls, last sign of life -> training again)"
+    return Figure(f"{title}\n{subtitle}", (panel,), panel_height=4.4, notes=tuple(notes))
 
 
 def throughput_figure(record: RunRecord) -> Figure:
@@ -158,10 +186,18 @@ def throughput_figure(record: RunRecord) -> Figure:
         return Figure(title, (Panel(WALL, "throughput (steps/s)", empty_note="no timed commits or history"),))
     found = rates(record, t0)
     spans = _stall_spans(record, t0)
-    colors = {"completed": "tab:blue", "lost": "tab:red", "failed": "tab:red", "interrupted": "tab:orange"}
+    colors = {
+        "completed": "tab:blue",
+        "lost": "tab:red",
+        "failed": "tab:red",
+        "handed back": "tab:orange",
+        "interrupted": "tab:orange",
+    }
     labels = {
-        "lost": "lost attempt (to its last heartbeat)",
-        "failed": "failed attempt",
+        "completed": "segment attempt (while it trained)",
+        "lost": "lost attempt (to its last sign of life)",
+        "failed": "failed attempt (to its error)",
+        "handed back": "attempt handed back on SIGTERM",
         "commits": "between kept commits",
     }
     steps, samples = [], []
@@ -178,7 +214,7 @@ def throughput_figure(record: RunRecord) -> Figure:
         )
     if not record.attempts:
         title += " (no Temporal history: between the commits retention kept)"
-    return Figure(title + "\n(shaded: stalls)", tuple(panels))
+    return Figure(title + "\n(shaded: stalls, last sign of life -> training again: no throughput)", tuple(panels))
 
 
 def loss_figure(record: RunRecord) -> Figure:
@@ -200,13 +236,39 @@ def loss_figure(record: RunRecord) -> Figure:
     log = spans_decades([*train, *record.val_loss])
     loss_label = "loss (objective, unitless" + (", log scale)" if log else ")")
     panels = [Panel(STEP, loss_label, tuple(series), yscale="log" if log else "linear", legend="upper right")]
-    if record.metrics:
-        metric_series = tuple(
-            Series(name, tuple(record.val_step), tuple(values), marker="o") for name, values in record.metrics.items()
-        )
-        unit = "fraction" if all("accuracy" in k for k in record.metrics) else "value"
-        panels.append(Panel(STEP, f"validation metric ({unit})", metric_series))
+    panels += _metric_panels(record)
     panels.append(
         Panel(STEP, "learning rate (per step)", (Series("learning rate", steps, tuple(record.lr), color="tab:purple"),))
     )
     return Figure(f"run {record.run_id}: loss, evaluations and learning rate, every step from 0", tuple(panels))
+
+
+def _metric_unit(name: str) -> str:
+    """The unit a validation metric is read in: accuracies are fractions (0-1), the rest
+    (perplexity, losses) are unitless values each on its own scale."""
+    return "fraction" if "accuracy" in name else "unitless"
+
+
+def _metric_panels(record: RunRecord) -> list[Panel]:
+    """Validation metrics, one axis per scale: the accuracies together (fractions, 0-1), every
+    other metric on an axis of its own, so that none flattens another."""
+    xs = tuple(record.val_step)
+    accuracies = {k: v for k, v in record.metrics.items() if _metric_unit(k) == "fraction"}
+    panels = []
+    if accuracies:
+        series = tuple(Series(k, xs, tuple(v), marker="o") for k, v in accuracies.items())
+        panels.append(Panel(STEP, "validation accuracy (fraction)", series))
+    for name, values in record.metrics.items():
+        if name in accuracies:
+            continue
+        log = spans_decades(values)
+        unit = _metric_unit(name) + (", log scale" if log else "")
+        panels.append(
+            Panel(
+                STEP,
+                f"{name} ({unit})",
+                (Series(name, xs, tuple(values), marker="o", color="tab:olive"),),
+                yscale="log" if log else "linear",
+            )
+        )
+    return panels

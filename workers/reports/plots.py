@@ -1,19 +1,37 @@
 """The one plotting module of the reports (run reports and drill reports).
 
 A figure is plain data first (``Figure`` of ``Panel``s of ``Series``, shaded ``Span``s,
-``Marker``s and ``VLine``s, every axis labelled with its unit), built by pure functions the
-tests check; ``draw`` is the thin matplotlib layer that turns it into a PNG. ``nan`` in a
-series breaks its line (progress that falls back to a resumed step, a segment's end).
+``Marker``s and ``VLine``s, every axis labelled with its unit, and notes under the panels),
+built by pure functions the tests check; ``render`` is the thin matplotlib layer that lays it
+out (long titles and notes wrapped to the figure's width, never cut) and ``draw`` saves it as a
+PNG. ``nan`` in a series breaks its line (progress that falls back to a resumed step).
 """
 
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-__all__ = ["Series", "Span", "Marker", "VLine", "Panel", "Figure", "draw", "spans_decades", "moving_mean", "GAP"]
+if TYPE_CHECKING:
+    import matplotlib.figure
+
+__all__ = [
+    "Series",
+    "Span",
+    "Marker",
+    "VLine",
+    "Panel",
+    "Figure",
+    "render",
+    "draw",
+    "spans_decades",
+    "moving_mean",
+    "GAP",
+]
 
 GAP = math.nan
 """Put between two runs of points of a series: the line breaks there."""
@@ -95,6 +113,8 @@ class Figure:
     width: float = 10.0
     panel_height: float = 3.4
     share_x: bool = True
+    notes: tuple[str, ...] = ()
+    """Lines under the panels (what each numbered marker stands for), whole."""
 
 
 def spans_decades(values: Sequence[float]) -> bool:
@@ -171,21 +191,59 @@ def _draw_panel(ax: object, panel: Panel) -> None:
     ax.grid(alpha=0.25)
 
 
-def draw(figure: Figure, path: Path, dpi: int = 110) -> Path:
-    """Draw ``figure`` into a PNG at ``path``."""
+TITLE_SIZE = 11.0
+NOTE_SIZE = 8.0
+_EM_PER_CHAR = 0.62
+"""Average width of a character of the default font in ems (DejaVu Sans runs wide): text wrapped
+to ``width / (size * this)`` characters fits the figure."""
+
+
+def _wrapped(lines: Sequence[str], width_in: float, size: float) -> list[str]:
+    """Each line wrapped to fit ``width_in`` inches at ``size`` points; no word is cut."""
+    chars = max(20, int(width_in * 72 / (size * _EM_PER_CHAR)))
+    out: list[str] = []
+    for line in lines:
+        wrapped = textwrap.wrap(line, chars, break_long_words=False, break_on_hyphens=False, subsequent_indent="   ")
+        out += wrapped or [""]
+    return out
+
+
+def render(figure: Figure) -> matplotlib.figure.Figure:
+    """``figure`` laid out by matplotlib (Agg): one axes per panel, then the notes, wrapped."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     n = max(1, len(figure.panels))
-    fig, axes = plt.subplots(
-        n, 1, figsize=(figure.width, figure.panel_height * n + 0.6), sharex=figure.share_x, squeeze=False
-    )
-    for ax, panel in zip(axes[:, 0], figure.panels, strict=False):
-        _draw_panel(ax, panel)
-    fig.suptitle(figure.title, fontsize=11)
+    text_width = figure.width - 0.4
+    notes = _wrapped(figure.notes, text_width, NOTE_SIZE)
+    notes_height = (len(notes) * NOTE_SIZE * 1.45 / 72 + 0.15) if notes else 0.0
+    title = _wrapped(figure.title.split("\n"), text_width, TITLE_SIZE)
+    title_height = len(title) * TITLE_SIZE * 1.5 / 72
+    fig = plt.figure(figsize=(figure.width, figure.panel_height * n + title_height + notes_height + 0.3))
+    ratios = [figure.panel_height] * n + ([notes_height] if notes else [])
+    grid = fig.add_gridspec(len(ratios), 1, height_ratios=ratios)
+    first = None
+    for i in range(n):
+        ax = fig.add_subplot(grid[i, 0], sharex=first if figure.share_x else None)
+        first = first or ax
+        if i < len(figure.panels):
+            _draw_panel(ax, figure.panels[i])
+    if notes:
+        ax = fig.add_subplot(grid[n, 0])
+        ax.axis("off")
+        ax.text(0.0, 1.0, "\n".join(notes), va="top", ha="left", fontsize=NOTE_SIZE, transform=ax.transAxes)
+    fig.suptitle("\n".join(title), fontsize=TITLE_SIZE)
     fig.tight_layout()
+    return fig
+
+
+def draw(figure: Figure, path: Path, dpi: int = 110) -> Path:
+    """Draw ``figure`` into a PNG at ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = render(figure)
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from workers.cli.output import to_json
 from workers.stack.servers import (
     ServerProcess,
     find_binary,
@@ -237,7 +238,7 @@ def _up(args: argparse.Namespace) -> int:
     find_binary("temporal"), find_binary("weed")
     info = stack_up(_cfg(args), echo=(lambda s: None) if args.json else print)
     if args.json:
-        print(json.dumps(info, sort_keys=True))
+        print(to_json(info))
         return 0
     print(f"\nTemporal   {info['temporal']}   Web UI {info['web_ui']}")
     print(f"S3         {info['s3_endpoint']}  (store {info['s3_store']})")
@@ -253,14 +254,14 @@ def _up(args: argparse.Namespace) -> int:
 def _down(args: argparse.Namespace) -> int:
     stack_down(_cfg(args), echo=(lambda s: None) if args.json else print)
     if args.json:
-        print(json.dumps({"down": True}))
+        print(to_json({"down": True}))
     return 0
 
 
 def _status(args: argparse.Namespace) -> int:
     status = stack_status(_cfg(args))
     if args.json:
-        print(json.dumps(status, sort_keys=True))
+        print(to_json(status))
     else:
         for name, s in status.items():
             print(f"{name:<12} {'running (pid ' + str(s['pid']) + ')' if s['running'] else 'stopped'}")

@@ -6,13 +6,16 @@ from __future__ import annotations
 import json
 import re
 import signal
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
 from temporalio.api.history.v1 import HistoryEvent
+from temporalio.api.taskqueue.v1 import PollerInfo
 from temporalio.api.workflowservice.v1 import DescribeWorkflowExecutionResponse
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
@@ -107,7 +110,9 @@ class FakeClient:
         self.workflow_service = SimpleNamespace(describe_task_queue=self._task_queue)
 
     async def _task_queue(self, _: Any) -> Any:
-        return SimpleNamespace(pollers=[object()] if self.progress is not None else [])
+        """A worker polling now when the run answers queries (it has progress), else none."""
+        now = Timestamp(seconds=int(time.time()))
+        return SimpleNamespace(pollers=[PollerInfo(last_access_time=now)] if self.progress is not None else [])
 
     async def describe(self, workflow_id: str) -> Any:
         if workflow_id in self.owner_status:

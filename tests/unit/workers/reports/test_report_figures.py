@@ -178,7 +178,7 @@ def test_the_timeline_starts_at_step_0_and_shades_the_stall_with_the_failure_at_
     assert points[-1] == (89.0, 120.0)
     (stall,) = [s for s in panel.spans if s.label == STALL]
     assert math.isclose(stall.x0, KILL_AT - 1.0) and math.isclose(stall.x1, RETRY_AT - 1.0)
-    (failure,) = [m for m in panel.markers if m.label.startswith("failure")]
+    (failure,) = [m for m in panel.markers if m.label.startswith("fault")]
     assert math.isclose(failure.x, KILL_AT - 1.0) and failure.y == REACHED  # not at the detection
     (detected,) = panel.vlines
     assert math.isclose(detected.x, DETECTED - 1.0) and "detected" in detected.label

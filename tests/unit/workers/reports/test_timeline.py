@@ -9,8 +9,8 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 from temporalio.api.common.v1 import ActivityType, Payload, Payloads
-from temporalio.api.enums.v1 import EventType
-from temporalio.api.failure.v1 import ApplicationFailureInfo, Failure
+from temporalio.api.enums.v1 import EventType, TimeoutType
+from temporalio.api.failure.v1 import ApplicationFailureInfo, Failure, TimeoutFailureInfo
 from temporalio.api.history.v1 import (
     ActivityTaskCanceledEventAttributes,
     ActivityTaskCompletedEventAttributes,
@@ -22,6 +22,7 @@ from temporalio.api.history.v1 import (
     WorkflowExecutionStartedEventAttributes,
 )
 
+from workers.reports.faults import Fault
 from workers.reports.timeline import timeline_from_history
 
 
@@ -80,7 +81,11 @@ class History:
         self.add(
             EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT,
             activity_task_timed_out_event_attributes=ActivityTaskTimedOutEventAttributes(
-                scheduled_event_id=sid, failure=Failure(message="activity Heartbeat timeout")
+                scheduled_event_id=sid,
+                failure=Failure(
+                    message="activity Heartbeat timeout",
+                    timeout_failure_info=TimeoutFailureInfo(timeout_type=TimeoutType.TIMEOUT_TYPE_HEARTBEAT),
+                ),
             ),
         )
 
@@ -116,14 +121,18 @@ def test_a_failed_gang_attempt_is_one_failure_and_its_retry_a_restore_at_its_wor
     h.completed(third[0], {"step": 12, "attempt": 3, "resumed_from_step": 6})
     inp, events = timeline_from_history(h.events)
     assert inp == {"run_id": "r", "store": "/s"}
-    assert summary(events) == [
+    assert summary(events) == [  # in time order: the restore where the retry started, before its end
         ("failure", None, "gang node 1: rank 3 exited with -9"),
-        ("failure", None, "gang node 0: activity timed out"),
-        ("segment-end", 12, "segment completed"),
+        ("failure", None, "gang node 0: activity Heartbeat timeout"),
         ("restore", 6, "attempt 3 at world size 2"),
+        ("segment-end", 12, "segment completed"),
     ]
-    # The restore sits where the retry started, before its end.
-    assert events[3].at < events[2].at
+    failures = [e for e in events if isinstance(e, Fault)]
+    assert [f.detector for f in failures] == ["error", "heartbeat"]  # what failed each gang attempt
+    # each stalls until the next gang attempt started (none reported its training time)
+    lost_first, lost_second = failures
+    assert lost_first.detected_at is not None and lost_first.retry_at is not None
+    assert lost_first.detected_at < lost_first.retry_at < lost_second.at and lost_second.retry_at == events[2].at
 
 
 def test_every_way_the_other_nodes_of_a_failed_gang_end_is_part_of_its_one_failure() -> None:

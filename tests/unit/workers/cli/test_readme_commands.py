@@ -1,0 +1,337 @@
+"""The README's commands work as printed. Every command line of its fenced shell blocks is either
+run here, from the README's own words (placeholders such as ``CKPT`` filled in, optional
+``[--flag X]`` groups taken or left out), or listed in ``NOT_RUN_HERE`` with the reason; a command
+added to the README fails ``test_every_readme_command_is_run_here_or_listed`` until it is one or
+the other."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Collection, Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from workers.cli.main import main
+
+README = REPO / "README.md"
+PROGRAMS = ("cairn", "jq", "make", "temporal")
+"""The programs whose command lines count as the README's commands."""
+_BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+_COMMENT = re.compile(r"\s+#\s.*$")
+
+
+def readme_commands(text: str) -> list[str]:
+    """The command lines of the fenced blocks: every line of a ``bash``/``sh`` block that starts
+    with one of ``PROGRAMS``, and the ``$ `` lines of the others (transcripts: what follows a
+    prompt is a command, the rest output); a trailing comment dropped, ``\\`` continuations joined."""
+    found: list[str] = []
+    for lang, body in _BLOCK.findall(text):
+        lines = body.splitlines()
+        while lines:
+            line = lines.pop(0).strip()
+            prompted = line.startswith("$ ")
+            line = line.removeprefix("$ ")
+            while line.endswith("\\") and lines:
+                line = line[:-1].rstrip() + " " + lines.pop(0).strip()
+            if (prompted or lang in ("bash", "sh")) and line.split(" ", 1)[0] in PROGRAMS:
+                found.append(" ".join(_COMMENT.sub("", line).split()))
+    return found
+
+
+def readme_words(command: str, fill: Mapping[str, str] = {}, take: Collection[str] = ()) -> list[str]:
+    """A README command as arguments of ``cairn`` (its program name dropped): its words, each
+    optional ``[...]`` group whose first flag is in ``take`` included (with the first of ``a|b``
+    alternatives), the others left out; a word, or a path segment of one, named in ``fill``
+    replaced (``...`` by several words: ``fill["..."]`` split)."""
+    assert command in readme_commands(README.read_text()), f"not a command of the README: {command}"
+    tokens, words = shlex.split(command), []
+    while tokens:
+        token = tokens.pop(0)
+        if not token.startswith("["):
+            words.append(token)
+            continue
+        group = [token[1:]]
+        while not group[-1].endswith("]"):
+            group.append(tokens.pop(0))
+        group[-1] = group[-1][:-1]
+        if group[0] in take:
+            words += [word.split("|")[0] for word in group]
+    out: list[str] = []
+    for word in words[1:]:
+        if word == "..." and "..." in fill:
+            out += fill["..."].split()
+        else:
+            out.append(fill.get(word, "/".join(fill.get(part, part) for part in word.split("/"))))
+    return out
+
+
+def cairn(capsys: pytest.CaptureFixture[str], words: list[str]) -> str:
+    code = main(words)
+    out, err = capsys.readouterr()
+    assert code == 0, (words, err)
+    return out
+
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A working directory where the README's relative paths (``examples/...``) resolve."""
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+# -- "Training in-process and checkpoints" ---------------------------------------------------------
+TRAIN = "cairn train --config examples/config.json --steps 40 --store runs [--checkpoint-every 10] [--run-id ID]"
+RESUME = "cairn train --resume runs/ID/training/000000000017 --steps 23 --store runs"
+WEIGHTS_ONLY = "cairn train --resume CKPT --steps 23 --store runs --weights-only"
+SHOW = "cairn ckpt show CKPT"
+DIGITS = "cairn train --config examples/digits.json --steps 200 --store runs"
+TRAINER = "cairn train --config my.json --trainer mypkg.train:MyTrainer ..."
+NUMERICS = "cairn train ... [--numerics x86-64-v3|x86-64-v2|x86-64-v4|native]"
+TOLERANCE = "cairn train --resume CKPT --steps 5 --store runs --tolerance"
+EVAL = "cairn eval CKPT [--split val|test] [--config C]"
+VERIFY = "cairn ckpt verify CKPT [--config C]"
+FORMAT_ONLY = "cairn ckpt verify CKPT --format-only"
+EXPORT = "cairn ckpt export CKPT DIR --format safetensors [--weights-only] [--max-file-size 5GB] [--config C]"
+COMPARE = "cairn ckpt compare A B [--rtol R --atol A] [--config C]"
+COPY = "cairn ckpt copy CKPT STORE"
+LIST = "cairn ckpt list STORE [--run RUN] [--json]"
+GC = "cairn ckpt gc STORE --run RUN [--keep-last 3] [--keep-every M] [--grace-seconds 3600] [--dry-run]"
+PIN = "cairn ckpt pin CKPT --name best"
+UNPIN = "cairn ckpt unpin STORE --run RUN --name best"
+# -- "Hugging Face models in and out" -------------------------------------------------------------
+HF_CONFIG = "jq .config my-hf-run.json > my-hf.json"
+HF_EXPORT = (
+    "cairn ckpt export s3://cairn/runs/hf-gpt2/training/000000000400 ./my-gpt2-tuned --format safetensors "
+    "--config my-hf.json"
+)
+GPT2_TRAIN = "cairn train --config examples/hf-gpt2.json --steps 40 --store runs --run-id gpt2"
+GPT2_EXPORT = (
+    "cairn ckpt export runs/gpt2/training/000000000040 gpt2-out --format safetensors --config examples/hf-gpt2.json"
+)
+
+_IN_PROCESS = "test_the_in_process_commands_work_as_printed"
+RUN_HERE = {
+    **dict.fromkeys(
+        (
+            TRAIN,
+            RESUME,
+            WEIGHTS_ONLY,
+            SHOW,
+            DIGITS,
+            TRAINER,
+            NUMERICS,
+            TOLERANCE,
+            EVAL,
+            VERIFY,
+            FORMAT_ONLY,
+            EXPORT,
+            COMPARE,
+            COPY,
+            LIST,
+            GC,
+            PIN,
+            UNPIN,
+        ),
+        _IN_PROCESS,
+    ),  # fmt: skip
+    HF_CONFIG: "test_the_hugging_face_export_works_as_printed (where jq is installed)",
+    HF_EXPORT: "test_the_hugging_face_export_works_as_printed",
+    GPT2_TRAIN: "test_a_checkpoint_loads_as_a_model_as_printed",
+    GPT2_EXPORT: "test_a_checkpoint_loads_as_a_model_as_printed",
+}
+"""Each README command run by a test of this module, from the README's words."""
+
+_TEMPORAL = "needs a Temporal server and workers: "
+_NONE = "not run by any test: "
+NOT_RUN_HERE = {
+    "make demo": _NONE + "the demo itself (about 2 minutes; its parts are the integration tests' scenarios)",
+    "make test": "the suite itself",
+    "make drill": _NONE + "as printed (tests/integration/test_drill.py runs `cairn drill` with other settings)",
+    "cairn train --config examples/lm.json --store ./lm-ckpt --steps 400 --checkpoint-every 100": _NONE
+    + "400 updates take 87 s (tests/unit/trainers/pytorch/test_models.py trains the same config briefly; "
+    "tests/integration/test_lm_run.py on Temporal)",
+    "cairn worker --preload cairn.trainers.hf &": _TEMPORAL + "not run as printed (the integration tests start "
+    "workers with other options; test_the_hugging_face_export_works_as_printed trains the run with cairn train)",
+    "cairn run start my-hf-run.json --wait": _TEMPORAL + "not run as printed (tests/integration/test_cli_stack.py "
+    "runs `cairn run start RUN --wait` on the MLP; test_the_hugging_face_export_works_as_printed trains this run's "
+    "config with cairn train)",
+    "cairn train --config examples/distributed.json --store runs --run-id dp --steps 40 --world-size 4": _NONE
+    + "a gang of 4 ranks (tests/integration/test_distributed.py runs cairn train --world-size 2)",
+    "cairn train --resume runs/dp/training/000000000040 --store runs --steps 40 --world-size 2": _NONE
+    + "follows the gang of 4 (tests/integration/test_distributed.py resumes a --world-size 2 checkpoint so)",
+    "cairn train --config examples/distributed.json --store ref --run-id dp --steps 80": _NONE
+    + "the reference of the gang transcript (tests/integration/test_distributed.py compares gangs with one process)",
+    "cairn ckpt compare runs/dp/training/000000000080 ref/dp/training/000000000080": _NONE
+    + "follows the gang transcript",
+    "cairn ckpt show runs/dp/training/000000000040 | sed -n 2,7p": _NONE + "follows the gang transcript",
+    "cairn run start examples/distributed-run.json": _TEMPORAL + "not run as printed (tests/integration/"
+    "test_distributed.py starts gang runs from Python)",
+    "cairn run start examples/distributed-run.json --world-size 2 --total-steps 160 --workflow-id dp-more": _TEMPORAL
+    + "not run as printed (tests/unit/workers/cli/test_run.py checks how the flags override the file)",
+    "cairn worker --node host-a --advertise-addr 10.0.0.5": _TEMPORAL
+    + "not run as printed (tests/unit/workers/cli/test_worker.py parses these options)",
+    "cairn run start examples/distributed-run.json --world-size 8 --nodes host-a,host-b --workflow-id dp-2x4": _TEMPORAL
+    + "two hosts; not run as printed (tests/integration/test_distributed.py runs two nodes on loopback)",
+    "cairn drill --seed 7 --kills 12 --targets all --workers 3": _TEMPORAL + "not run as printed "
+    "(tests/integration/test_drill.py runs drills)",
+    "cairn drill --run examples/run.json --targets worker-kill,storage-brownout": _TEMPORAL + "not run as printed",
+    "cairn drill --run my-run.json --targets worker-kill": _TEMPORAL + "not run as printed",
+    "cairn drill --stack env --store s3://my-bucket/drills --targets worker-kill,sigterm,kill-in-upload": _TEMPORAL
+    + "an existing stack and bucket; not run as printed",
+    "cairn plan-interval --report cairn-report-drill/drill.json": _NONE + "needs a drill's report "
+    "(tests/unit/workers/cli/test_interval.py runs --report on a written one)",
+    "cairn plan-interval --report cairn-report-drill/drill.json --mtbf-seconds 86400": _NONE + "needs a drill's "
+    "report (tests/unit/workers/cli/test_interval.py runs --report FILE --mtbf-seconds 40)",
+    "cairn train --config examples/distributed.json --steps 40 --store runs --world-size 4": _NONE
+    + "a gang of 4 ranks (tests/integration/test_distributed.py runs cairn train --world-size 2)",
+    "cairn dev up": _TEMPORAL + "tests/integration/test_cli_stack.py runs it (with test ports)",
+    "cairn run start examples/run.json [--wait] [--task-queue cairn-training] [--workflow-id ID]": _TEMPORAL
+    + "tests/integration/test_cli_stack.py and test_cli_operations.py run it on their own run files",
+    "cairn run list [--limit 50]": _TEMPORAL + "tests/integration/test_cli_operations.py",
+    "cairn run watch ID": _TEMPORAL + "tests/integration/test_cli_operations.py, test_run_truth.py",
+    "cairn run status ID | result ID | journal ID": _TEMPORAL + "tests/integration/test_cli_stack.py",
+    "cairn run report ID [--out DIR] [--config C]": _TEMPORAL + "tests/integration/test_cli_operations.py",
+    "cairn run pause ID | resume ID | stop ID | checkpoint ID | rollback ID STEP | cancel ID": _TEMPORAL
+    + "checkpoint and cancel in tests/integration/test_cli_operations.py; pause, resume, stop and rollback are "
+    "sent as signals from Python by the integration tests, not from the command line",
+    "cairn worker [--address HOST:PORT] [--namespace NS] [--task-queue Q] [--max-activities 4] "
+    "[--numerics x86-64-v3]": _TEMPORAL + "tests/integration/test_cli_operations.py starts `cairn worker --address`",
+    "cairn dev status | down": _TEMPORAL + "tests/integration/test_cli_stack.py",
+    "cairn drill [--seed 1] [--kills 5 | --duration S] [--targets worker-kill,kill-in-upload,...|all]": _TEMPORAL
+    + "tests/integration/test_drill.py",
+    "cairn plan-interval [--report DRILL.json | --store S --run R [--config C]] [--save-seconds C] "
+    "[--mtbf-seconds M]": "tests/unit/workers/cli/test_interval.py",
+    "temporal workflow start --type TrainingRun --task-queue cairn-training --workflow-id example-run "
+    "--input-file examples/run.json": _NONE + "the temporal CLI's (tests/integration/test_web_ui.py starts a "
+    "TrainingRun from the Web UI's form instead)",
+    "temporal workflow signal --workflow-id example-run --name pause": _NONE + "the temporal CLI's",
+    "temporal workflow query --workflow-id example-run --type progress": _NONE + "the temporal CLI's",
+}
+"""Each README command no test of this module runs, and where (if anywhere) it is tested."""
+
+
+def test_every_readme_command_is_run_here_or_listed() -> None:
+    commands = set(readme_commands(README.read_text()))
+    assert not set(RUN_HERE) & set(NOT_RUN_HERE)
+    assert sorted(commands - set(RUN_HERE) - set(NOT_RUN_HERE)) == []
+    assert sorted((set(RUN_HERE) | set(NOT_RUN_HERE)) - commands) == []
+
+
+def _readme_json_after(marker: str) -> dict[str, object]:
+    """The first ``json`` block of the README after ``marker``."""
+    text = README.read_text()
+    lang_body = next((lang, b) for lang, b in _BLOCK.findall(text[text.index(marker) :]) if lang == "json")
+    body: dict[str, object] = json.loads(lang_body[1])
+    return body
+
+
+MY_TRAINER = """from examples.digits import DigitsCNN
+
+
+class MyTrainer(DigitsCNN):
+    \"\"\"The README's user trainer: the digits CNN under the user's import path.\"\"\"
+"""
+
+
+@pytest.fixture
+def mypkg(here: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """``mypkg.train:MyTrainer`` importable here, and ``my.json`` naming it (the small digits config)."""
+    (here / "mypkg").mkdir()
+    (here / "mypkg" / "__init__.py").write_text("")
+    (here / "mypkg" / "train.py").write_text(MY_TRAINER)
+    monkeypatch.syspath_prepend(str(here))
+    body = json.loads((REPO / "examples" / "digits.json").read_text())
+    body["trainer"]["factory"] = "mypkg.train:MyTrainer"  # as the README's my.json names it
+    body["trainer"]["options"].update({"channels": 4, "hidden": 16})
+    (here / "my.json").write_text(json.dumps(body))
+    yield here / "my.json"
+    for name in ("mypkg.train", "mypkg"):
+        sys.modules.pop(name, None)
+
+
+def test_the_in_process_commands_work_as_printed(here: Path, mypkg: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The block of "Training in-process and checkpoints", line by line, in one working directory."""
+    config = {"C": "examples/config.json"}
+    at40 = cairn(capsys, readme_words(TRAIN, {"ID": "demo"}, take=("--checkpoint-every", "--run-id"))).strip()
+    assert at40 == str(here / "runs/demo/training/000000000040")
+    assert sorted(int(m.parent.name) for m in (here / "runs/demo").rglob("manifest.json")) == [10, 20, 30, 40]
+    cairn(capsys, ["train", "--config", "examples/config.json", "--steps", "17", "--store", "runs", "--run-id", "demo"])
+    at17 = "runs/demo/training/000000000017"
+    assert cairn(capsys, readme_words(RESUME, {"ID": "demo"})).strip() == at40  # 17 + 23: step 40's very commit
+    weights = cairn(capsys, readme_words(WEIGHTS_ONLY, {"CKPT": at17})).strip()
+    assert weights == str(here / "runs/demo-weights-only/training/000000000023")
+    assert cairn(capsys, readme_words(SHOW, {"CKPT": at40})).startswith(f"checkpoint   {at40}")
+    digits = cairn(capsys, readme_words(DIGITS)).strip()
+    assert digits.endswith("/training/000000000200")
+    mine = cairn(capsys, readme_words(TRAINER, {"...": "--steps 3 --store runs --run-id mine"})).strip()
+    assert mine == str(here / "runs/mine/training/000000000003")
+    numerics = {"...": "--config examples/config.json --steps 2 --store runs --run-id numerics"}
+    cairn(capsys, readme_words(NUMERICS, numerics, take=("--numerics",)))
+    assert cairn(capsys, readme_words(TOLERANCE, {"CKPT": at40})).strip().endswith("/training/000000000045")
+    evaluated = cairn(
+        capsys, readme_words(EVAL, {"CKPT": digits, "C": "examples/digits.json"}, ("--split", "--config"))
+    )
+    assert evaluated.startswith("val at step 200: loss ")
+    verified = cairn(capsys, readme_words(VERIFY, {"CKPT": mine, "C": "my.json"}, take=("--config",)))
+    assert verified.startswith("ok: ") and "model and dataset hash checked" in verified
+    assert "--format-only: integrity" in cairn(capsys, readme_words(FORMAT_ONLY, {"CKPT": mine}))
+    take = ("--weights-only", "--max-file-size", "--config")
+    cairn(capsys, readme_words(EXPORT, {"CKPT": at40, "DIR": "weights", **config}, take))
+    assert (here / "weights" / "weights-only.safetensors").is_file()
+    cairn(capsys, readme_words(COPY, {"CKPT": at40, "STORE": "elsewhere"}))
+    copied = "elsewhere/demo/training/000000000040"
+    same = cairn(capsys, readme_words(COMPARE, {"A": at40, "B": copied, **config}, take=("--config",)))
+    assert same.startswith("identical")
+    listed = json.loads(cairn(capsys, readme_words(LIST, {"STORE": "runs", "RUN": "demo"}, ("--run", "--json"))))
+    assert [r["step"] for r in listed["checkpoints"]] == [10, 17, 20, 30, 40, 45]
+    cairn(capsys, readme_words(PIN, {"CKPT": at17}))
+    planned = cairn(capsys, readme_words(GC, {"STORE": "runs", "RUN": "demo"}, take=("--keep-last", "--dry-run")))
+    assert "keep   " in planned and "would delete" in planned and f"{at17}" not in planned.split("would delete", 1)[1]
+    cairn(capsys, readme_words(UNPIN, {"STORE": "runs", "RUN": "demo"}))
+
+
+def test_the_hugging_face_export_works_as_printed(here: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The fine-tuning run's export, as the README prints it: the run itself (on Temporal there)
+    is trained here by ``cairn train`` on the run file's config, from a Hugging Face directory
+    written by an export too."""
+    pytest.importorskip("transformers")
+    run_file = _readme_json_after("(`my-hf-run.json`")
+    config = run_file["config"]
+    assert isinstance(config, dict)
+    base = {k: v for k, v in config.items() if k not in ("stage", "init_from")}
+    (here / "base.json").write_text(json.dumps(base))
+    origin = cairn(capsys, ["train", "--config", "base.json", "--steps", "0", "--store", "origin"]).strip()
+    cairn(capsys, ["ckpt", "export", origin, "models/my-gpt2", "--format", "safetensors", "--config", "base.json"])
+    config["init_from"] = {"safetensors": str(here / "models" / "my-gpt2")}
+    (here / "my-hf-run.json").write_text(json.dumps(run_file))
+    if shutil.which("jq"):
+        subprocess.run(HF_CONFIG, shell=True, check=True, cwd=here)
+        assert json.loads((here / "my-hf.json").read_text()) == config
+    else:  # what the README's jq line does
+        (here / "my-hf.json").write_text(json.dumps(config))
+    cairn(capsys, ["train", "--config", "my-hf.json", "--steps", "2", "--store", "runs", "--run-id", "hf-gpt2"])
+    fill = {"s3://cairn/runs/hf-gpt2/training/000000000400": str(here / "runs/hf-gpt2/training/000000000002")}
+    cairn(capsys, readme_words(HF_EXPORT, fill))
+    exported = sorted(p.name for p in (here / "my-gpt2-tuned").iterdir())
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(exported), exported
+
+
+def test_a_checkpoint_loads_as_a_model_as_printed(here: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's "From a checkpoint to a model, in Python": its two commands, then its Python example."""
+    pytest.importorskip("transformers")
+    cairn(capsys, readme_words(GPT2_TRAIN))
+    cairn(capsys, readme_words(GPT2_EXPORT))
+    text = README.read_text()
+    example = next(
+        b for lang, b in _BLOCK.findall(text[text.index("**From a checkpoint to a model") :]) if lang == "python"
+    )
+    assert "cairn.load_model(" in example and "torch.equal(" in example
+    exec(compile(example, "README.md", "exec"), {})  # its assert: the exported directory's logits, bit for bit
