@@ -203,6 +203,11 @@ class Trainer(ABC):
         None if the trainer has no such split."""
         return None
 
+    def split_hint(self, split: str) -> str:
+        """How a run of this trainer holds ``split`` out, for the refusal of an evaluation on a
+        split it does not have (the built-in MLP: a fraction of its dataset)."""
+        return f"set data.{split}_fraction"
+
     def evaluations(self, step: int) -> int:
         """How many evaluations a state at ``step`` has recorded (one at every epoch end)."""
         return step // self.steps_per_epoch if self.eval_history else 0

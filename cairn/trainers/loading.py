@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -55,8 +56,9 @@ def _import_factory(path: str) -> type[Trainer]:
     except ModuleNotFoundError as exc:
         missing = exc.name or module_name
         raise ConfigError(
-            f"trainer.factory: cannot import {path!r}: module {missing!r} is not installed on this "
-            f"worker (install the package that provides it, or run the trainer on a worker that has it)"
+            f"trainer.factory: cannot import {path!r}: module {missing!r} is not installed in this Python "
+            f"environment ({sys.executable}; install the package that provides it here, or train on a worker "
+            "that has it)"
         ) from None
     except Exception as exc:  # the user's module failed while importing
         raise ConfigError(f"trainer.factory: importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None

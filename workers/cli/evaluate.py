@@ -44,7 +44,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     metrics = trainer.evaluate(state, args.split)
     if metrics is None:
         raise ConfigError(
-            "--split", expected=f"a split this run holds out (set data.{args.split}_fraction)", found=args.split
+            "--split", expected=f"a split this run holds out ({trainer.split_hint(args.split)})", found=args.split
         )
     payload: dict[str, Any] = {"checkpoint": str(ref), "split": args.split, "step": state.step, **metrics}
     shown = [f"loss {metrics['loss']:.6f}", *(f"{k} {v:.4f}" for k, v in sorted(metrics.items()) if k != "loss")]

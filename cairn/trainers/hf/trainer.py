@@ -88,6 +88,11 @@ def hf_model_config(options: HFOptions, vocab_size: int, eos_id: int) -> Pretrai
 class HFCausalLM(TorchTrainer):
     """A ``transformers`` causal LM on a tokenized text corpus; see the module docstring."""
 
+    def split_hint(self, split: str) -> str:
+        if split == "val":
+            return "set trainer.options.val_fraction"
+        return "this trainer holds out a validation split only (--split val)"
+
     Options = HFOptions
     options: HFOptions
 

@@ -57,6 +57,9 @@ _PROCESS_LOCK = threading.RLock()
 class TorchTrainer(Trainer):
     """The adapter. Subclass it, set ``Options`` and implement ``build``; see the module docstring."""
 
+    def split_hint(self, split: str) -> str:
+        return f"return a `{split}` split from your trainer's build (Setup.{split})"
+
     Options: ClassVar[type[BaseModel]] = TorchOptions
     options: TorchOptions
 
