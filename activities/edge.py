@@ -2,11 +2,11 @@
 with Temporal.
 
 It owns the heartbeats (``Heartbeater`` beats from a background thread, so a killed worker is
-noticed within the heartbeat timeout whatever phase it died in; ``heartbeat_interval``;
-``previous_reach``), the mapping of ``CairnError`` to a typed ``ApplicationError``
-(``activity_errors``), how a segment stopped on request reports it (``interruption``,
-``INTERRUPTED``), and opening the run's store with its checks (``open_run_store``,
-``require_numerics``).
+noticed within the heartbeat timeout whatever phase it died in, and knows when its attempt has
+been superseded; ``heartbeat_interval``; ``previous_reach``), the mapping of ``CairnError`` to a
+typed ``ApplicationError`` (``activity_errors``), how a segment stopped on request reports it
+(``interruption``, ``INTERRUPTED``), and opening the run's store with its checks
+(``open_run_store``, ``require_numerics``).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -77,12 +78,22 @@ def activity_errors() -> Iterator[None]:
         raise as_application_error(exc) from None
 
 
+STALL_MARGIN_S = 1.0
+"""How much longer than its heartbeat timeout an attempt may go without a heartbeat before it
+counts itself superseded: the SDK sends a heartbeat up to its throttle interval late."""
+
+
 class Heartbeater:
     """Heartbeats ``details`` every ``interval`` seconds from a background thread, whatever the
     activity's own thread is doing (a long restore or save included), and at once on ``beat``.
 
     The SDK throttles what reaches the server (the worker's heartbeat throttle interval), so
     the server's view is at most that stale.
+
+    ``superseded`` says when the attempt is no longer its activity's current one: no heartbeat
+    went out for longer than the heartbeat timeout (the process was frozen or starved: the server
+    has timed the attempt out and retried it), or the server answered a heartbeat that the
+    attempt is gone. A thawed process learns the first at once, the second a heartbeat later.
     """
 
     def __init__(self, interval: float, **details: Any) -> None:
@@ -92,6 +103,10 @@ class Heartbeater:
         self._stop = threading.Event()
         self._context = contextvars.copy_context()  # the activity's context, for another thread
         self._thread = threading.Thread(target=self._loop, name="cairn-heartbeat", daemon=True)
+        timeout = activity.info().heartbeat_timeout
+        self.stall_limit = None if timeout is None else timeout.total_seconds() + STALL_MARGIN_S
+        self._last = time.monotonic()
+        self._superseded: str | None = None
 
     def update(self, **fields: Any) -> None:
         with self._lock:
@@ -102,13 +117,45 @@ class Heartbeater:
             return dict(self._details)
 
     def beat(self) -> None:
+        self._mark()
+        activity.heartbeat(self.details())
+
+    def superseded(self) -> str | None:
+        """Why this attempt is no longer current, or None while it is (from any thread)."""
+        self._mark(beating=False)
+        with self._lock:
+            return self._superseded
+
+    def _mark(self, beating: bool = True) -> None:
+        """Note a stall past the limit since the last heartbeat; ``beating``: one goes out now."""
+        now = time.monotonic()
+        with self._lock:
+            gap = now - self._last
+            if self._superseded is None and self.stall_limit is not None and gap > self.stall_limit:
+                self._superseded = f"no heartbeat for {gap:.1f} s, past the heartbeat timeout (this worker stalled)"
+            if beating:
+                self._last = now
+
+    def notice_cancellation(self) -> None:
+        """Read the activity's cancellation: the server saying the attempt is gone (its heartbeat
+        found no such attempt, it timed out, the workflow was reset) supersedes it. Called in the
+        activity's context (its own thread, or this one's loop)."""
+        details = activity.cancellation_details()
+        if details is not None and (details.not_found or details.timed_out or details.reset):
+            with self._lock:
+                self._superseded = self._superseded or "the server no longer knows this attempt"
+
+    def _tick(self) -> None:
+        self.notice_cancellation()
+        self._mark()
         activity.heartbeat(self.details())
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
-            self._context.run(activity.heartbeat, self.details())
+            self._context.run(self._tick)
 
     def __enter__(self) -> Heartbeater:
+        self._mark()
         activity.heartbeat(self.details())
         self._thread.start()
         return self

@@ -38,7 +38,8 @@ STEPS = Counter("cairn_training_steps", "Training updates computed (recomputed o
 SEGMENTS = Counter(
     "cairn_segments",
     "train_segment attempts by outcome: completed, interrupted (pause/stop/checkpoint-now/cancel), "
-    "handed_back (worker shutdown), failed.",
+    "handed_back (worker shutdown), superseded (the worker stalled past the heartbeat timeout: nothing committed), "
+    "failed.",
     ["outcome"],
     registry=REGISTRY,
 )

@@ -8,7 +8,9 @@ trains up to the segment's target step (or its time budget), committing checkpoi
 absolute-step idempotency keys, and heartbeats its progress. A retried attempt (on this or
 another worker) does the same, so it converges on the same committed checkpoints; a stale
 attempt that is still running commits identical bytes (or is caught by the fingerprint check
-if the run were non-deterministic). ``latest_checkpoint`` and ``collect_checkpoints`` list
+if the run were non-deterministic); an attempt that learns it has been superseded (its worker
+stalled past the heartbeat timeout, or the server says the attempt is gone) stops and writes
+nothing more (``activities.fence``). ``latest_checkpoint`` and ``collect_checkpoints`` list
 and apply retention.
 
 Every activity heartbeats while it works (restoring, training, saving, listing, collecting)
@@ -38,6 +40,7 @@ from activities.edge import (
     previous_reach,
     require_numerics,
 )
+from activities.fence import SUPERSEDED, AttemptSuperseded, FencedStore
 from activities.log_context import run_context, set_step
 from activities.models import (
     CollectInput,
@@ -86,6 +89,12 @@ def train_segment(inp: TrainSegmentInput) -> TrainSegmentResult:
         try:
             with activity_errors():
                 result, why = _train_segment(inp, info)
+        except AttemptSuperseded as exc:
+            m.SEGMENTS.labels("superseded").inc()
+            log.warning("run %s: attempt %d superseded, stopped without committing: %s", inp.run_id, info.attempt, exc)
+            raise ApplicationError(
+                f"attempt superseded: {exc}", type=SUPERSEDED, category=ApplicationErrorCategory.BENIGN
+            ) from None
         except BaseException:
             m.SEGMENTS.labels("failed").inc()
             raise
@@ -136,6 +145,7 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
         tiered = tiered_store(inp.store)  # this worker's node-local tier, if it has one
         restore_started = time.perf_counter()
         session, source = _session(inp, attempt, store, key, tiered)
+        session.store = FencedStore(session.store, beats.superseded)  # a superseded attempt writes nothing
         warm = source == "memory"
         m.SEGMENT_STARTS.labels("warm" if warm else "cold").inc()
         m.RESTORES.labels(source).inc()
@@ -177,6 +187,9 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSe
             faults.maybe_crash("mid-segment", step=state.step)
             if inp.throttle_seconds_per_step:
                 time.sleep(inp.throttle_seconds_per_step)
+            beats.notice_cancellation()
+            if (gone := beats.superseded()) is not None:  # thawed after the server retried it elsewhere
+                raise AttemptSuperseded(gone)
             if activity.is_cancelled():
                 interrupted = "cancelled"
             elif activity.is_worker_shutdown():

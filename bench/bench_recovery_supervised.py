@@ -13,6 +13,10 @@ long segments (400 steps), a checkpoint every 25 steps. Scenarios:
 - bare: two ``cairn worker --no-supervisor`` processes (``workers.worker``), as in section 5;
 - host loss: two ``cairn worker``; the holder's whole process group (supervisor too) is SIGKILLed
   and a replacement started;
+- host freeze: two ``cairn worker``; the holder's whole process group is SIGSTOPped (a paused VM, a
+  process stuck in I/O) until its segment's retry runs on the other worker and the freeze has
+  outlasted the heartbeat timeout by 1.5 s, then SIGCONTed (its attempt, thawed, must stop
+  without committing); measured beside *host loss* in the same run;
 - digits CNN, supervised (workers started with ``--preload examples.digits``): as *supervised*,
   training ``examples/digits-run.json`` (its model, batch,
   a checkpoint every 20 steps, heartbeat timeout 10 s) in 2,000-step segments. Besides the
@@ -27,8 +31,9 @@ end it by design); then the server is polled every 50 ms:
 *retry started* is the next attempt's start (server timestamp), *progress* the first heartbeat of
 that attempt past the step it resumed from (up to ~0.3 s late: an upper bound).
 ``section`` / ``plot`` render section 10 of ``BENCHMARKS.md`` and ``results/recovery_supervised.png``.
-Run: ``python bench/bench_recovery_supervised.py [--kills 10] [--baseline-kills 3] [--digits-kills 10]
-[--only NAME,...] [--quick]`` (``--only`` runs some scenarios, a partial result: for trying them).
+Run: ``python bench/bench_recovery_supervised.py [--kills 10] [--baseline-kills 3] [--host-kills 7]
+[--digits-kills 10] [--only NAME;...] [--quick]`` (``--only`` runs some scenarios, a partial result:
+for trying them).
 """
 
 from __future__ import annotations
@@ -77,6 +82,8 @@ TARGET_S = 1.5
 DIGITS_TARGET_S = 3.0
 """kill of a supervised worker process -> the digits CNN training again (its first step past the resume point)."""
 DIGITS_SEGMENT_STEPS = 2000
+FREEZE_MARGIN_S = 1.5
+"""A freeze lasts at least the heartbeat timeout plus this (``workers.drills.schedule``'s margin)."""
 _POLICY = RestartPolicy()
 CRASH_LIMIT, CRASH_WINDOW_S = _POLICY.limit, _POLICY.window_s + 2.0
 
@@ -132,6 +139,7 @@ class Fleet:
         self._logs = iter(range(1000))
         self.members = [self._spawn() for _ in range(count)]
         self._kills: dict[int, list[float]] = {}
+        self.frozen: ServerProcess | None = None
 
     def _spawn(self) -> ServerProcess:
         log = self.work / f"worker-{next(self._logs)}.log"
@@ -165,8 +173,24 @@ class Fleet:
         recent = [t for t in self._kills.get(member.pid, []) if time.monotonic() - t < CRASH_WINDOW_S]
         return len(recent) < CRASH_LIMIT - 1
 
+    def frozen_pids(self) -> set[int]:
+        """The processes of the frozen member (supervisor and worker process), if one is frozen."""
+        if self.frozen is None:
+            return set()
+        child = child_of(self.frozen.pid)
+        return {self.frozen.pid, *([child] if child is not None else [])}
+
+    def thaw(self) -> None:
+        if self.frozen is not None:
+            os.killpg(self.frozen.pid, signal.SIGCONT)
+            self.frozen = None
+
     def kill(self, worker_pid: int, how: str) -> None:
         member = self.worker_pids()[worker_pid]
+        if how == "freeze":  # the whole host hangs: supervisor and worker process, their connections kept
+            os.killpg(member.pid, signal.SIGSTOP)
+            self.frozen = member
+            return
         if how == "process" and self.kind == "supervised":  # the worker process only: its supervisor lives on
             self._kills.setdefault(member.pid, []).append(time.monotonic())
             os.kill(worker_pid, signal.SIGKILL)
@@ -177,6 +201,7 @@ class Fleet:
         self.members.append(self._spawn())
 
     def stop(self) -> None:
+        self.thaw()
         for m in self.members:
             m.stop(grace=2)
 
@@ -213,10 +238,12 @@ def pending_segment(desc: Any) -> dict[str, Any] | None:
 
 
 async def one_kill(
-    client: Any, handle: Any, fleet: Fleet, how: str, probe: Path | None = None
+    client: Any, handle: Any, fleet: Fleet, how: str, probe: Path | None = None, heartbeat: float = 10.0
 ) -> dict[str, Any] | None:
-    """One kill and its recovery; None when the kill missed (the segment it aimed at had
-    completed in the instant before it landed: the next segment runs, no retry to time)."""
+    """One kill (or freeze) and its recovery; None when the kill missed (the segment it aimed at
+    had completed in the instant before it landed: the next segment runs, no retry to time). A
+    frozen host is let go on once its segment progresses elsewhere and the freeze has outlasted
+    the heartbeat timeout by ``FREEZE_MARGIN_S``."""
     from temporalio.api.enums.v1 import PendingActivityState
 
     started = PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
@@ -250,13 +277,15 @@ async def one_kill(
     resumed_from = retry_pid = None
     reoffered = False
     kind = "?"
+    frozen = fleet.frozen_pids()
     while t_progress is None:
         desc = await handle.describe()
         view = pending_segment(desc)
         now = time.time()
-        if view and view["state"] == started:
+        if view and view["state"] == started and view["pid"] not in frozen:  # a frozen host "starts" nothing
             same = view["key"] == killed_key
             if not same and view["logical"] is not None and view["logical"] <= killed_logical:
+                fleet.thaw()
                 return None  # a new segment's own first attempt: the aimed-at one had completed
             retry = (same and view["attempt"] > killed) or (not same and view["logical"] is not None)
             if retry and t_retry is None:
@@ -274,6 +303,10 @@ async def one_kill(
             raise TimeoutError(f"no recovery within 120 s after the kill: {view}")
         await asyncio.sleep(0.05)
     assert t_retry is not None
+    if fleet.frozen is not None:
+        while time.time() - t_kill < heartbeat + FREEZE_MARGIN_S:
+            await asyncio.sleep(0.05)
+        fleet.thaw()
     out = {
         "t_kill": t_kill,
         "killed_attempt": killed,
@@ -410,7 +443,7 @@ async def scenario(
         results: list[dict[str, Any]] = []
         missed = 0
         while len(results) < kills:
-            got = await one_kill(client, handle, fleet, how, probe)
+            got = await one_kill(client, handle, fleet, how, probe, heartbeat)
             if got is None:
                 missed += 1
                 print(f"{model}: {kind} x{count}: the kill missed (the segment had just completed): again", flush=True)
@@ -421,7 +454,7 @@ async def scenario(
             results.append(k)
             rep = len(results) - 1
             print(
-                f"{model}: {kind} x{count}, kill the {how}: {rep + 1}: retry started {k['kill_to_retry_started_s']:.2f} s, "
+                f"{model}: {kind} x{count}, {'freeze the host' if how == 'freeze' else 'kill the ' + how}: {rep + 1}: retry started {k['kill_to_retry_started_s']:.2f} s, "
                 f"progress {k['kill_to_progress_s']:.2f} s ({k['detected_by']})"
                 + (
                     f"; first step {k['kill_to_first_step_s']:.2f} s, started -> resumed {k['retry_started_to_resumed_s']}"
@@ -465,6 +498,7 @@ SCENARIOS: dict[str, tuple[str, int, str, str]] = {
     "supervised, one worker": ("supervised", 1, "process", "example"),
     "bare": ("bare", 2, "process", "example"),
     "host loss": ("supervised", 2, "host", "example"),
+    "host freeze": ("supervised", 2, "freeze", "example"),
     "digits CNN, supervised": ("supervised", 2, "process", "digits"),
 }
 """name -> (workers, how many, what is killed, the model: the throttled example or the digits CNN)."""
@@ -478,9 +512,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             for name, (kind, count, how, model) in SCENARIOS.items():
                 if args.only and name not in args.only:
                     continue
-                kills = {"supervised": args.kills, "digits CNN, supervised": args.digits_kills}.get(
-                    name, args.baseline_kills
-                )
+                kills = {
+                    "supervised": args.kills,
+                    "host loss": args.host_kills,
+                    "host freeze": args.host_kills,
+                    "digits CNN, supervised": args.digits_kills,
+                }.get(name, args.baseline_kills)
                 sub = work / name.replace(" ", "-").replace(",", "")
                 sub.mkdir()
                 results[name] = await scenario(address, sub, kind, count, how, kills, args.heartbeat, model)
@@ -494,6 +531,7 @@ DESCRIPTIONS = {
     "supervised, one worker": "`cairn worker` ×1 (no standby: the retry waits for the restarted worker process; its 2nd and 3rd crash within a minute also for the restart backoff, 1 s and 2 s)",
     "bare": "`cairn worker --no-supervisor` ×2 (a replacement started after each kill)",
     "host loss": "`cairn worker` ×2; the whole process group is killed (a replacement started)",
+    "host freeze": "`cairn worker` ×2; the whole process group is frozen (SIGSTOP; SIGCONT once the segment runs elsewhere, at least the heartbeat timeout + 1.5 s later)",
     "digits CNN, supervised": "`cairn worker --preload examples.digits` ×2 training the digits CNN; the worker process is killed, its supervisor lives",
 }
 
@@ -514,13 +552,14 @@ def section(r: dict[str, Any], targets: Targets) -> list[str]:
         target = {
             "supervised": f"≤ {TARGET_S:g} s",
             "host loss": f"≤ {heartbeat + 2:g} s",
+            "host freeze": f"≤ {heartbeat + 2:g} s",
             "digits CNN, supervised": f"training again ≤ {DIGITS_TARGET_S:g} s",
         }.get(name, "–")
         out.append(
             f"| {name} | {DESCRIPTIONS[name]} | {len(s['kills'])} | {spread(s['kill_to_retry_started_s'], 's', 1, 2)} | "
             f"{spread(s['kill_to_progress_s'], 's', 1, 2)} | {', '.join(s['detected_by'])} | {target} |"
         )
-    sup, bare, host = x["supervised"], x.get("bare"), x.get("host loss")
+    sup, bare, host, frozen = x["supervised"], x.get("bare"), x.get("host loss"), x.get("host freeze")
     m = sup["kill_to_retry_started_s"]
     targets.add(
         f"supervised worker process killed: retry started ≤ {TARGET_S:g} s ({heartbeat:g} s heartbeat timeout)",
@@ -537,6 +576,17 @@ def section(r: dict[str, Any], targets: Targets) -> list[str]:
             h["max"] <= heartbeat + 2,
             f"{len(host['kills'])} kills, detected by the heartbeat timeout",
         )
+    if frozen:
+        f = frozen["kill_to_retry_started_s"]
+        targets.add(
+            f"host frozen (SIGSTOP of supervisor and worker): retry started elsewhere ≤ heartbeat timeout + 2 s ({heartbeat:g} s timeout)",
+            f"median {f['median']:.2f} s, worst {f['max']:.2f} s",
+            f["max"] <= heartbeat + 2,
+            f"{len(frozen['kills'])} freezes"
+            + (
+                f"; host loss in the same run: median {host['kill_to_retry_started_s']['median']:.2f} s" if host else ""
+            ),
+        )
     if bare:
         ratio = bare["kill_to_retry_started_s"]["median"] / m["median"]
         out += [
@@ -549,6 +599,17 @@ def section(r: dict[str, Any], targets: Targets) -> list[str]:
             "and poll (an interpreter start and the imports, ~1.7 s here), plus the restart backoff when the same "
             "supervisor's worker process crashed within the last minute. A lost host leaves nobody to send the fail: "
             "the heartbeat timeout still catches it, as before.",
+        ]
+    if host and frozen:
+        h, f = host["kill_to_retry_started_s"], frozen["kill_to_retry_started_s"]
+        out += [
+            "",
+            f"A frozen host costs what a lost one costs: its segment started on the other worker a median {f['median']:.2f} s "
+            f"after the freeze (worst {f['max']:.2f} s) vs {h['median']:.2f} s (worst {h['max']:.2f} s) after a host's kill, the "
+            "same run. The frozen process keeps its TCP connection, and with it its open long polls, which the server would "
+            "hand the retries; the dev server's frontend keepalive (1 s + 1 s) closes the connection ~2 s into the freeze, "
+            "and a segment lost on its worker's own queue is offered to every worker at once instead of being retried there. "
+            "Thawed, each frozen attempt stopped without committing (it knows it stalled past its heartbeat timeout).",
         ]
     out += [
         "",
@@ -609,14 +670,14 @@ def reoffer_explained(kills: list[dict[str, Any]]) -> str:
     if not timeouts:
         return ""
     text = (
-        f"A re-offered retry: the attempt on the warm worker's own queue times out (schedule-to-start) {statistics.median(timeouts):.2f} s "
-        "after the kill (the retry policy's 200 ms, then the 1 s warm pickup: nobody polls that queue until the supervisor's new "
-        "worker process does)"
+        f"A re-offered retry: the segment offered to the killed worker's own queue times out there (schedule-to-start) {statistics.median(timeouts):.2f} s "
+        "after the kill (the 1 s warm pickup: nobody polls that queue until the supervisor's new worker process does; a "
+        "warm attempt is never retried on that queue)"
     )
     if sticky:
         text += (
             f"; in {len(sticky)} of {len(kills)} the workflow task that re-offers the segment first waited on the killed worker "
-            f"process's sticky queue and timed out there ({statistics.median(sticky):.2f} s after the kill: the worker's 2 s sticky "
+            f"process's sticky queue and timed out there ({statistics.median(sticky):.2f} s after the kill: the worker's 1 s sticky "
             "schedule-to-start timeout; the killed process was also the run's workflow worker)"
         )
     return text + "; then the segment is scheduled on the run's queue and a polling worker starts it at once."
@@ -716,6 +777,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=10, help="kills of a supervised worker process")
     parser.add_argument("--baseline-kills", type=int, default=3, help="kills in each other scenario")
+    parser.add_argument("--host-kills", type=int, default=7, help="host losses, and as many host freezes, side by side")
     parser.add_argument(
         "--digits-kills", type=int, default=10, help="kills of a supervised worker training the digits CNN"
     )
@@ -729,7 +791,7 @@ def main() -> int:
     args.heartbeat = 10.0
     args.only = [n.strip() for n in args.only.split(";")] if args.only else None
     if args.quick:
-        args.kills, args.baseline_kills, args.digits_kills, args.heartbeat = 2, 1, 2, 3.0
+        args.kills, args.baseline_kills, args.host_kills, args.digits_kills, args.heartbeat = 2, 1, 1, 2, 3.0
     at_start = machine()  # the load average before the run, not after it
     results = asyncio.run(main_async(args))
     write_result(

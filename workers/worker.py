@@ -4,7 +4,8 @@ workers.worker`` (``cairn worker`` runs it under a supervisor, ``workers.supervi
 Registers the TrainingRun workflow and every activity, runs activities in a thread pool, and
 on SIGTERM/SIGINT shuts down gracefully: a running segment notices, commits a checkpoint at
 its current step and hands the rest back to Temporal, which retries it on another worker.
-Under a supervisor it reports every activity attempt to it (``ActivityReporter``).
+Under a supervisor it reports every activity attempt to it (``ActivityReporter``), and that it
+is alive, from its event loop, a few times a second (a silent one is killed as hung).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio.client import Client
-from temporalio.worker import Interceptor, Worker
+from temporalio.worker import Interceptor, PollerBehaviorSimpleMaximum, Worker
 
 from activities.effects import EFFECT_ACTIVITIES
 from activities.gang import ADVERTISE_ENV, GANG_ACTIVITIES
@@ -36,7 +37,7 @@ from workers.cli.args import add_numerics_arg
 from workers.client import add_connection_args, connect
 from workers.logs import LOG_FORMATS, configure_logging, log_format_from_env
 from workers.metrics import DEFAULT_METRICS_PORT, MetricsEndpoint, serve_metrics
-from workers.supervisor.channel import reporter_from_environment
+from workers.supervisor.channel import ActivityReport, ReportWriter, reporter_from_environment
 from workers.supervisor.interceptor import ActivityReporter
 from workflows.training_run import TrainingRun
 
@@ -47,6 +48,9 @@ __all__ = [
     "all_activities",
     "WORKFLOWS",
     "HEARTBEAT_THROTTLE",
+    "STICKY_PICKUP",
+    "ACTIVITY_POLLS",
+    "WORKFLOW_POLLS",
     "main",
     "exit_now",
     "say",
@@ -56,6 +60,25 @@ WORKFLOWS: list[type] = [TrainingRun]
 HEARTBEAT_THROTTLE = timedelta(milliseconds=200)
 """How stale the server's view of a segment may be (its step, for ``recomputed_steps`` and
 ``cairn run watch``), and how soon pause / stop / checkpoint-now reach a running segment."""
+
+
+STICKY_PICKUP = timedelta(seconds=1)
+"""How long a run's workflow task waits on the sticky queue of the worker that ran its last one
+before it goes to every worker. A live worker always has a sticky poll open (milliseconds); a dead
+or frozen one never takes it, and the server still counts it as polling for 10 s after its last
+poll, so this wait is part of every recovery whose workflow worker was the lost one. (Shorter
+values are not kept: 0.5 s and 0.2 s both timed out after 1.0 s on the dev server.)"""
+ACTIVITY_POLLS = 1
+"""Activity polls a worker keeps open per task queue (the SDK's default is 5). A frozen process's
+open polls stay at the server, which hands them tasks it will not run, each lost to a heartbeat
+timeout, until the frontend's keepalive closes its connection (the README's "Operating it")."""
+WORKFLOW_POLLS = 2
+"""Workflow task polls: one sticky, one normal (the SDK's least with a workflow cache)."""
+
+
+ALIVE_EVERY_S = 0.25
+"""How often a supervised worker process tells its supervisor it is alive (its event loop runs:
+the heartbeats of its attempts can reach the server)."""
 
 
 TIER_FLUSH_SECONDS = 60.0
@@ -84,9 +107,12 @@ def build_worker(
         activity_executor=ThreadPoolExecutor(max_workers=max_activities, thread_name_prefix="cairn-activity"),
         max_concurrent_activities=max_activities,
         graceful_shutdown_timeout=timedelta(seconds=30),
-        # After a worker dies, its runs' workflow tasks wait this long on its sticky queue before
-        # any worker takes them (the default 10 s added that much to every recovery).
-        sticky_queue_schedule_to_start_timeout=timedelta(seconds=2),
+        # After a worker dies or freezes, its runs' workflow tasks wait this long on its sticky
+        # queue before any worker takes them (the default 10 s added that much to every recovery).
+        sticky_queue_schedule_to_start_timeout=STICKY_PICKUP,
+        # A frozen process's open polls stay at the server, which hands them tasks it cannot run.
+        activity_task_poller_behavior=PollerBehaviorSimpleMaximum(ACTIVITY_POLLS),
+        workflow_task_poller_behavior=PollerBehaviorSimpleMaximum(WORKFLOW_POLLS),
         max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
         default_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
     )
@@ -131,20 +157,35 @@ async def run(args: argparse.Namespace) -> int:
     say(args, f"numerics profile {args.numerics} on a {native_level()} machine")
     say(args, f"polling {', '.join(repr(q) for q in queues)} on {target}{metrics}")
     warm = asyncio.create_task(asyncio.to_thread(_warm_up))
-    async with contextlib.AsyncExitStack() as stack:
-        for i, queue in enumerate(queues):
-            await stack.enter_async_context(
-                build_worker(
-                    client, queue, max_activities=args.max_activities, workflows=i == 0, interceptors=interceptors
+    alive = asyncio.create_task(_tell_alive(reporter)) if reporter is not None else None
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            for i, queue in enumerate(queues):
+                await stack.enter_async_context(
+                    build_worker(
+                        client, queue, max_activities=args.max_activities, workflows=i == 0, interceptors=interceptors
+                    )
                 )
+            await stop.wait()
+            warm.cancel()
+            say(args, "shutting down gracefully (running segments checkpoint and hand back)")
+        if args.local_tier and not await asyncio.to_thread(flush_all, TIER_FLUSH_SECONDS):
+            say(
+                args,
+                f"local tier: uploads pending after {TIER_FLUSH_SECONDS:.0f} s; the next worker on it resumes them",
             )
-        await stop.wait()
-        warm.cancel()
-        say(args, "shutting down gracefully (running segments checkpoint and hand back)")
-    if args.local_tier and not await asyncio.to_thread(flush_all, TIER_FLUSH_SECONDS):
-        say(args, f"local tier: uploads pending after {TIER_FLUSH_SECONDS:.0f} s; the next worker on it resumes them")
+    finally:
+        if alive is not None:
+            alive.cancel()
     say(args, "stopped")
     return 0
+
+
+async def _tell_alive(reporter: ReportWriter) -> None:
+    beat = ActivityReport(event="alive")
+    while True:
+        reporter.send(beat)
+        await asyncio.sleep(ALIVE_EVERY_S)
 
 
 def worker_queues(task_queue: str, numerics_id: str, node: str | None = None) -> list[str]:

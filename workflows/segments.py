@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, TimeoutType
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, RetryState, TimeoutType
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
@@ -36,8 +36,10 @@ __all__ = [
     "segment_end",
     "segment_seconds",
     "WARM_PICKUP",
+    "WARM_RETRY",
     "picked_up_late",
     "lost_attempt",
+    "lost_on_own_queue",
     "crashed_on_own_queue",
     "collect_beside",
     "collect_due",
@@ -167,6 +169,13 @@ queue (it long-polls that queue: milliseconds when alive and free) before the se
 every worker of the run's queue (``picked_up_late``)."""
 
 
+WARM_RETRY = RetryPolicy(maximum_attempts=1)
+"""A segment offered to the warm worker's own queue is not retried there: a retry would go to a
+queue only that worker polls, and a worker that stopped heartbeating (dead, frozen, stuck) may
+still hold polls on it. Its retryable failure (a heartbeat timeout first of all) comes back to the
+workflow, which offers the segment to every worker at once (``lost_on_own_queue``)."""
+
+
 def picked_up_late(err: ActivityError) -> bool:
     """The segment offered to the warm worker's own queue was not picked up in ``WARM_PICKUP``
     (that worker is gone or busy): not a failure, the segment goes to the shared queue."""
@@ -215,6 +224,20 @@ def lost_attempt(err: ActivityError) -> tuple[int | None, int] | None:
         return None
     attempt = details[0].get("attempt")
     return heartbeat_reach(details), attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else 1
+
+
+def lost_on_own_queue(err: ActivityError, reached: int | None, prior: int) -> tuple[int | None, int] | None:
+    """(reached step, attempts) of a segment offered under ``WARM_RETRY`` whose attempt failed in
+    a way a retry would have followed (a heartbeat or start-to-close timeout, a retryable error),
+    or None when its failure is final or an interruption. ``reached`` and ``prior`` are what the
+    attempt was given: an attempt that never heartbeated still counts, and keeps the earlier reach."""
+    if err.retry_state != RetryState.MAXIMUM_ATTEMPTS_REACHED:
+        return None
+    beat = lost_attempt(err)
+    if beat is None:
+        return reached, prior + 1
+    reach, attempts = beat
+    return max((r for r in (reach, reached) if r is not None), default=None), max(attempts, prior + 1)
 
 
 def interrupted(err: ActivityError) -> bool:

@@ -63,6 +63,9 @@ COLLECT_BESIDE = "collect-checkpoints-beside-the-next-segment"
 """The patch marker under which retention runs beside the next segment, not before it."""
 COLLECT_PACED = "collect-checkpoints-paced-beside-the-segments"
 """The patch marker under which a boundary does not wait for the last pass (``segments.collect_due``)."""
+WARM_NOT_RETRIED = "a-warm-segment-is-not-retried-on-its-own-queue"
+"""The patch marker under which a segment lost on the warm worker's own queue is offered to every
+worker at once (``segments.WARM_RETRY``), not retried on that queue first."""
 
 
 @workflow.defn(name="TrainingRun")
@@ -301,6 +304,7 @@ class TrainingRun(GangSegments):
         warm = self._carry.warm_queue if resume_from is None and workflow.patched(WARM_ROUTING) else None
         self._carry.warm_queue = None  # offered once: a segment it does not take goes to everyone
         (reached, prior), self._carry.lost = self._carry.lost or (None, 0), None
+        reoffer = warm is not None and workflow.patched(WARM_NOT_RETRIED)
         handle = workflow.start_activity(
             train_segment,
             TrainSegmentInput(
@@ -314,23 +318,31 @@ class TrainingRun(GangSegments):
             schedule_to_start_timeout=segments.WARM_PICKUP if warm else None,
             start_to_close_timeout=timedelta(seconds=inp.segment_timeout_seconds),
             heartbeat_timeout=timedelta(seconds=inp.heartbeat_timeout_seconds),
-            retry_policy=segments.SEGMENT_RETRY,
+            retry_policy=segments.WARM_RETRY if reoffer else segments.SEGMENT_RETRY,
             cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
         )
+        lost = (reached, prior) if reoffer else None
         try:
             await workflow.wait_condition(lambda: handle.done() or self._interrupt_requested())
         except asyncio.CancelledError:
             # The workflow is being cancelled: let the segment checkpoint before we stop.
             handle.cancel()
-            await self._settle(inp, handle)
+            await self._settle(inp, handle, lost)
             raise
         if not handle.done():
             self._phase = "stopping" if self._carry.stop_requested else "training"
             handle.cancel()
-        await self._settle(inp, handle)
+        await self._settle(inp, handle, lost)
 
-    async def _settle(self, inp: TrainingRunInput, handle: workflow.ActivityHandle[TrainSegmentResult]) -> None:
-        """Record the segment's outcome; after an interruption, read the last durable cursor."""
+    async def _settle(
+        self,
+        inp: TrainingRunInput,
+        handle: workflow.ActivityHandle[TrainSegmentResult],
+        lost: tuple[int | None, int] | None = None,
+    ) -> None:
+        """Record the segment's outcome; after an interruption, read the last durable cursor.
+        ``lost``: the segment was offered to the warm worker's own queue under ``WARM_RETRY``,
+        with this reach and these prior attempts."""
         try:
             result = await handle
         except ActivityError as err:
@@ -340,6 +352,10 @@ class TrainingRun(GangSegments):
             crashed = segments.crashed_on_own_queue(err)
             if crashed is not None:  # the warm worker's process died: offered to every worker at once
                 self._carry.lost = crashed
+                return
+            gone = None if lost is None else segments.lost_on_own_queue(err, *lost)
+            if gone is not None:  # it stopped heartbeating (or failed retryably) there: offered to every worker
+                self._carry.lost = gone
                 return
             if not segments.interrupted(err):
                 raise

@@ -125,3 +125,23 @@ def test_dropped_idempotency_key_reports_the_double_reservation(stack: EmbeddedS
     assert not report["passed"] and not effects["passed"], report["text"]
     assert "2 reservations for the run (expected 1)" in effects["detail"]
     assert checks(report)["state"]["passed"]  # training itself was fine: only the effect doubled
+
+
+def test_a_frozen_worker_costs_what_a_dead_one_costs(stack: EmbeddedStack, tmp_path: Path) -> None:
+    """``freeze``: the worker running the segment is SIGSTOPped past the heartbeat timeout, then
+    let go on. The segment resumes on the other worker about a heartbeat timeout after the freeze
+    (the frontend's keepalive drops the frozen process's polls), and the thawed attempt commits
+    nothing: the verdict checks both, with the state and the effects."""
+    heartbeat = 3.0  # longer than the dev server's keepalive (1 s + 1 s): the polls are gone first
+    _, report = drill(
+        stack, tmp_path, seed=4, kills=3, targets=["freeze", "worker-kill"], heartbeat_timeout_seconds=heartbeat
+    )
+    assert_passed(report)
+    freezes = [f for f in report["faults"] if f["kind"] == "freeze"]
+    assert freezes, report["text"]
+    for f in freezes:
+        assert f["zombie_commits"] == [] and f["frozen_s"] >= heartbeat, f
+        # Resumed (restored, training) elsewhere: the heartbeat timeout + 2 s, plus the restore.
+        assert f["recovery_s"] < heartbeat + 3, report["text"]
+        assert f["recomputed_steps"] <= EVERY, f
+    assert "BIT-IDENTICAL" in checks(report)["state"]["detail"]

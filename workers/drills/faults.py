@@ -5,9 +5,11 @@ before anything starts, faults the stack and store cannot take.
 Faults: ``worker-kill`` (SIGKILL the worker running the segment), ``kill-in-upload`` (SIGKILL it
 when its manifest PUT reaches the fault proxy: shards written, commit not), ``kill-after-effect``
 (the ``CAIRN_FAULT`` hook: after the service committed, before the completion), ``sigterm``
-(graceful hand-back), ``temporal-restart`` / ``s3-restart`` / ``service-restart`` (SIGKILL the
-server, restart it on its data) and ``storage-brownout`` (the fault proxy fails a seeded share of
-requests for a few seconds).
+(graceful hand-back), ``freeze`` (SIGSTOP the worker running the segment until the segment runs
+elsewhere, at least past its heartbeat timeout, then SIGCONT: a hung host, and the zombie attempt
+it thaws into), ``temporal-restart`` / ``s3-restart`` / ``service-restart`` (SIGKILL the server,
+restart it on its data) and ``storage-brownout`` (the fault proxy fails a seeded share of requests
+for a few seconds).
 """
 
 from __future__ import annotations
@@ -24,17 +26,28 @@ from typing import Any
 from cairn.checkpoint import latest_committed
 from cairn.errors import ConfigError
 from workers.drills.faultproxy import FaultPolicy, FaultProxy, pid_of_connection
+from workers.drills.observe import Commit
 from workers.drills.pool import WorkerPool
-from workers.drills.schedule import SERVER_FAULTS, DrillSpec, PlannedFault
+from workers.drills.schedule import FREEZE_MARGIN_S, SERVER_FAULTS, DrillSpec, PlannedFault
 from workers.drills.stack import DrillStack, Restart
 from workers.drills.watch import RunWatch
 
-__all__ = ["FaultRecord", "FaultInjector", "FAULT_SERVER", "RECOVERY_WAIT_S", "check_targets"]
+__all__ = [
+    "FaultRecord",
+    "FaultInjector",
+    "FAULT_SERVER",
+    "LOST_WORKER",
+    "RECOVERY_WAIT_S",
+    "check_targets",
+    "zombie_commits",
+]
 
 RECOVERY_WAIT_S = 120.0
 """How long a fault may take to recover before the drill gives up on it (and fails)."""
 FAULT_SERVER = {"temporal-restart": "temporal", "s3-restart": "s3", "service-restart": "service"}
 """The server each server fault restarts."""
+LOST_WORKER = ("worker-kill", "kill-in-upload", "sigterm", "kill-after-effect", "freeze")
+"""Faults after which the segment must resume on another worker (or a replacement)."""
 
 
 @dataclass
@@ -60,6 +73,11 @@ class FaultRecord:
     estimated_reach: int | None = None
     """The step the lost worker had reached, from its last commit and the clock (heartbeats
     reach the server throttled, so they report it late)."""
+    thawed_at: float | None = None
+    """``freeze``: when the frozen worker was let go on (SIGCONT)."""
+    zombie_commits: list[int] | None = None
+    """``freeze``: steps the thawed worker committed after it was let go on (none: it knew it
+    had been superseded); None before the drill read its log."""
     note: str = ""
 
     @property
@@ -113,6 +131,8 @@ class FaultRecord:
             "recomputed_steps": self.recomputed,
             "server_down_s": _round(self.restart.seconds) if self.restart else None,
             "injected_faults": self.injected,
+            "frozen_s": _round(self.thawed_at - self.fired_at) if self.thawed_at and self.fired_at else None,
+            "zombie_commits": self.zombie_commits,
             "note": self.note,
         }
 
@@ -121,8 +141,30 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
 
 
+def zombie_commits(
+    rec: FaultRecord, commits: list[Commit], worker: str | None, window_s: float, every: int
+) -> list[int]:
+    """Steps a frozen ``worker``'s attempt committed once thawed: the commits it created within
+    ``window_s`` (the heartbeat timeout) of the thaw, at steps up to an interval past the last
+    commit before the freeze (where that attempt was; a segment the worker takes later resumes
+    from the retry's commits). A save that found its step committed already wrote nothing."""
+    if rec.thawed_at is None or worker is None:
+        return []
+    until, reach = rec.thawed_at + window_s, (rec.committed_at_fault or 0) + every
+    return sorted(
+        c.step
+        for c in commits
+        if c.created and c.worker == worker and rec.thawed_at <= c.at <= until and c.step <= reach
+    )
+
+
 def check_targets(
-    schedule: list[PlannedFault], store: str, restartable: frozenset[str], service: bool, endpoint: bool = True
+    schedule: list[PlannedFault],
+    store: str,
+    restartable: frozenset[str],
+    service: bool,
+    endpoint: bool = True,
+    workers: int = 2,
 ) -> None:
     """Refuse, before anything starts, faults this stack and store cannot take."""
     kinds = {f.kind for f in schedule}
@@ -142,6 +184,10 @@ def check_targets(
         raise ConfigError("--targets", expected="the embedded stack (--stack embedded) for", found=", ".join(cannot))
     if ({"kill-after-effect", "service-restart"} & kinds) and not service:
         raise ConfigError("--targets", expected="a reservation service (CAIRN_RESERVATION_URL)", found="none")
+    if "freeze" in kinds and workers < 2:
+        raise ConfigError(
+            "--workers", expected=">= 2 for freeze (another worker takes the frozen one's segment)", found=workers
+        )
 
 
 class FaultInjector:
@@ -160,9 +206,11 @@ class FaultInjector:
         every: int,
         step_seconds: float,
         proxy: FaultProxy | None,
+        heartbeat_timeout: float | None = None,
     ) -> None:
         self.spec, self.stack, self.state_dir, self.pool, self.watch = spec, stack, state_dir, pool, watch
         self.store, self.run_id, self.every, self.step_seconds, self.proxy = store, run_id, every, step_seconds, proxy
+        self.heartbeat_timeout = spec.heartbeat_timeout_seconds if heartbeat_timeout is None else heartbeat_timeout
         self.rng = random.Random(spec.seed ^ 0x5EED)
         self.restarts: list[Restart] = []
         self.last_fault_step = 0
@@ -212,6 +260,12 @@ class FaultInjector:
             pool.signal(pid, signal.SIGKILL if kind == "worker-kill" else signal.SIGTERM)
             rec.committed_at_fault = self._committed_step()
             pool.top_up() if kind == "worker-kill" else pool.start()
+        elif kind == "freeze":
+            pid = self._segment_pid()
+            rec.fired_at, rec.worker_pid = time.time(), pid
+            pool.signal(pid, signal.SIGSTOP)  # its process group: a hung host
+            rec.committed_at_fault = self._committed_step()
+            await self._thaw(rec)
         elif kind == "kill-in-upload":
             assert self.proxy is not None
             fired: list[int] = []
@@ -248,12 +302,39 @@ class FaultInjector:
         await self._recovered(rec)
         return rec
 
+    async def _thaw(self, rec: FaultRecord) -> None:
+        """Let a frozen worker go on once its segment resumed on another worker and the freeze
+        outlasted the heartbeat timeout by ``FREEZE_MARGIN_S`` (or the recovery wait ran out)."""
+        assert rec.fired_at is not None and rec.worker_pid is not None
+        fired, logs, frozen = rec.fired_at, self.pool.logs, self.pool.names.get(rec.worker_pid)
+        least = fired + self.heartbeat_timeout + FREEZE_MARGIN_S
+
+        def elsewhere() -> bool:
+            if time.time() < least:
+                return False
+            resume = logs.resume_after(fired)
+            if resume is not None and resume.worker != frozen:
+                return True
+            view = self.watch.view  # the frozen worker held no segment (it was between activities)
+            seg = view.segment if view is not None else None
+            return seg is not None and seg.running and seg.worker_pid not in (None, rec.worker_pid)
+
+        if not await self.watch.until(elsewhere, RECOVERY_WAIT_S):
+            rec.note = "the segment did not resume elsewhere while the worker was frozen"
+        self.pool.signal(rec.worker_pid, signal.SIGCONT)
+        rec.thawed_at = time.time()
+
+    def zombie_commits(self, rec: FaultRecord) -> list[int]:
+        """``zombie_commits`` of a freeze, from this drill's worker logs (read at its end)."""
+        name = self.pool.names.get(rec.worker_pid) if rec.worker_pid is not None else None
+        return zombie_commits(rec, self.pool.logs.commits, name, self.heartbeat_timeout, self.every)
+
     async def _recovered(self, rec: FaultRecord) -> None:
         """Wait until training makes progress again after the fault; record detection and resume."""
         assert rec.fired_at is not None
         watch, logs = self.watch, self.pool.logs
         fired = rec.fired_at
-        worker_lost = rec.kind in ("worker-kill", "kill-in-upload", "sigterm", "kill-after-effect")
+        worker_lost = rec.kind in LOST_WORKER
         if worker_lost:
 
             def resumed() -> bool:

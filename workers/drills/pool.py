@@ -81,5 +81,6 @@ class WorkerPool:
         for p in self.procs.values():
             if p.alive():
                 self.signal(p.pid, signal.SIGTERM)
+                self.signal(p.pid, signal.SIGCONT)  # a frozen one (the freeze fault) stops too
         for p in self.procs.values():
             p.stop(grace=15.0)

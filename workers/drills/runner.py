@@ -140,7 +140,9 @@ class Drill:
     async def run(self) -> DrillResult:
         spec, watch = self.spec, self.watch
         store_url = self._store_url()
-        check_targets(self.schedule, store_url, self.stack.restartable, self.stack.service_url is not None)
+        check_targets(
+            self.schedule, store_url, self.stack.restartable, self.stack.service_url is not None, workers=spec.workers
+        )
         run_id = f"drill-{spec.seed}-{uuid.uuid4().hex[:6]}"
         inp = self._run_input(run_id, store_url)
         total_steps, length = run_length(inp)
@@ -171,6 +173,7 @@ class Drill:
             every=inp.checkpoint.every,
             step_seconds=inp.throttle_seconds_per_step,
             proxy=self.proxy,
+            heartbeat_timeout=inp.heartbeat_timeout_seconds,
         )
         for _ in range(spec.workers):
             pool.start()
@@ -234,6 +237,9 @@ class Drill:
             finished = time.time()
             pool.stop_all()
             pool.logs.poll()
+            for fault in faults:
+                if fault.kind == "freeze":
+                    fault.zombie_commits = injector.zombie_commits(fault)
             if self.proxy is not None:
                 self.proxy.close()
         status = "UNKNOWN"
@@ -302,11 +308,16 @@ def run_drill(
         stack = EnvStack.from_env()
     if stack is None:  # what the embedded stack will offer, checked before it starts
         store = spec.store or "s3://embedded"
-        check_targets(plan_schedule(spec), store, frozenset(FAULT_SERVER.values()), True)
+        check_targets(plan_schedule(spec), store, frozenset(FAULT_SERVER.values()), True, workers=spec.workers)
     else:
         store = spec.store or (f"s3://{stack.s3_bucket}/drills" if stack.s3_bucket else "")
         check_targets(
-            plan_schedule(spec), store, stack.restartable, stack.service_url is not None, stack.s3_endpoint is not None
+            plan_schedule(spec),
+            store,
+            stack.restartable,
+            stack.service_url is not None,
+            stack.s3_endpoint is not None,
+            workers=spec.workers,
         )
     state_dir = Path(tempfile.mkdtemp(prefix="cairn-drill-"))
     try:

@@ -39,10 +39,15 @@ FaultTarget = Literal[
     "s3-restart",
     "service-restart",
     "storage-brownout",
+    "freeze",
 ]
 FAULT_TARGETS: tuple[str, ...] = FaultTarget.__args__  # type: ignore[attr-defined]
 WORKER_FAULTS = ("worker-kill", "kill-in-upload", "kill-after-effect", "sigterm")
 """Faults that take a worker away (a replacement is started at once, as a supervisor would)."""
+FREEZE_MARGIN_S = 1.5
+"""A ``freeze`` lasts until the segment resumed on another worker, and at least the heartbeat
+timeout plus this: the thawed process's attempt has then certainly been superseded (its stall
+outlasted the heartbeat timeout by more than the attempt's own margin, ``activities.edge``)."""
 SERVER_FAULTS = ("temporal-restart", "s3-restart", "service-restart")
 DEFAULT_TARGETS: tuple[str, ...] = ("worker-kill", "kill-in-upload", "sigterm", "temporal-restart")
 EFFECT_POINTS = ("reserve", "publish")

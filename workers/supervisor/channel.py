@@ -1,8 +1,9 @@
 """The report channel from a worker process to its supervisor: a pipe the child inherits.
 
 The worker process writes one JSON line per event (``ActivityReport``: an activity attempt
-started, or its outcome reached the server); the supervisor reads them into the table of
-attempts that are running (``RunningAttempts``). ``CAIRN_SUPERVISOR`` (``PID:FD``) tells the
+started, or its outcome reached the server, or — a few times a second, from its event loop —
+that it is alive); the supervisor reads them into the table of attempts that are running
+(``RunningAttempts``) and the time of its last sign of life. ``CAIRN_SUPERVISOR`` (``PID:FD``) tells the
 child its supervisor's pid and the pipe's write end; a process without it has no supervisor.
 """
 
@@ -41,8 +42,8 @@ class ActivityReport(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    event: Literal["started", "ended"]
-    token: str
+    event: Literal["started", "ended", "alive"]
+    token: str = ""
     """The attempt's task token, base64: what the supervisor fails it by."""
     activity_type: str = ""
     workflow_id: str = ""
@@ -50,6 +51,9 @@ class ActivityReport(BaseModel):
     workflow_run_id: str = ""
     task_queue: str = ""
     """The queue the attempt was taken from: a worker's own queue (a warm segment) or a shared one."""
+    heartbeat_timeout: float = 0.0
+    """The attempt's heartbeat timeout in seconds (0: none): how long the worker process may show
+    no sign of life before the server has given up on the attempt anyway."""
 
     @property
     def task_token(self) -> bytes:
@@ -151,8 +155,14 @@ class RunningAttempts:
     def apply(self, report: ActivityReport) -> None:
         if report.event == "started":
             self.attempts[report.token] = report
-        else:
+        elif report.event == "ended":
             self.attempts.pop(report.token, None)
+
+    def hang_limit(self, idle: float, margin: float) -> float:
+        """How long the worker process may show no sign of life: the shortest heartbeat timeout
+        of the attempts it runs, plus ``margin``, or ``idle`` when none has one."""
+        timeouts = [a.heartbeat_timeout for a in self.attempts.values() if a.heartbeat_timeout > 0]
+        return min(timeouts) + margin if timeouts else idle
 
     def take(self) -> list[ActivityReport]:
         """The attempts left running (oldest first), and an empty table."""

@@ -53,6 +53,7 @@ class _ReportingInbound(ActivityInboundInterceptor):
             attempt=info.attempt,
             workflow_run_id=info.workflow_run_id or "",
             task_queue=info.task_queue,
+            heartbeat_timeout=info.heartbeat_timeout.total_seconds() if info.heartbeat_timeout else 0.0,
         )
         self.writer.send(started)
         try:

@@ -1,8 +1,11 @@
 """The supervisor of ``cairn worker``: it runs the worker process as its child, keeps the table
 of attempts the child reports running, and when the child dies fails those attempts at once
-(``failing``) and starts a new child (``restarts``). SIGTERM and SIGINT go on to the child as
-SIGTERM; it stops as it always does (checkpoint, hand back), and the supervisor exits with its
-status.
+(``failing``) and starts a new child (``restarts``). A child that shows no sign of life for
+longer than its attempts' heartbeat timeout (its event loop stuck: a thread holding the
+interpreter lock in I/O that does not return) is killed and handled as one that died: its
+heartbeats stopped, yet its SDK threads could still take tasks they would never run. SIGTERM and
+SIGINT go on to the child as SIGTERM; it stops as it always does (checkpoint, hand back), and the
+supervisor exits with its status.
 
 The child stays in the supervisor's process group, so killing that group (a service manager,
 a test) still stops both.
@@ -30,6 +33,14 @@ __all__ = ["Supervisor", "exit_status"]
 CONNECT_WAIT_S = 5.0
 """How long a crash waits for the supervisor's own Temporal connection before leaving its
 attempts to their heartbeat timeout."""
+HANG_MARGIN_S = 1.0
+"""A child is hung once silent for its attempts' shortest heartbeat timeout plus this."""
+IDLE_HANG_S = 30.0
+"""A child with no attempt (or none with a heartbeat timeout) is hung once silent this long."""
+HANG_CHECK_S = 0.25
+KILL_WAIT_S = 2.0
+"""How long a hung child killed may take to exit (one stuck in uninterruptible I/O cannot, until
+the I/O returns) before its attempts are failed anyway."""
 log = logging.getLogger("cairn.supervisor")
 
 
@@ -68,13 +79,19 @@ class Supervisor:
         self._client_task = asyncio.create_task(self._connect())
         try:
             while True:
-                pid, returncode, orphans = await self._run_child()
-                how = describe_exit(returncode)
+                pid, returncode, orphans, silent = await self._run_child()
+                if silent is None:
+                    assert returncode is not None
+                    how = describe_exit(returncode)
+                else:
+                    gone = describe_exit(returncode) if returncode is not None else "killed"
+                    how = f"showed no sign of life for {silent:.1f} s (hung) and was {gone}"
                 outcome = await fail_attempts(await self._client(), orphans, how) if orphans else FailOutcome()
-                if self.stopping is not None or not is_crash(returncode, orphaned=bool(orphans)):
+                crashed = silent is not None or is_crash(returncode or 0, orphaned=bool(orphans))
+                if self.stopping is not None or not crashed:
                     if orphans:
                         self.say(f"worker process {pid} {how}; {outcome.summary()}")
-                    return exit_status(returncode)
+                    return exit_status(returncode or 0)
                 try:
                     delay = self.policy.after_crash(time.monotonic(), how)
                 except WorkerCrashLoopError:
@@ -112,21 +129,26 @@ class Supervisor:
         finally:
             loop.add_signal_handler(signal.SIGINT, self._forward, signal.SIGINT)
 
-    async def _run_child(self) -> tuple[int, int, list[ActivityReport]]:
-        """Start the worker process and wait for its end: its pid, exit status and the attempts
-        it left running."""
+    async def _run_child(self) -> tuple[int, int | None, list[ActivityReport], float | None]:
+        """Start the worker process and wait for its end: its pid, exit status (None: killed as
+        hung and not gone yet), the attempts it left running, and how long it had been silent
+        when it was killed as hung (None: it ended by itself)."""
         loop = asyncio.get_running_loop()
         read_fd, write_fd = os.pipe()
         reader = ReportReader(read_fd)
         running = RunningAttempts.empty()
+        alive: list[float] = []  # the last sign of life (none yet: it is starting, not hung)
         try:
             child = self._start(write_fd)
         finally:
             os.close(write_fd)  # the child's copy is the only writer: its death is the pipe's end
 
         def on_readable() -> None:
-            for report in reader.read_available():
+            reports = reader.read_available()
+            for report in reports:
                 running.apply(report)
+            if reports:
+                alive[:] = [time.monotonic()]
             if reader.at_end:
                 loop.remove_reader(read_fd)
 
@@ -135,14 +157,37 @@ class Supervisor:
             child.send_signal(signal.SIGTERM)
         loop.add_reader(read_fd, on_readable)
         try:
-            returncode = await asyncio.to_thread(child.wait)
+            returncode, silent = await self._wait_or_kill_hung(child, running, alive)
         finally:
             self._child = None
             loop.remove_reader(read_fd)
             for report in reader.read_available():  # what it wrote just before it died
                 running.apply(report)
             reader.close()
-        return child.pid, returncode, running.take()
+        return child.pid, returncode, running.take(), silent
+
+    async def _wait_or_kill_hung(
+        self, child: subprocess.Popen[bytes], running: RunningAttempts, alive: list[float]
+    ) -> tuple[int | None, float | None]:
+        """The child's exit status, or — once it has been silent past ``hang_limit`` — SIGKILL
+        it: its status if it exits within ``KILL_WAIT_S`` (else None), and how long it was silent."""
+        waiter = asyncio.ensure_future(asyncio.to_thread(child.wait))
+        checked = time.monotonic()
+        while not waiter.done():
+            await asyncio.wait({waiter}, timeout=HANG_CHECK_S)
+            now = time.monotonic()
+            if now - checked > HANG_CHECK_S + HANG_MARGIN_S and alive:
+                alive[:] = [now]  # this process stalled too (a frozen host): no verdict on the child
+            checked = now
+            silent = now - alive[0] if alive else 0.0
+            if waiter.done() or self.stopping is not None or silent <= running.hang_limit(IDLE_HANG_S, HANG_MARGIN_S):
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                child.kill()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(waiter), timeout=KILL_WAIT_S)
+            return (waiter.result() if waiter.done() else None), silent
+        return waiter.result(), None
 
     async def _connect(self) -> Client:
         """The supervisor's own Temporal connection, made while the worker runs (so a crash does

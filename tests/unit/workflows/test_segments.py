@@ -1,10 +1,13 @@
-"""Pure segment policy (``workflows.segments``): when a boundary starts a retention pass."""
+"""Pure segment policy (``workflows.segments``): when a boundary starts a retention pass, and
+what a segment lost on its warm worker's own queue carries when it is offered to every worker."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, RetryState, TimeoutType
+from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 from activities.models import RunCarry, TrainingRunInput
 from workflows import segments
@@ -72,3 +75,57 @@ def test_auto_interval_stays_well_inside_the_segment_timeout() -> None:
     every, seconds = segments.checkpoint_every(inp, carry)
     assert every * 0.03 <= 300.0 and seconds is not None and seconds < 600 * 0.6
     assert carry.interval.choices[-1].bound == "max_seconds"
+
+
+def activity_error(cause: BaseException, retry_state: RetryState) -> ActivityError:
+    err = ActivityError(
+        "activity failed",
+        scheduled_event_id=5,
+        started_event_id=6,
+        identity="123@host",
+        activity_type="train_segment",
+        activity_id="7",
+        retry_state=retry_state,
+    )
+    err.__cause__ = cause
+    return err
+
+
+def test_a_warm_segment_that_stopped_heartbeating_is_offered_to_everyone_with_its_reach() -> None:
+    """Its holder froze (or died) on its own queue: the heartbeat timeout comes back to the workflow
+    (``WARM_RETRY``: no retry on a queue only that worker polls), with the reach and attempt of its
+    last heartbeat; the next attempt counts on from there."""
+    timeout = ActivityTimeoutError(
+        "activity Heartbeat timeout",
+        type=TimeoutType.HEARTBEAT,
+        last_heartbeat_details=[{"step": 37, "reached": 37, "attempt": 3}],
+    )
+    err = activity_error(timeout, RetryState.MAXIMUM_ATTEMPTS_REACHED)
+    assert segments.lost_on_own_queue(err, reached=30, prior=2) == (37, 3)
+    # It never heartbeated: it still counts, and the earlier reach is kept.
+    silent = ActivityTimeoutError("timeout", type=TimeoutType.HEARTBEAT, last_heartbeat_details=[])
+    assert segments.lost_on_own_queue(activity_error(silent, RetryState.MAXIMUM_ATTEMPTS_REACHED), 30, 2) == (30, 3)
+
+
+def test_a_warm_segments_retryable_error_is_offered_to_everyone() -> None:
+    storage = ApplicationError("S3 throttled", type="StorageError")
+    assert segments.lost_on_own_queue(activity_error(storage, RetryState.MAXIMUM_ATTEMPTS_REACHED), None, 0) == (
+        None,
+        1,
+    )
+
+
+@pytest.mark.parametrize(
+    ("cause", "state"),
+    [
+        (ApplicationError("bad", type="CheckpointCorruptError", non_retryable=True), RetryState.NON_RETRYABLE_FAILURE),
+        (CancelledError("cancelled"), RetryState.CANCEL_REQUESTED),
+    ],
+    ids=["non-retryable", "cancelled"],
+)
+def test_a_final_failure_or_an_interruption_is_not_lost(cause: BaseException, state: RetryState) -> None:
+    assert segments.lost_on_own_queue(activity_error(cause, state), 10, 0) is None
+
+
+def test_warm_segments_are_not_retried_on_their_own_queue() -> None:
+    assert segments.WARM_RETRY.maximum_attempts == 1

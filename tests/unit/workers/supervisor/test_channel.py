@@ -77,3 +77,16 @@ def test_running_attempts_are_the_started_minus_the_ended() -> None:
         running.apply(r)
     assert running.take() == [report("started", b"b")]
     assert running.take() == []
+
+
+def test_signs_of_life_change_no_attempt_and_the_hang_limit_follows_the_heartbeat_timeouts() -> None:
+    running = RunningAttempts.empty()
+    assert running.hang_limit(idle=30.0, margin=1.0) == 30.0  # nothing running: the idle bound
+    running.apply(ActivityReport(event="started", token="QQ==", heartbeat_timeout=10.0))
+    running.apply(ActivityReport(event="started", token="Qg==", heartbeat_timeout=3.0))
+    running.apply(ActivityReport(event="started", token="Qw=="))  # an activity without one
+    running.apply(ActivityReport(event="alive"))
+    assert len(running.attempts) == 3
+    assert running.hang_limit(idle=30.0, margin=1.0) == 4.0  # the shortest heartbeat timeout + margin
+    running.apply(ActivityReport(event="ended", token="Qg=="))
+    assert running.hang_limit(idle=30.0, margin=1.0) == 11.0

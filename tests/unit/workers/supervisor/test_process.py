@@ -29,12 +29,19 @@ run = len(list(state.glob("run-*")))
 writer = reporter_from_environment()
 step = plan[min(run, len(plan) - 1)]
 
-def report(event, token):
-    writer.send(ActivityReport(event=event, token=token, activity_type="train_segment", workflow_id="run-x", attempt=1))
+def report(event, token, heartbeat_timeout=0.0):
+    writer.send(ActivityReport(event=event, token=token, activity_type="train_segment", workflow_id="run-x", attempt=1,
+                               heartbeat_timeout=heartbeat_timeout))
 
 if step == "crash":  # attempts A and B (tokens b"A", b"B") started, B's outcome sent, then a lost process
     report("started", "QQ=="); report("started", "Qg=="); report("ended", "Qg==")
     os.kill(os.getpid(), signal.SIGKILL)
+elif step == "hang":  # alive, attempt A started (heartbeat timeout 0.5 s), then silent: stuck holding the GIL
+    writer.send(ActivityReport(event="alive"))
+    report("started", "QQ==", heartbeat_timeout=0.5)
+    (state / "hanging").write_text("")
+    time.sleep(60)
+    sys.exit(3)
 elif step == "orphan":  # exits 0, but attempt A never ended
     report("started", "QQ==")
     sys.exit(0)
@@ -102,6 +109,21 @@ async def test_a_refused_fail_is_counted_not_reported(tmp_path: Path) -> None:
     assert said[0].endswith(
         "train_segment of run-x (attempt 1) had already finished (the server refused the fail); starting a new one"
     )
+
+
+async def test_a_silent_worker_process_is_killed_as_hung_and_its_attempts_failed(tmp_path: Path) -> None:
+    """Its event loop stopped (a thread stuck in I/O holding the interpreter lock): no heartbeat
+    reaches the server, yet its SDK threads could still take tasks. Silent past its attempt's
+    heartbeat timeout (+ 1 s), it is killed, its attempt failed at once, and a new one started."""
+    temporal, said = FakeTemporal(), list[str]()
+    started = asyncio.get_running_loop().time()
+    assert await supervisor(tmp_path, "hang", "0", temporal=temporal, said=said).run() == 0
+    assert (tmp_path / "hanging").exists() and asyncio.get_running_loop().time() - started < 10
+    assert [token for token, _ in temporal.fails] == [b"A"]
+    error = temporal.fails[0][1]
+    assert error.type == WORKER_CRASHED and "showed no sign of life for" in str(error), error
+    assert len(said) == 1 and "(hung) and was killed by SIGKILL; failed train_segment of run-x" in said[0], said
+    assert said[0].endswith("starting a new one")
 
 
 async def test_an_exit_that_leaves_attempts_running_is_a_crash(tmp_path: Path) -> None:
