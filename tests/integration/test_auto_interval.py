@@ -74,7 +74,8 @@ async def test_checkpoint_incremental_in_the_run_input_reaches_the_worker(
     summary = RunSummary.model_validate(result)
     store = LocalStore(inp.store)
     refs = list_checkpoints(store, inp.run_id, CheckpointKind.TRAINING)
-    assert refs and all(read_manifest(store, r, expect_kind=None, expand_index=False).indexes for r in refs)  # v3 throughout
+    # v3 throughout
+    assert refs and all(read_manifest(store, r, expect_kind=None, expand_index=False).indexes for r in refs)
     assert summary.checkpoint is not None
     state, _ = load_training(store, CheckpointRef.parse(summary.checkpoint))
     assert compare_states(state, reference(inp.config, 30).state) == []

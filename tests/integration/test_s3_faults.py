@@ -115,7 +115,8 @@ class _LostCompletion:
 
 @pytest.mark.parametrize("really", [True, False])
 def test_a_completion_whose_answer_was_lost_is_recognised_by_its_etag(s3_store: S3Store, really: bool) -> None:
-    lossy = S3Store(s3_store.bucket, s3_store.prefix, client=_LostCompletion(s3_store.client, really), part_size=5 << 20)
+    client = _LostCompletion(s3_store.client, really)
+    lossy = S3Store(s3_store.bucket, s3_store.prefix, client=client, part_size=5 << 20)
     data = np.arange(2 * (5 << 20) // 8 + 3, dtype=np.float64)
     key = f"parts/lost-{really}.bin"
     if really:
