@@ -18,6 +18,7 @@ from cairn.checkpoint.reader import read_tensors
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.stores.s3 import S3Store
 from cairn.stores.s3_retry import InflightLimit, RetryPolicy
+from tests.conftest import stamped_manifest
 from tests.integration.conftest import S3Server
 from workers.drills.faultproxy import FaultPolicy, FaultProxy
 
@@ -80,12 +81,20 @@ def test_start_after_on_s3_is_the_full_listing_filtered(seaweedfs: S3Server) -> 
 
 def test_latest_on_s3_takes_three_requests(proxy: FaultProxy, seaweedfs: S3Server) -> None:
     """1,050 committed steps (more than one listing page): with the pointer, ``latest`` is the
-    pointer's GET, the manifest's HEAD and one ``StartAfter`` listing."""
+    pointer's GET, the manifest's GET (it is judged: ``cairn.checkpoint.committed``) and one
+    ``StartAfter`` listing."""
     prefix = _prefix()
     direct = seaweedfs.store(prefix)
     steps = range(1, 1051)
     with ThreadPoolExecutor(max_workers=16) as pool:
-        list(pool.map(lambda s: direct.put_if_absent(manifest_key("run", INFERENCE, s), b"{}"), steps))
+        list(
+            pool.map(
+                lambda s: direct.put_if_absent(
+                    manifest_key("run", INFERENCE, s), stamped_manifest("run", INFERENCE, s)
+                ),
+                steps,
+            )
+        )
     store = S3Store(seaweedfs.bucket, prefix, endpoint_url=proxy.url)
     before = proxy.count
     assert latest_committed(store, "run", INFERENCE) == CheckpointRef(store.url, "run", INFERENCE, 1050)

@@ -147,14 +147,17 @@ def zombie_commits(
     """Steps a frozen ``worker``'s attempt committed once thawed: the commits it created within
     ``window_s`` (the heartbeat timeout) of the thaw, at steps up to an interval past the last
     commit before the freeze (where that attempt was; a segment the worker takes later resumes
-    from the retry's commits). A save that found its step committed already wrote nothing."""
+    from the retry's commits). A save that found its step committed already wrote nothing, and a
+    step the retry resumed from existed before the retry started, so before the thaw: a commit the
+    freeze caught between its write and its log line, logged once thawed, is not the zombie's."""
     if rec.thawed_at is None or worker is None:
         return []
     until, reach = rec.thawed_at + window_s, (rec.committed_at_fault or 0) + every
+    before = -1 if rec.resumed_from is None else rec.resumed_from
     return sorted(
         c.step
         for c in commits
-        if c.created and c.worker == worker and rec.thawed_at <= c.at <= until and c.step <= reach
+        if c.created and c.worker == worker and rec.thawed_at <= c.at <= until and before < c.step <= reach
     )
 
 

@@ -73,3 +73,9 @@ def test_zombie_commits_are_the_thawed_attempts_own() -> None:
     ]
     assert zombie_commits(freeze(), commits, "worker-1", window_s=3.0, every=5) == [44]
     assert zombie_commits(FaultRecord(2, "freeze"), commits, "worker-1", 3.0, 5) == []  # never thawed
+    # The freeze caught a commit between its write and its log line: logged after the thaw, yet the
+    # retry resumed from it, so it was there before the retry started (before the thaw).
+    caught = [Commit(T0 + 6.2, 45, 0.01, True, "worker-1")]
+    record = freeze()
+    record.resumed_from = 45
+    assert zombie_commits(record, caught, "worker-1", window_s=3.0, every=5) == []
