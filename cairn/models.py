@@ -63,20 +63,24 @@ class LoadedCheckpoint:
 
 
 def load_checkpoint(
-    checkpoint: str | CheckpointRef, config: TrainConfig | str | os.PathLike[str] | None = None
+    checkpoint: str | CheckpointRef,
+    config: TrainConfig | str | os.PathLike[str] | None = None,
+    *,
+    on_host: bool = True,
 ) -> LoadedCheckpoint:
     """Read and check a training checkpoint (``STORE/RUN/training/STEP``) with its trainer: built
     from ``config`` (a ``TrainConfig`` or a config file's path: the run's own config) when given,
     the checkpoint then refused unless it matches it; else from the checkpoint's own config under
-    the trust rule. Raises the typed errors of ``cairn.errors`` (``ConfigError`` for an untrusted
-    trainer, ``IncompatibleConfigError``, ``IntegrityError``, ...)."""
+    the trust rule. ``on_host``: the trainer on this process's CPU whatever device the config
+    names (``False``: on that device). Raises the typed errors of ``cairn.errors`` (``ConfigError``
+    for an untrusted trainer, ``IncompatibleConfigError``, ``IntegrityError``, ...)."""
     ref = checkpoint if isinstance(checkpoint, CheckpointRef) else CheckpointRef.parse(checkpoint)
     if ref.kind != CheckpointKind.TRAINING:
         raise ConfigError("checkpoint.kind", expected="training", found=ref.kind.value)
     given = config if isinstance(config, TrainConfig) or config is None else load_config(os.fspath(config))
     store = open_store(ref.store_url)
     found = manifest_config(read_manifest(store, ref, expect_kind=CheckpointKind.TRAINING, expand_index=False))
-    trainer = trainer_for_checkpoint(found, given, on_host=True)  # the config decides; the checkpoint must match
+    trainer = trainer_for_checkpoint(found, given, on_host=on_host)  # the config decides; the checkpoint must match
     state, manifest, trainer = load_training_with_trainer(store, ref, trainer=trainer)
     return LoadedCheckpoint(state, manifest, trainer)
 

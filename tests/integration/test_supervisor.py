@@ -93,6 +93,21 @@ async def retry_started(handle: WorkflowHandle[Any, Any], attempt: int, timeout:
         await asyncio.sleep(0.05)
 
 
+async def warm_segment_past(
+    handle: WorkflowHandle[Any, Any], store: LocalStore, run_id: str, step: int, workers: list[Any]
+) -> Any:
+    """The run's segment once it runs warm (on its holder's own queue) with a commit at ``step``
+    or later; the workers' logs if that does not happen within 90 s."""
+    deadline = time.monotonic() + 90
+    while True:
+        segment = await running_segment(handle)
+        ref = latest_committed(store, run_id)
+        if segment is not None and "#w-" in segment.activity_options.task_queue.name and ref and ref.step >= step:
+            return segment
+        assert time.monotonic() < deadline, [w.log_tail() for w in workers]
+        await asyncio.sleep(0.05)
+
+
 def worker_pid(segment: Any) -> int:
     """The pid of the worker process running ``segment`` (its identity is PID@HOST)."""
     return int(segment.last_worker_identity.split("@", 1)[0])
@@ -220,14 +235,7 @@ async def test_a_warm_segments_killed_process_is_offered_to_every_worker_at_once
             TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue, task_timeout=WORKFLOW_TASK_TIMEOUT
         )
         store = LocalStore(inp.store)
-        deadline = time.monotonic() + 90
-        while True:  # the second segment, warm on its holder's own queue, past its first commit
-            segment = await running_segment(handle)
-            ref = latest_committed(store, inp.run_id)
-            if segment is not None and "#w-" in segment.activity_options.task_queue.name and ref and ref.step >= 25:
-                break
-            assert time.monotonic() < deadline, [w.log_tail() for w in workers]
-            await asyncio.sleep(0.05)
+        segment = await warm_segment_past(handle, store, inp.run_id, 25, workers)  # the second segment
         victim, killed_id = worker_pid(segment), segment.activity_id
         killed = time.time()
         os.kill(victim, signal.SIGKILL)
@@ -296,14 +304,7 @@ async def test_a_frozen_holder_costs_what_a_dead_one_costs_and_its_zombie_change
         handle = await client.start_workflow(
             TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue, task_timeout=WORKFLOW_TASK_TIMEOUT
         )
-        deadline = time.monotonic() + 90
-        while True:  # a warm segment (on its holder's own queue) past its first commit
-            segment = await running_segment(handle)
-            ref = latest_committed(store, inp.run_id)
-            if segment is not None and "#w-" in segment.activity_options.task_queue.name and ref and ref.step >= 25:
-                break
-            assert time.monotonic() < deadline, [w.log_tail() for w in workers]
-            await asyncio.sleep(0.05)
+        segment = await warm_segment_past(handle, store, inp.run_id, 25, workers)
         frozen = next(w for w in workers if w.pid == os.getpgid(worker_pid(segment)))
         zombie_log = frozen.log_path
         froze = time.time()

@@ -16,7 +16,6 @@ from cairn.checkpoint import (
     CheckpointOptions,
     CheckpointRef,
     Manifest,
-    load_training,
     read_manifest,
     verify_tensors,
 )
@@ -28,6 +27,7 @@ from cairn.checkpoint.reuse import referenced_of
 from cairn.checkpoint.validate import check_training_manifest, manifest_config
 from cairn.config import BUILTIN_TRAINER, TrainConfig, load_config
 from cairn.errors import ConfigError
+from cairn.models import load_checkpoint
 from cairn.numerics import NumericsRecord
 from cairn.runs.exposures import exposure_count
 from cairn.state import TrainState
@@ -231,9 +231,8 @@ def _trainer_here(found: TrainConfig, given: TrainConfig | None) -> Trainer:
 def _load_on_host(ref: CheckpointRef, given: TrainConfig | None) -> tuple[TrainState, Manifest]:
     """``load_training`` with a trainer built on the host (a GPU run's checkpoint compares on a
     machine without a GPU): from the run's config, else the checkpoint's under the trust rule."""
-    store = open_store(ref.store_url)
-    found = manifest_config(read_manifest(store, ref, expect_kind=CheckpointKind.TRAINING, expand_index=False))
-    return load_training(store, ref, trainer=trainer_for_checkpoint(found, given, on_host=True))
+    loaded = load_checkpoint(ref, given)
+    return loaded.state, loaded.manifest
 
 
 def cmd_ckpt_compare(args: argparse.Namespace) -> int:

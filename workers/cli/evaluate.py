@@ -7,14 +7,12 @@ import argparse
 import sys
 from typing import Any
 
-from cairn.checkpoint import CheckpointKind, CheckpointRef, read_manifest
-from cairn.checkpoint.manager import load_training_with_trainer
-from cairn.checkpoint.validate import manifest_config
+from cairn.checkpoint import CheckpointRef
 from cairn.config import load_config
 from cairn.errors import ConfigError
+from cairn.models import load_checkpoint
 from cairn.runs.exposures import record_test_exposure
 from cairn.stores import open_store
-from cairn.trainers.loading import trainer_for_checkpoint
 from workers.cli.args import Common, add_numerics_arg
 from workers.cli.output import emit
 
@@ -34,13 +32,10 @@ def register(sub: Any, common: Common) -> None:
 def cmd_eval(args: argparse.Namespace) -> int:
     """Evaluate a checkpoint on a held-out split; a test-split evaluation is an exposure, logged."""
     ref = CheckpointRef.parse(args.checkpoint)
-    if ref.kind != CheckpointKind.TRAINING:
-        raise ConfigError("checkpoint.kind", expected="training", found=ref.kind.value)
-    store = open_store(ref.store_url)
     given = load_config(args.config) if args.config else None
-    found = manifest_config(read_manifest(store, ref, expect_kind=CheckpointKind.TRAINING, expand_index=False))
-    trainer = trainer_for_checkpoint(found, given)  # from --config when given: the checkpoint must match it
-    state, manifest, trainer = load_training_with_trainer(store, ref, trainer=trainer)
+    loaded = load_checkpoint(ref, given, on_host=False)  # from --config when given: the checkpoint must match it
+    state, manifest, trainer = loaded.state, loaded.manifest, loaded.trainer
+    store = open_store(ref.store_url)
     metrics = trainer.evaluate(state, args.split)
     if metrics is None:
         raise ConfigError(
