@@ -23,6 +23,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from activities import metrics as m
+from activities.log_context import attempt_number
 from activities.models import TrainSegmentResult
 from cairn.errors import CairnError, CheckpointConflictError, NumericsProfileError, one_line
 from cairn.numerics import process_numerics
@@ -73,7 +74,12 @@ def activity_errors() -> Iterator[None]:
         if isinstance(exc, CheckpointConflictError):
             m.CONFLICTS.inc()
         log.warning(
-            "%s attempt %d failed: %s: %s", info.activity_type, info.attempt, exc.type_name, exc, exc_info=exc.retryable
+            "%s attempt %d failed: %s: %s",
+            info.activity_type,
+            attempt_number(),
+            exc.type_name,
+            exc,
+            exc_info=exc.retryable,
         )
         raise as_application_error(exc) from None
 

@@ -15,16 +15,22 @@ from typing import Any
 
 from temporalio import activity
 
-__all__ = ["FIELDS", "ContextFilter", "run_context", "set_step"]
+__all__ = ["FIELDS", "ContextFilter", "attempt_number", "run_context", "set_step"]
 
 FIELDS = ("run_id", "workflow_id", "step", "attempt", "activity")
 _CONTEXT: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("cairn_log_context", default=None)
 
 
 @contextmanager
-def run_context(run_id: str) -> Iterator[None]:
-    """Tag this activity's log lines with ``run_id`` (and the step, once ``set_step`` is called)."""
-    token = _CONTEXT.set({"run_id": run_id, "step": None})
+def run_context(run_id: str, attempt: int | None = None) -> Iterator[None]:
+    """Tag this activity's log lines with ``run_id`` (and the step, once ``set_step`` is called).
+    ``attempt``: the segment's attempt as the run counts it, where it differs from Temporal's
+    (a segment re-offered after its attempt was lost on a worker's own queue starts again at
+    Temporal attempt 1; ``TrainSegmentInput.prior_attempts`` counts the lost ones)."""
+    context: dict[str, Any] = {"run_id": run_id, "step": None}
+    if attempt is not None:
+        context["attempt"] = attempt
+    token = _CONTEXT.set(context)
     try:
         yield
     finally:
@@ -35,6 +41,12 @@ def set_step(step: int) -> None:
     context = _CONTEXT.get()
     if context is not None:
         context["step"] = step
+
+
+def attempt_number() -> int:
+    """This activity's attempt as the run counts it (``run_context``'s, else Temporal's)."""
+    context = _CONTEXT.get() or {}
+    return context.get("attempt") or activity.info().attempt
 
 
 class ContextFilter(logging.Filter):

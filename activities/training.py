@@ -59,6 +59,7 @@ from cairn.checkpoint.commit import CommitResult
 from cairn.checkpoint.options import CheckpointOptions
 from cairn.checkpoint.retention import RetentionPolicy, collect_garbage
 from cairn.checkpoint.tier import TieredStore
+from cairn.checkpoint.validate import manifest_config
 from cairn.numerics import profile_id
 from cairn.runs.ownership import claim_run, require_run_owner, require_store_identity, store_identity
 from cairn.runs.tier_restore import resume_tiered
@@ -67,7 +68,7 @@ from cairn.session import TrainingSession
 from cairn.state import TrainState
 from cairn.stores import open_store
 from cairn.stores.base import Store
-from cairn.trainers.loading import load_trainer
+from cairn.trainers.loading import check_checkpoint_config, load_trainer
 
 __all__ = ["train_segment", "open_run", "latest_checkpoint", "collect_checkpoints", "TRAINING_ACTIVITIES"]
 
@@ -82,16 +83,17 @@ WARM = WarmRuns(capacity=int(os.environ.get(WARM_RUNS_ENV, "2")))
 @activity.defn(name="train_segment")
 def train_segment(inp: TrainSegmentInput) -> TrainSegmentResult:
     info = activity.info()
+    attempt = info.attempt + inp.prior_attempts  # a segment re-offered after a lost attempt counts on
     # Cancellation (pause, stop, checkpoint-now, workflow cancel) and worker shutdown must not
     # interrupt a step or a commit halfway: defer the SDK's in-thread exception, poll instead,
     # commit a checkpoint at the current step, then report.
-    with run_context(inp.run_id), activity.shield_thread_cancel_exception():
+    with run_context(inp.run_id, attempt), activity.shield_thread_cancel_exception():
         try:
             with activity_errors():
-                result, why = _train_segment(inp, info)
+                result, why = _train_segment(inp, info, attempt)
         except AttemptSuperseded as exc:
             m.SEGMENTS.labels("superseded").inc()
-            log.warning("run %s: attempt %d superseded, stopped without committing: %s", inp.run_id, info.attempt, exc)
+            log.warning("run %s: attempt %d superseded, stopped without committing: %s", inp.run_id, attempt, exc)
             raise ApplicationError(
                 f"attempt superseded: {exc}", type=SUPERSEDED, category=ApplicationErrorCategory.BENIGN
             ) from None
@@ -117,10 +119,9 @@ def _report(inp: TrainSegmentInput, result: TrainSegmentResult, why: str) -> Tra
     return result
 
 
-def _train_segment(inp: TrainSegmentInput, info: activity.Info) -> tuple[TrainSegmentResult, str]:
+def _train_segment(inp: TrainSegmentInput, info: activity.Info, attempt: int) -> tuple[TrainSegmentResult, str]:
     reached = [r for r in (previous_reach(info), inp.reached_before) if r is not None]
     reached_before = max(reached) if reached else None
-    attempt = info.attempt + inp.prior_attempts  # a segment re-offered after a lost attempt counts on
     beats = Heartbeater(
         min(inp.heartbeat_every_seconds, heartbeat_interval()),
         step=None,
@@ -352,6 +353,8 @@ async def open_run(inp: OpenRunInput) -> OpenRunResult:
                     store_id=store_id, checkpoint=None, step=0, fingerprint=None, numerics_id=numerics_id, **about
                 )
             manifest = read_manifest(store, ref, expect_kind=None, expand_index=False)
+            if trainer is not None:  # another model or trainer on this run id: say which field, before its length
+                check_checkpoint_config(manifest_config(manifest), trainer.config)
             recorded = manifest.lineage.numerics if manifest.lineage is not None else None
             if recorded is not None and recorded.profile == inp.numerics:
                 numerics_id = recorded.id  # stay with the workers that computed the run so far

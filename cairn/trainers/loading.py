@@ -34,6 +34,7 @@ __all__ = [
     "IDENTITY_FIELDS",
     "SHIPPED_TRAINERS",
     "TRUSTED_TRAINERS_ENV",
+    "check_checkpoint_config",
     "check_config_compatible",
     "check_trainer_options",
     "first_difference",
@@ -142,6 +143,13 @@ def trainer_for_checkpoint(found: TrainConfig, run_config: TrainConfig | None, *
     run = normalized_config(run_config)
     check_config_compatible(run, normalized_config(found))  # the factory is the run's: checked above
     return load_trainer(run, on_host=on_host)
+
+
+def check_checkpoint_config(found: TrainConfig, run_config: TrainConfig) -> None:
+    """Refuse a checkpoint (its config ``found``) that is not the run's: another trainer (named
+    before anything is imported), or another identity field (the first that differs)."""
+    require_trusted(found, run_config)
+    check_config_compatible(normalized_config(run_config), normalized_config(found))
 
 
 def require_trusted(found: TrainConfig, run_config: TrainConfig | None) -> None:

@@ -220,3 +220,23 @@ async def test_a_store_that_does_not_exist_fails_the_run_at_once(
         cli, "ckpt", "list", f"s3://{seaweedfs.bucket}/no-such-prefix", env=env, check=False
     )
     assert missing_prefix.returncode == 2 and "no-such-prefix" in missing_prefix.stderr
+
+
+async def test_another_model_on_a_run_id_is_refused_naming_the_field_not_the_length(
+    client: Client, task_queue: str, tmp_path: Path
+) -> None:
+    """A run id that already holds checkpoints of another model, started again with a shorter
+    run: the refusal names the model field that differs (what the user got wrong), not the
+    committed step being past ``total_steps`` (what follows from it)."""
+    first = run_input(tmp_path, total_steps=20, steps_per_segment=20, checkpoint={"every": 10})
+    config = first.config.model_dump(mode="json")
+    config["model"]["hidden"] = 32
+    wider = first.model_copy(update={"config": type(first.config).model_validate(config), "total_steps": 10})
+    async with serving(client, task_queue):
+        await client.execute_workflow(TrainingRun.run, first, id=f"{first.run_id}-a", task_queue=task_queue)
+        with pytest.raises(WorkflowFailureError) as refused:
+            await client.execute_workflow(TrainingRun.run, wider, id=f"{first.run_id}-b", task_queue=task_queue)
+    cause = innermost(refused.value)
+    assert getattr(cause, "type", None) == "IncompatibleConfigError", cause
+    assert "config.model.hidden" in str(cause) and "expected 32" in str(cause) and "found 16" in str(cause), cause
+    assert "total_steps" not in str(cause)
