@@ -4,9 +4,11 @@ options every command has, and the argument types (counts, run ids, stores, ``--
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 from collections.abc import Callable
+from importlib import metadata
 from typing import NoReturn
 
 from cairn.checkpoint.layout import RUN_ID_PATTERN
@@ -22,6 +24,7 @@ __all__ = [
     "add_numerics_arg",
     "common_options",
     "count",
+    "global_options",
     "run_id_arg",
     "store_arg",
 ]
@@ -31,19 +34,56 @@ Common = Callable[[argparse.ArgumentParser], None]
 
 
 class CairnArgumentParser(argparse.ArgumentParser):
-    """Usage errors become a ``UsageError``: one line, exit 2, and a JSON object with --json."""
+    """Usage errors become a ``UsageError``: one line, exit 2, and a JSON object with --json; a
+    mistyped choice (a command, a subcommand, an option's value) gets the closest ones offered."""
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{self.prog}: {message}")
+        raise UsageError(f"{self.prog}: {message}{did_you_mean(message)}")
+
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '(?P<word>[^']*)' \(choose from (?P<choices>.*)\)")
+
+
+def did_you_mean(message: str) -> str:
+    """``; did you mean 'train'?`` for argparse's invalid-choice message, else nothing."""
+    found = _INVALID_CHOICE.search(message)
+    if found is None:
+        return ""
+    choices = re.findall(r"'([^']*)'", found["choices"])
+    close = difflib.get_close_matches(found["word"], choices, n=2, cutoff=0.6)
+    if not close:
+        return ""
+    return "; did you mean " + " or ".join(repr(c) for c in close) + "?"
 
 
 class UsageError(ConfigError):
     """The command line itself is wrong (an unknown flag, a missing or malformed argument)."""
 
 
+GLOBAL_FLAGS = {"--json": "print one JSON object on stdout", "--debug": "show tracebacks"}
+"""Flags every command has, accepted before the command too (``cairn --json ckpt list S``)."""
+
+
+def version() -> str:
+    try:
+        return metadata.version("cairn-train")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "0+unknown"
+
+
+def global_options(p: argparse.ArgumentParser) -> None:
+    """The top-level parser's own options: ``--version`` and the global flags (their defaults
+    live here; a command's copy of a flag only sets it when given, see ``common_options``)."""
+    p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    for flag, help_text in GLOBAL_FLAGS.items():
+        p.add_argument(flag, action="store_true", help=f"{help_text} (before or after the command)")
+
+
 def common_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    for flag, help_text in GLOBAL_FLAGS.items():
+        # SUPPRESS: left unset unless given here, so a flag given before the command survives
+        # (argparse copies every attribute a subparser sets over the parent's).
+        p.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=help_text)
     p.add_argument(
         "--endpoint-url",
         help="S3 endpoint for s3:// stores (same as AWS_ENDPOINT_URL_S3; else boto3's chain)",

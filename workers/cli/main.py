@@ -21,10 +21,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+import argcomplete
+
 from cairn.errors import CairnError, CommandInterrupted
 from cairn.numerics import enter_profile
 from workers.cli import ckpt, drill, evaluate, interval, report, run, train, worker
-from workers.cli.args import CairnArgumentParser, Common, UsageError, common_options
+from workers.cli.args import CairnArgumentParser, Common, UsageError, common_options, global_options
 from workers.cli.output import CommandFailed, json_stdout, report_error, report_usage_error
 from workers.stack import devstack
 from workers.worker import exit_now
@@ -54,6 +56,7 @@ COMMANDS: dict[str, CommandGroup] = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = CairnArgumentParser(prog="cairn", description="Durable, resumable ML training on Temporal.")
+    global_options(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     for group in COMMANDS.values():
         group.register(sub, common_options)
@@ -62,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    if argv is None:  # a shell asking for completions (argcomplete): it answers and exits
+        argcomplete.autocomplete(parser)
     words = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(words)
