@@ -16,6 +16,7 @@ the same run continued at 2 ranks; bit-identical to the uninterrupted single-pro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -27,13 +28,21 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from workers.stack.devstack import default_state_dir
+from workers.demo_progress import StepProgress, running_segment
+from workers.stack.devstack import StackConfig, default_state_dir, stack_up
 
 if TYPE_CHECKING:
     from workers.stack.servers import ServerProcess
 
 REPO = Path(__file__).resolve().parents[1]
 STATE = default_state_dir()
+
+
+def dev_stack(cfg: StackConfig | None = None) -> dict[str, object]:
+    """Bring up the stack the demo runs on and leaves running: ``cairn dev up``'s, its supervised
+    worker polling ``cairn-training`` included (the demo's own runs have queues and workers of
+    their own). Returns what ``stack_up`` returns."""
+    return stack_up(cfg or StackConfig(state_dir=STATE), echo=lambda s: print("   " + s))
 
 
 def cairn(*args: str) -> dict[str, object]:
@@ -96,21 +105,20 @@ async def temporal_drill() -> tuple[bool, str]:
     from temporalio.service import RPCError
     from tqdm import tqdm
 
-    from activities.models import TrainingRunInput
+    from activities.inputs import TrainingRunInput
     from activities.views import RunSummary
-    from cairn.checkpoint import CheckpointRef, latest_committed, load_training
+    from cairn.checkpoint import CheckpointRef, latest_committed
     from cairn.checkpoint.compare import compare_states
     from cairn.config import load_config
     from cairn.session import TrainingSession
     from cairn.stores import LocalStore, MemoryStore
-    from workers.cli.temporal import live_step
+    from cairn.training import load_training
     from workers.client import WORKFLOW_TASK_TIMEOUT, connect
-    from workers.stack.devstack import StackConfig, stack_up
     from workflows.training_run import TrainingRun
 
     print("== Part 2: a durable run on Temporal, with a worker SIGKILLed partway")
-    cfg = StackConfig(state_dir=STATE, worker=False)
-    info = stack_up(cfg, echo=lambda s: print("   " + s))
+    cfg = StackConfig(state_dir=STATE)
+    info = dev_stack(cfg)
     queue = f"cairn-demo-{uuid.uuid4().hex[:6]}"
     store = STATE / "demo-runs"
     run_id = f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -149,15 +157,20 @@ async def temporal_drill() -> tuple[bool, str]:
         second = worker("worker-b")
         print(f"started worker B (pid {second.pid}); Temporal retries the segment after the heartbeat timeout")
         bar = tqdm(total=total, desc=run_id, unit="step")
+        steps = StepProgress()  # the bar shows the highest step reached; a retry's recomputation is said
+        phase: dict[str, object] = {}
         while True:
-            desc = await handle.describe()
-            try:
-                progress = (await handle.query(TrainingRun.progress, rpc_timeout=timedelta(seconds=5))).model_dump()
-            except RPCError:  # the killed worker held the run's workflow: no answer until B polls
-                await asyncio.sleep(0.3)
-                continue
-            bar.n = max(progress["step"], live_step(desc) or 0)
-            bar.set_postfix(phase=progress["phase"], attempts=progress["attempts"], refresh=True)
+            desc = await handle.describe()  # the server's view: no worker needed
+            segment = running_segment(desc)
+            if segment is not None:
+                for note in steps.see(segment[1], segment[0], durable.step):
+                    bar.write(note)
+            with contextlib.suppress(RPCError):  # the killed worker held the run's workflow: no answer until B polls
+                progress = await handle.query(TrainingRun.progress, rpc_timeout=timedelta(seconds=5))
+                phase = {"phase": progress.phase, "attempts": progress.attempts}
+                steps.highest = max(steps.highest, progress.step)  # the segments done (no step within one)
+            bar.n = steps.highest
+            bar.set_postfix(**phase, **steps.postfix(), refresh=True)
             if desc.status is not None and desc.status.name != "RUNNING":
                 break
             await asyncio.sleep(0.3)
@@ -192,19 +205,19 @@ async def digits_on_temporal(web_ui: str) -> bool:
     """Part 3: the PyTorch adapter on Temporal, by epochs, through a SIGKILL."""
     import numpy as np
 
-    from activities.models import TrainingRunInput
+    from activities.inputs import TrainingRunInput
     from activities.views import RunSummary
-    from cairn.checkpoint import CheckpointRef, latest_committed, load_training
+    from cairn.checkpoint import CheckpointRef, latest_committed
     from cairn.checkpoint.compare import compare_states
     from cairn.config import load_config
     from cairn.session import TrainingSession
     from cairn.stores import LocalStore, MemoryStore
+    from cairn.training import load_training
     from workers.client import WORKFLOW_TASK_TIMEOUT, connect
-    from workers.stack.devstack import StackConfig
     from workflows.training_run import TrainingRun
 
     print("\n== Part 3: your own PyTorch model — the digits CNN, durably on Temporal, epoch by epoch")
-    cfg = StackConfig(state_dir=STATE, worker=False)
+    cfg = StackConfig(state_dir=STATE)
     queue = f"cairn-demo-{uuid.uuid4().hex[:6]}"
     store = STATE / "demo-runs"
     run_id = f"digits-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -276,19 +289,19 @@ async def digits_on_temporal(web_ui: str) -> bool:
 
 async def distributed_on_temporal(web_ui: str) -> bool:
     """Part 4: one run over several workers: W=4 ranks on two nodes, then resumed at W=2."""
-    from activities.models import TrainingRunInput
+    from activities.inputs import TrainingRunInput
     from activities.views import RunSummary
-    from cairn.checkpoint import CheckpointRef, load_training, read_manifest
+    from cairn.checkpoint import CheckpointRef, read_manifest
     from cairn.checkpoint.compare import compare_states
     from cairn.config import load_config
     from cairn.session import TrainingSession
     from cairn.stores import LocalStore, MemoryStore
+    from cairn.training import load_training
     from workers.client import WORKFLOW_TASK_TIMEOUT, connect
-    from workers.stack.devstack import StackConfig
     from workflows.training_run import TrainingRun
 
     print("\n== Part 4: one run over several workers — 4 ranks on two nodes, resumed at 2 ranks, bit for bit")
-    cfg = StackConfig(state_dir=STATE, worker=False)
+    cfg = StackConfig(state_dir=STATE)
     queue = f"cairn-demo-{uuid.uuid4().hex[:6]}"
     store = STATE / "demo-runs"
     run_id = f"dp-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -335,7 +348,11 @@ async def distributed_on_temporal(web_ui: str) -> bool:
     else:
         print("VERDICT: DIFFERENT —", ", ".join(d.field for d in diffs[:8]))
     print(f"Web UI:  {web_ui}/namespaces/default/workflows/{run_id}-w4")
-    print("\nThe stack keeps running for you to look around; stop it with: .venv/bin/cairn dev down")
+    print(
+        "\nThe stack keeps running for you to look around, with a supervised worker polling 'cairn-training' "
+        "(.venv/bin/cairn dev status;\nthe environment of a worker you start by hand: "
+        'eval "$(.venv/bin/cairn dev env)"); stop it with: .venv/bin/cairn dev down'
+    )
     return not diffs
 
 

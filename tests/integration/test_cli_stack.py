@@ -7,7 +7,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,28 +22,77 @@ from workers.stack.servers import free_port
 pytestmark = pytest.mark.integration
 
 
-def test_dev_stack_up_is_idempotent_and_down_stops_only_its_own(tmp_path: Path) -> None:
+DEMO_STACK = """
+import sys
+from pathlib import Path
+from workers.demo import dev_stack
+from workers.stack.devstack import StackConfig
+state, temporal, ui, s3, service = sys.argv[1:]
+dev_stack(StackConfig(Path(state), int(temporal), int(ui), int(s3), int(service)))
+"""
+"""What ``make demo`` does to the stack, on the test's ports and state folder."""
+
+
+def test_the_demos_stack_has_a_worker_up_is_idempotent_env_matches_and_down_stops_only_its_own(
+    tmp_path: Path,
+) -> None:
+    state, port = tmp_path / "state", {name: free_port() for name in ("temporal", "ui", "s3", "service")}
     ports = [
-        "--state-dir", str(tmp_path / "state"),
-        "--temporal-port", str(free_port()), "--ui-port", str(free_port()),
-        "--s3-port", str(free_port()), "--service-port", str(free_port()),
+        "--state-dir", str(state),
+        "--temporal-port", str(port["temporal"]), "--ui-port", str(port["ui"]),
+        "--s3-port", str(port["s3"]), "--service-port", str(port["service"]),
     ]  # fmt: skip
     pids: dict[str, int] = {}
-    # The first `dev up` and the `dev down` in processes of their own, as a user runs them: the
-    # servers outlive the `up` that started them, and `down` stops processes that are not its
-    # children. `dev status` only reads the pid files and /proc: in this process.
+    # The demo's stack, the `up` that restarts a worker and the `dev down` in processes of their
+    # own, as a user runs them: the servers outlive the process that started them, and `down`
+    # stops processes that are not its children. `dev status`, `env` and the `up`s that start
+    # nothing here.
     try:
-        first = json.loads(cairn("dev", "up", *ports, "--json").stdout)
+        subprocess.run([sys.executable, "-c", DEMO_STACK, str(state), *map(str, port.values())], cwd=REPO, check=True)
         status = json.loads(cli("dev", "status", *ports, "--json").stdout)
-        assert all(s["running"] for s in status.values()), status
+        assert all(s["running"] for s in status.values()), status  # the worker too: `make demo` leaves one
+        assert "polling 'cairn-training'" in (state / "logs" / "worker.log").read_text()  # up waited for it
         pids = {k: v["pid"] for k, v in status.items()}
-        second = cli("dev", "up", *ports).stdout  # finds them all running: starts nothing, so here too
-        assert second.count("already running") == 4  # a second up is a no-op
+
+        second = cli("dev", "up", *ports)  # finds them all running: starts nothing
+        assert second.returncode == 0 and "the stack is already up: nothing started" in second.stdout
+        assert second.stdout.count("already running") == 4
         assert {k: v["pid"] for k, v in json.loads(cli("dev", "status", *ports, "--json").stdout).items()} == pids
-        assert first["web_ui"].startswith("http://127.0.0.1:")
+
+        # `dev env` prints what `dev up` prints for a worker started by hand: the same export lines
+        env_text = cli("dev", "env", *ports).stdout
+        exports = [line.strip() for line in second.stdout.splitlines() if line.strip().startswith("export ")]
+        assert exports and exports == [line for line in env_text.splitlines() if line.startswith("export ")]
+        assert f"export TEMPORAL_ADDRESS=127.0.0.1:{port['temporal']}" in exports
+        env_json = cli("dev", "env", *ports, "--json").stdout
+        assert len(env_json.strip().splitlines()) == 1  # one JSON document
+        up_json = json.loads(cli("dev", "up", *ports, "--json").stdout)
+        assert json.loads(env_json)["env"] == up_json["env"] and up_json["already_up"] is True
+        assert up_json["web_ui"] == f"http://127.0.0.1:{port['ui']}"
+
+        # A part that died: the next up starts that part only, and says so. With a torch trainer
+        # configured, the worker follows the README: one activity at a time, the trainer preloaded.
+        os.killpg(pids["worker"], signal.SIGKILL)
+        wait_until(lambda: not _alive(pids["worker"]))
+        third = cairn("dev", "up", *ports, "--config", str(REPO / "examples" / "digits.json"))  # starts one
+        assert third.returncode == 0, third.stderr
+        assert third.stdout.count("already running") == 3
+        assert f"worker       not running (pid {pids['worker']} is gone): restarted" in third.stdout
+        assert "the stack was up but for: worker (restarted)" in third.stdout
+        worker = json.loads(cli("dev", "status", *ports, "--json").stdout)["worker"]
+        assert worker["running"] and worker["pid"] != pids["worker"]
+        pids["worker"] = worker["pid"]
+        argv = Path(f"/proc/{worker['pid']}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+        assert b" ".join(argv).endswith(b"--max-activities 1 --preload examples.digits")
+        hint = cli("dev", "env", *ports).stdout
+        assert "# a worker started by hand: cairn worker --max-activities 1 --preload examples.digits" in hint
+        # another configuration while the worker runs: nothing restarted, and up says how to change it
+        other = cli("dev", "up", *ports, "--config", str(REPO / "examples" / "config.json")).stdout
+        assert "the stack is already up: nothing started" in other and "cairn dev down" in other
+
         # Point the worker's pid file at a bystander: down must not signal a process it did not start.
         bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-        (tmp_path / "state" / "pids" / "worker.pid").write_text(json.dumps({"pid": bystander.pid, "marker": "x"}))
+        (state / "pids" / "worker.pid").write_text(json.dumps({"pid": bystander.pid, "marker": "x"}))
         cairn("dev", "down", *ports)
         assert bystander.poll() is None  # not ours: left alone
         bystander.kill()
@@ -53,6 +104,13 @@ def test_dev_stack_up_is_idempotent_and_down_stops_only_its_own(tmp_path: Path) 
         if pids.get("worker") and _alive(pids["worker"]):
             os.killpg(pids["worker"], signal.SIGKILL)
         cli("dev", "down", *ports, check=False)  # cleanup only, whatever the test left running
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout} s"
+        time.sleep(0.05)
 
 
 def _alive(pid: int) -> bool:

@@ -8,6 +8,8 @@ Each drill has its own run, task queue and workers. The controls run test-only w
 
 from __future__ import annotations
 
+import json
+import re
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.integration.conftest import cli
 from workers.drills.runner import DrillResult, run_drill
 from workers.drills.schedule import DrillSpec
 from workers.drills.stack import EmbeddedStack
@@ -145,3 +148,24 @@ def test_a_frozen_worker_costs_what_a_dead_one_costs(stack: EmbeddedStack, tmp_p
         assert f["recovery_s"] < heartbeat + 3, report["text"]
         assert f["recomputed_steps"] <= EVERY, f
     assert "BIT-IDENTICAL" in checks(report)["state"]["detail"]
+
+
+def test_cairn_drill_shows_its_progress_on_stderr_and_one_json_document_on_stdout(
+    stack: EmbeddedStack, tmp_path: Path
+) -> None:
+    """``cairn drill --json`` from a pipe (no terminal): a line on stderr per event — each phase,
+    the run's step as it trains, each fault fired — and on stdout only its report."""
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({**FAST, "seed": 2, "kills": 1, "targets": ["worker-kill"]}))
+    env = {"TEMPORAL_ADDRESS": stack.temporal_address, "CAIRN_RESERVATION_URL": stack.service_url or ""}
+    done = cli(
+        "drill", "--spec", str(spec), "--stack", "env", "--store", str(tmp_path / "store"),
+        "--out", str(tmp_path / "report"), "--json", env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.strip().splitlines()) == 1 and json.loads(done.stdout)["passed"] is True
+    lines = [line for line in done.stderr.splitlines() if line.startswith("drill [")]
+    phases = list(dict.fromkeys(line.split("]")[0].removeprefix("drill [") for line in lines))
+    assert phases == ["starting stack", "faulted run", "baseline", "verifying"], done.stderr
+    assert any(re.search(r"\] step \d+/\d+, faults fired [01]/1, \d worker", line) for line in lines), done.stderr
+    assert any("] fault 1/1 worker-kill: fired at about step " in line for line in lines), done.stderr

@@ -44,7 +44,12 @@ def register(sub: Any, common: Common) -> None:
         action="store_true",
         help="leave the embedded stack running after the drill; prints its Web UI link and how to stop it",
     )
-    p.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="print no progress on stderr (by default: each phase, the run's step, each fault fired; "
+        "one refreshing line on a terminal)",
+    )
     add_numerics_arg(p, "drills (its workers and its reference)")
     p.set_defaults(handler=cmd_drill, exit_hard=True)
 

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import sys
 import tempfile
 import time
 import uuid
@@ -22,9 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
-from activities.models import TrainingRunInput
+from activities.inputs import TrainingRunInput
 from activities.views import RunSummary
 from cairn.config import load_config
 from cairn.errors import ConfigError
@@ -36,6 +33,7 @@ from workers.drills.faultproxy import FaultProxy
 from workers.drills.faults import FAULT_SERVER, FaultInjector, FaultRecord, check_targets
 from workers.drills.observe import WorkerLogs
 from workers.drills.pool import WorkerPool
+from workers.drills.progress import DrillProgress, fault_line
 from workers.drills.schedule import DrillSpec, PlannedFault, default_total_steps, plan_schedule
 from workers.drills.stack import DrillStack, EmbeddedStack, EnvStack, Restart
 from workers.drills.verdict import judge
@@ -85,7 +83,9 @@ class Drill:
         echo: Callable[[str], None] = print,
         progress: bool = True,
     ) -> None:
-        self.spec, self.stack, self.state_dir, self.echo, self.show_progress = spec, stack, state_dir, echo, progress
+        self.spec, self.stack, self.state_dir, self.echo = spec, stack, state_dir, echo
+        self.progress = DrillProgress(enabled=progress)
+        """Its phase, step and faults, on stderr."""
         self.schedule = plan_schedule(spec)
         self.watch = RunWatch()
         self.proxy: FaultProxy | None = None
@@ -148,8 +148,9 @@ class Drill:
         total_steps, length = run_length(inp)
         queue = f"cairn-drill-{uuid.uuid4().hex[:8]}"
         env = {"CAIRN_METRICS_PORT": "off", "CAIRN_LOG_FORMAT": "json"}
+        preload = ""
         if inp.config.trainer is not None:  # the trainer's package is imported before the first fault
-            env["CAIRN_PRELOAD"] = inp.config.trainer.factory.partition(":")[0]
+            preload = env["CAIRN_PRELOAD"] = inp.config.trainer.factory.partition(":")[0]
         if self.stack.s3_endpoint:
             os.environ["AWS_ENDPOINT_URL_S3"] = self.stack.s3_endpoint  # the drill reads the store directly
             self.proxy = FaultProxy(self.stack.s3_endpoint)
@@ -175,6 +176,11 @@ class Drill:
             proxy=self.proxy,
             heartbeat_timeout=inp.heartbeat_timeout_seconds,
         )
+        progress = self.progress
+        progress.phase(
+            "starting stack",
+            f"{spec.workers} worker(s) on queue {queue}" + (f", preloading {preload}" if preload else ""),
+        )
         for _ in range(spec.workers):
             pool.start()
         await asyncio.to_thread(pool.wait_polling)
@@ -182,7 +188,7 @@ class Drill:
         faults: list[FaultRecord] = []
         summary: dict[str, Any] | None = None
         observer: asyncio.Task[None] | None = None
-        bar = None
+        ticker: asyncio.Task[None] | None = None
         t0 = time.time()
         try:
             self.handle = await self.client.start_workflow(
@@ -200,18 +206,15 @@ class Drill:
             if url:
                 self.echo(f"Web UI: {url}")
             observer = asyncio.create_task(watch.follow(self.handle, pool))
-            if self.show_progress:
-                bar = tqdm(total=total_steps, desc=run_id, unit="step", leave=False, file=sys.stderr, disable=None)
+            progress.phase("faulted run", f"{run_id}: {length}, {len(self.schedule)} fault(s) planned")
+            progress.begin_run(total_steps, len(self.schedule))
 
-            async def progress() -> None:
-                while bar is not None and not watch.done:
-                    bar.n = watch.live_step()
-                    bar.set_postfix(
-                        faults=f"{len(faults)}/{len(self.schedule)}", workers=len(pool.alive()), refresh=True
-                    )
+            async def show_steps() -> None:
+                while not watch.done:
+                    progress.step(watch.live_step(), fired=len(faults), workers=len(pool.alive()))
                     await asyncio.sleep(0.3)
 
-            ticker = asyncio.create_task(progress())
+            ticker = asyncio.create_task(show_steps())
             for planned in self.schedule:
                 if watch.done and planned.kind != "kill-after-effect":
                     faults.append(
@@ -221,19 +224,20 @@ class Drill:
                     )
                     continue
                 faults.append(await injector.fire(planned))
+                progress.fault(fault_line(faults[-1], len(self.schedule)))
             result = await asyncio.wait_for(self.handle.result(), timeout=max(300.0, total_steps * 0.5))
             summary = RunSummary.model_validate(result).model_dump(mode="json")
             watch.done = True
-            ticker.cancel()
         except Exception as exc:  # noqa: BLE001 - the verdict reports it
             self.echo(f"drill: the run did not complete: {type(exc).__name__}: {exc}")
         finally:
             watch.done = True
+            if ticker is not None:
+                ticker.cancel()
             if observer is not None:
                 with contextlib.suppress(Exception):
                     await observer
-            if bar is not None:
-                bar.close()
+            progress.close()
             finished = time.time()
             pool.stop_all()
             pool.logs.poll()
@@ -320,13 +324,17 @@ def run_drill(
             workers=spec.workers,
         )
     state_dir = Path(tempfile.mkdtemp(prefix="cairn-drill-"))
+    shown = DrillProgress(enabled=progress)
     try:
         if stack is None:
+            shown.phase("starting stack", "embedded Temporal, SeaweedFS and reservation service")
             stack = EmbeddedStack.start(state_dir / "stack", web_ui=spec.web_ui, echo=echo)
+        else:
+            shown.phase("starting stack", f"using servers already running: Temporal {stack.temporal_address}")
         drill = Drill(spec, stack, state_dir, echo=echo, progress=progress)
         drill.ui_lasts = keep or not own
         result = asyncio.run(drill.run())
-        result.checks = judge(result)
+        result.checks = judge(result, shown.phase)
         if keep and isinstance(stack, EmbeddedStack):
             result.extra["kept_stack"] = kept_stack(stack, state_dir)
         report = write_report(result, out)

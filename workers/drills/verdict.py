@@ -12,10 +12,11 @@ attempt committed anything once thawed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cairn.checkpoint import CheckpointKind, CheckpointRef, list_checkpoints, load_training
+from cairn.checkpoint import CheckpointKind, CheckpointRef, list_checkpoints
 from cairn.checkpoint.compare import compare_states
 from cairn.checkpoint.retention import RetentionPolicy, collect_garbage, plan_gc
 from cairn.config import TrainConfig
@@ -24,6 +25,7 @@ from cairn.session import TrainingSession
 from cairn.stores import MemoryStore, open_store
 from cairn.trainers.base import Trainer
 from cairn.trainers.loading import load_trainer
+from cairn.training import load_training
 
 __all__ = ["Check", "judge"]
 
@@ -39,10 +41,22 @@ class Check:
         return {"name": self.name, "passed": self.passed, "detail": self.detail, "fields": list(self.fields)}
 
 
-def judge(result: Any) -> list[Check]:
-    """Every check of the verdict; a check that could not run fails and says why."""
+def judge(result: Any, phase: Callable[[str, str], None] = lambda name, detail: None) -> list[Check]:
+    """Every check of the verdict; a check that could not run fails and says why. ``phase`` is
+    told what is checked now: the ``baseline`` (the uninterrupted run the final state is compared
+    with, trained here), then each other check (``verifying``)."""
     checks = [_run(result)]
-    for fn in (_state, _effects, _checkpoints, _uncommitted, _faults):
+    steps = result.summary.get("steps") if result.summary else None
+    effects = bool(result.extra.get("effects"))
+    for fn, stage, detail in (
+        (_state, "baseline", f"an uninterrupted in-process run to step {steps}, compared with the final checkpoint"),
+        (_effects, "verifying", "exactly-once effects, by the service's records" if effects else ""),
+        (_checkpoints, "verifying", "every committed checkpoint, restored as a worker would"),
+        (_uncommitted, "verifying", "partial uploads collected"),
+        (_faults, "verifying", "each fault fired and training resumed"),
+    ):
+        if detail:
+            phase(stage, detail)
         try:
             check = fn(result)
         except Exception as exc:  # noqa: BLE001 - a check that cannot run is a failed check

