@@ -23,8 +23,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from activities import metrics as m
+from activities.inputs import TrainSegmentResult
 from activities.log_context import attempt_number
-from activities.models import TrainSegmentResult
 from cairn.errors import CairnError, CheckpointConflictError, NumericsProfileError, one_line
 from cairn.numerics import process_numerics
 from cairn.runs.ownership import require_store_identity
@@ -38,6 +38,7 @@ __all__ = [
     "Heartbeater",
     "previous_reach",
     "heartbeat_reach",
+    "recomputed_steps",
     "interruption",
     "heartbeat_interval",
     "require_numerics",
@@ -55,13 +56,15 @@ WORKER_CRASHED = "WorkerCrashed"
 (``workers.supervisor.failing``); on a worker's own queue non-retryable, with its last heartbeat."""
 
 
-def as_application_error(exc: CairnError) -> ApplicationError:
-    """The concise typed failure Temporal shows (one line; the policy declared on the class).
+def as_application_error(exc: CairnError, *details: Any) -> ApplicationError:
+    """The concise typed failure Temporal shows (one line; the policy declared on the class),
+    with ``details`` for the workflow to read. The one conversion: the workflows raise their own
+    refusals through it too (pure, so deterministic).
 
     Raised ``from None`` by ``activity_errors``: the cause chain (e.g. botocore's) stays in the
     worker log, not in the failure, whose headline must stay readable in ``describe`` and the UI.
     """
-    return ApplicationError(one_line(str(exc)), type=exc.type_name, non_retryable=not exc.retryable)
+    return ApplicationError(one_line(str(exc)), *details, type=exc.type_name, non_retryable=not exc.retryable)
 
 
 @contextmanager
@@ -201,6 +204,12 @@ def heartbeat_interval(default: float = 1.0) -> float:
 def previous_reach(info: activity.Info) -> int | None:
     """The furthest step an earlier attempt reported, from its last heartbeat."""
     return heartbeat_reach(info.heartbeat_details)
+
+
+def recomputed_steps(reached_before: int | None, resumed: int, attempt: int) -> int:
+    """Steps earlier attempts of a segment computed past the step this attempt resumed from (it
+    redoes them); none on a first attempt."""
+    return max(0, (reached_before or 0) - resumed) if attempt > 1 else 0
 
 
 def heartbeat_reach(details: Any) -> int | None:

@@ -13,8 +13,8 @@ from temporalio.exceptions import ApplicationError
 
 from activities import metrics as m
 from activities.edge import Heartbeater, activity_errors, heartbeat_interval, open_run_store
+from activities.inputs import DecisionInput, EffectInput, EffectReceipt
 from activities.log_context import run_context
-from activities.models import DecisionInput, EffectInput, EffectReceipt
 from cairn import faults
 from cairn.effects import (
     JournalEntry,

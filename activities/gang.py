@@ -23,22 +23,24 @@ from pathlib import Path
 from typing import Any
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
 from activities import metrics as m
 from activities.edge import (
     Heartbeater,
     activity_errors,
+    as_application_error,
     heartbeat_interval,
     interruption,
     open_run_store,
+    recomputed_steps,
     require_numerics,
 )
+from activities.inputs import GangEndpointInput, GangNodeInput, TrainSegmentResult
 from activities.log_context import run_context, set_step
-from activities.models import GangEndpointInput, GangNodeInput, TrainSegmentResult
-from cairn.errors import CairnError, ConfigError, one_line
+from cairn.errors import CairnError, ConfigError
 from cairn.gang.job import GangJob
 from cairn.gang.launch import Gang, GangSpec, free_endpoint
+from cairn.runs.outcome import SegmentOutcome
 from cairn.runs.ownership import require_run_owner
 
 __all__ = ["train_gang_node", "gang_endpoint", "GANG_ACTIVITIES", "ADVERTISE_ENV"]
@@ -149,26 +151,11 @@ def _train_gang_node(inp: GangNodeInput, info: activity.Info) -> tuple[TrainSegm
                 )
             except CairnError as exc:  # the workflow retries the gang; it learns how far it got
                 log.warning("run %s: gang node %d failed: %s: %s", inp.run_id, inp.node_index, exc.type_name, exc)
-                raise ApplicationError(
-                    one_line(str(exc)),
-                    {"reached": beats.details().get("reached"), "attempt": attempt},
-                    type=exc.type_name,
-                    non_retryable=not exc.retryable,
-                ) from None
-    resumed = out.resumed_from_step
-    recomputed = max(0, (reached_before or 0) - resumed) if attempt > 1 else 0
-    result = TrainSegmentResult(
-        step=out.step,
-        cursor=out.cursor,
-        checkpoint=out.checkpoint,
-        fingerprint=out.fingerprint,
-        loss=out.loss,
-        val_loss=out.val_loss,
-        val_accuracy=out.val_accuracy,
-        attempt=attempt,
-        resumed_from_step=resumed,
-        recomputed_steps=recomputed,
-    )
+                reached = {"reached": beats.details().get("reached"), "attempt": attempt}
+                raise as_application_error(exc, reached) from None
+    recomputed = recomputed_steps(reached_before, out.resumed_from_step, attempt)
+    outcome = out.model_dump(include=set(SegmentOutcome.model_fields))
+    result = TrainSegmentResult(**outcome, attempt=attempt, recomputed_steps=recomputed)
     log.info("run %s: gang segment ended at step %d (%s)", inp.run_id, result.step, result.checkpoint)
     return result, out.interrupted
 

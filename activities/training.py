@@ -3,8 +3,8 @@ the gang and effect activities is ``activities.edge``).
 
 ``open_run`` claims the run and reports its last durable cursor. ``train_segment`` resumes
 from that cursor — the latest committed checkpoint in the store, never the segment's start;
-memory only when the session this worker holds is exactly that commit (``cairn.runs.warm``) —
-trains up to the segment's target step (or its time budget), committing checkpoints under
+memory only when the session this worker holds is exactly that commit; the choice is
+``cairn.runs.restore``'s — trains up to the segment's target step (or its time budget), committing checkpoints under
 absolute-step idempotency keys, and heartbeats its progress. A retried attempt (on this or
 another worker) does the same, so it converges on the same committed checkpoints; a stale
 attempt that is still running commits identical bytes (or is caught by the fingerprint check
@@ -38,11 +38,11 @@ from activities.edge import (
     interruption,
     open_run_store,
     previous_reach,
+    recomputed_steps,
     require_numerics,
 )
 from activities.fence import SUPERSEDED, AttemptSuperseded, FencedStore
-from activities.log_context import run_context, set_step
-from activities.models import (
+from activities.inputs import (
     CollectInput,
     LatestCheckpointInput,
     LatestCheckpointResult,
@@ -52,22 +52,24 @@ from activities.models import (
     TrainSegmentResult,
     own_queue,
 )
+from activities.log_context import run_context, set_step
 from activities.tier import tiered_store
 from cairn import faults
-from cairn.checkpoint import CheckpointKind, CheckpointRef, latest_committed, list_checkpoints, read_manifest
 from cairn.checkpoint.commit import CommitResult
+from cairn.checkpoint.latest import latest_committed, latest_cursor
 from cairn.checkpoint.options import CheckpointOptions
 from cairn.checkpoint.retention import RetentionPolicy, collect_garbage
 from cairn.checkpoint.tier import TieredStore
 from cairn.checkpoint.validate import manifest_config
 from cairn.numerics import profile_id
-from cairn.runs.ownership import claim_run, require_run_owner, require_store_identity, store_identity
-from cairn.runs.tier_restore import resume_tiered
+from cairn.runs.ownership import claim_run, require_run_owner, require_store_identity
+from cairn.runs.restore import RestoreSource, choose_restore, require_not_past
 from cairn.runs.warm import WarmRuns, warm_key
 from cairn.session import TrainingSession
 from cairn.state import TrainState
 from cairn.stores import open_store
 from cairn.stores.base import Store
+from cairn.stores.identity import store_identity
 from cairn.trainers.loading import check_checkpoint_config, load_trainer
 
 __all__ = ["train_segment", "open_run", "latest_checkpoint", "collect_checkpoints", "TRAINING_ACTIVITIES"]
@@ -144,60 +146,15 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info, attempt: int) ->
         require_run_owner(store, inp.run_id, info.workflow_id)  # before any expensive restore
         key = warm_key(inp.config.canonical_json(), inp.store)
         tiered = tiered_store(inp.store)  # this worker's node-local tier, if it has one
-        restore_started = time.perf_counter()
-        session, source = _session(inp, attempt, store, key, tiered)
+        session, warm, recomputed = _resumed(inp, attempt, store, key, tiered, reached_before)
         session.store = FencedStore(session.store, beats.superseded)  # a superseded attempt writes nothing
-        warm = source == "memory"
-        m.SEGMENT_STARTS.labels("warm" if warm else "cold").inc()
-        m.RESTORES.labels(source).inc()
-        if not warm:
-            m.RESTORE_SECONDS.observe(time.perf_counter() - restore_started)
         resumed = session.state.step
-        set_step(resumed)
-        recomputed = max(0, (reached_before or 0) - resumed) if attempt > 1 else 0
-        if attempt > 1:
-            m.RECOVERIES.inc()
-            m.STEPS_RECOMPUTED.inc(recomputed)
-        log.info(
-            "run %s: resumed from step %d (%s%s)%s",
-            inp.run_id,
-            resumed,
-            "held in memory" if warm else session.restored_from or "fresh start",
-            {"local": "; from the local tier", "durable": "; from the durable store"}.get(source, "") if tiered else "",
-            f"; an earlier attempt had reached step {reached_before}" if reached_before is not None else "",
-        )
-        if resumed > inp.target_step:
-            raise ApplicationError(
-                f"latest committed step {resumed} is past this segment's target {inp.target_step}",
-                type="InvariantError",
-                non_retryable=True,
-            )
         beats.update(step=resumed)
         if resumed == 0:
             _record_commit(inp.run_id, session.checkpoint())  # step 0 is a checkpoint too: the origin is durable
         durable = session.durable_ref
         beats.update(checkpoint=str(durable) if durable else None, committed_step=resumed)
-        interrupted = ""
-        deadline: float | None = None  # from the first update: not the wait for the process's torch lock
-
-        def on_step(state: TrainState) -> bool:
-            nonlocal interrupted, deadline
-            beats.update(step=state.step, reached=max(state.step, reached_before or 0), loss=state.history["loss"][-1])
-            set_step(state.step)
-            m.STEPS.inc()
-            faults.maybe_crash("mid-segment", step=state.step)
-            if inp.throttle_seconds_per_step:
-                time.sleep(inp.throttle_seconds_per_step)
-            beats.notice_cancellation()
-            if (gone := beats.superseded()) is not None:  # thawed after the server retried it elsewhere
-                raise AttemptSuperseded(gone)
-            if activity.is_cancelled():
-                interrupted = "cancelled"
-            elif activity.is_worker_shutdown():
-                interrupted = "worker-shutdown"
-            if deadline is None and inp.max_seconds is not None:
-                deadline = time.monotonic() + inp.max_seconds
-            return bool(interrupted) or (deadline is not None and time.monotonic() >= deadline)
+        watch = _StepWatch(inp, beats, reached_before)
 
         def on_checkpoint(result: CommitResult) -> None:
             _record_commit(inp.run_id, result)
@@ -209,85 +166,120 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info, attempt: int) ->
             inp.target_step - resumed,
             checkpoint_every=inp.checkpoint_every,
             async_save=inp.async_save,
-            on_step=on_step,
+            on_step=watch,
             on_checkpoint=on_checkpoint,
         )
         assert last is not None
-        if tiered is not None and (interrupted or inp.final):  # the run's cursor must be durable now
+        if tiered is not None and (watch.interrupted or inp.final):  # the run's cursor must be durable now
             beats.update(phase="uploading")
             tiered.flush(inp.run_id, last.ref.step, last.manifest.fingerprint)  # the durable commit, or raises
-        durable_ref = last.ref if tiered is None else latest_committed(store, inp.run_id)
-        train_seconds = max(0.0, time.perf_counter() - started - session.blocked_seconds)
-        state = session.state
-        loss = state.history["loss"][-1] if state.history["loss"] else None
-        val_loss = state.history["val_loss"][-1] if state.history.get("val_loss") else None
-        val_accuracy = state.history["val_accuracy"][-1] if state.history.get("val_accuracy") else None
-        log.info(
-            "run %s: segment ended at step %d, loss %s, checkpoint %s%s",
-            inp.run_id,
-            state.step,
-            "-" if loss is None else f"{loss:.6f}",
-            last.ref,
-            f", recomputed {recomputed} step(s)" if recomputed else "",
-        )
-        result = TrainSegmentResult(
-            step=state.step,
-            cursor=state.cursor,
+        durable_ref = last.ref if tiered is None else latest_committed(store, inp.run_id, options=session.options)
+        result = TrainSegmentResult.of(
+            session.state,
             checkpoint=str(last.ref),
             fingerprint=last.manifest.fingerprint,
-            loss=loss,
-            val_loss=val_loss,
-            val_accuracy=val_accuracy,
-            attempt=attempt,
             resumed_from_step=resumed,
+            attempt=attempt,
             recomputed_steps=recomputed,
             warm=warm,
             saves=session.saves,
             blocked_save_seconds=session.blocked_seconds,
-            train_seconds=train_seconds,
+            train_seconds=max(0.0, time.perf_counter() - started - session.blocked_seconds),
             worker_queue=own_queue(info.task_queue),
             durable_checkpoint=None if durable_ref is None else str(durable_ref),
             durable_step=None if durable_ref is None else durable_ref.step,
         )
-        if not interrupted:
+        log.info(
+            "run %s: segment ended at step %d, loss %s, checkpoint %s%s",
+            inp.run_id,
+            result.step,
+            "-" if result.loss is None else f"{result.loss:.6f}",
+            last.ref,
+            f", recomputed {recomputed} step(s)" if recomputed else "",
+        )
+        if not watch.interrupted:
             WARM.keep(inp.run_id, key, session)
         m.WARM_RUNS.set(WARM.runs)
         m.WARM_BYTES.set(WARM.nbytes)
-    return result, interrupted
+    return result, watch.interrupted
+
+
+def _resumed(
+    inp: TrainSegmentInput, attempt: int, store: Store, key: str, tiered: TieredStore | None, reached: int | None
+) -> tuple[TrainingSession, bool, int]:
+    """The segment's session (``_session``), counted and logged; whether it came from memory, and
+    the steps it recomputes."""
+    restore_started = time.perf_counter()
+    session, source = _session(inp, attempt, store, key, tiered)
+    warm = source == "memory"
+    m.SEGMENT_STARTS.labels("warm" if warm else "cold").inc()
+    m.RESTORES.labels(source).inc()
+    if not warm:
+        m.RESTORE_SECONDS.observe(time.perf_counter() - restore_started)
+    resumed = session.state.step
+    set_step(resumed)
+    recomputed = recomputed_steps(reached, resumed, attempt)
+    if attempt > 1:
+        m.RECOVERIES.inc()
+        m.STEPS_RECOMPUTED.inc(recomputed)
+    log.info(
+        "run %s: resumed from step %d (%s%s)%s",
+        inp.run_id,
+        resumed,
+        "held in memory" if warm else session.restored_from or "fresh start",
+        {"local": "; from the local tier", "durable": "; from the durable store"}.get(source, "") if tiered else "",
+        f"; an earlier attempt had reached step {reached}" if reached is not None else "",
+    )
+    require_not_past(resumed, inp.target_step)
+    return session, warm, recomputed
 
 
 def _session(
     inp: TrainSegmentInput, attempt: int, store: Store, key: str, tiered: TieredStore | None
-) -> tuple[TrainingSession, str]:
-    """The segment's session and where its state came from (``memory``: warm, the one this
-    worker holds when it is exactly the run's latest commit — first attempts only: after a
-    failure, trust only the stores; else ``local``, ``durable`` or ``fresh``): the checkpoint
-    a rollback names (from the durable store), or the latest (``cairn.runs.tier_restore``
-    with a node-local tier)."""
+) -> tuple[TrainingSession, RestoreSource]:
+    """The segment's session and where its state came from (``cairn.runs.restore``), with the
+    worker's options (read here, at the edge) and the session this worker holds for the run."""
     options = CheckpointOptions.from_env(**({} if inp.incremental is None else {"incremental": inp.incremental}))
     held = WARM.take(inp.run_id, key)
-    if held is not None and inp.resume_from is None and attempt == 1:
-        latest = latest_committed(store, inp.run_id)
-        step: int | None = None if latest is None else latest.step
-        fingerprint: str | None = None
-        if latest is not None:
-            fingerprint = read_manifest(store, latest, expect_kind=None, expand_index=False).fingerprint
-        newest = tiered.newest(inp.run_id) if tiered is not None else None
-        if newest is not None and (step is None or newest.ref.step > step):  # committed here, not uploaded yet
-            step, fingerprint = newest.ref.step, newest.fingerprint
-        if held.matches(step, fingerprint):
-            held.session.store = tiered or store
-            return held.session, "memory"
-        log.info("run %s: the state held in memory is not the latest commit: restoring", inp.run_id)
-    if inp.resume_from is not None:  # a rollback: this older checkpoint, not the latest
-        session = TrainingSession.fresh(inp.run_id, store, inp.config, options=options)
-        session.restore(CheckpointRef.parse(inp.resume_from))
-        session.store = tiered or store
-        return session, "durable"
-    if tiered is not None:
-        return resume_tiered(inp.run_id, tiered, store, inp.config, options=options)
-    session = TrainingSession.resume_latest(inp.run_id, store, inp.config, options=options)
-    return session, "durable" if session.restored_from is not None else "fresh"
+    return choose_restore(
+        inp.run_id,
+        inp.config,
+        store,
+        options,
+        tiered=tiered,
+        resume_from=inp.resume_from,
+        held=held,
+        first_attempt=attempt == 1,
+    )
+
+
+class _StepWatch:
+    """Called after every update: heartbeats, metrics and the checks that end a segment early (a
+    cancellation or worker shutdown, in ``interrupted``; the time budget; a superseded attempt)."""
+
+    def __init__(self, inp: TrainSegmentInput, beats: Heartbeater, reached_before: int | None) -> None:
+        self.inp, self.beats, self.reached_before = inp, beats, reached_before
+        self.interrupted = ""
+        self.deadline: float | None = None  # from the first update: not the wait for the process's torch lock
+
+    def __call__(self, state: TrainState) -> bool:
+        inp, beats = self.inp, self.beats
+        beats.update(step=state.step, reached=max(state.step, self.reached_before or 0), loss=state.last("loss"))
+        set_step(state.step)
+        m.STEPS.inc()
+        faults.maybe_crash("mid-segment", step=state.step)
+        if inp.throttle_seconds_per_step:
+            time.sleep(inp.throttle_seconds_per_step)
+        beats.notice_cancellation()
+        if (gone := beats.superseded()) is not None:  # thawed after the server retried it elsewhere
+            raise AttemptSuperseded(gone)
+        if activity.is_cancelled():
+            self.interrupted = "cancelled"
+        elif activity.is_worker_shutdown():
+            self.interrupted = "worker-shutdown"
+        if self.deadline is None and inp.max_seconds is not None:
+            self.deadline = time.monotonic() + inp.max_seconds
+        return bool(self.interrupted) or (self.deadline is not None and time.monotonic() >= self.deadline)
 
 
 def _record_commit(run_id: str, result: CommitResult) -> None:
@@ -346,13 +338,13 @@ async def open_run(inp: OpenRunInput) -> OpenRunResult:
                     "reproducibility": trainer.reproducibility,
                 }
             )
-            ref = latest_committed(store, inp.run_id)
+            latest = latest_cursor(store, inp.run_id, CheckpointOptions.from_env())
             numerics_id = None if inp.numerics is None else profile_id(inp.numerics)
-            if ref is None:
+            if latest is None:
                 return OpenRunResult(
                     store_id=store_id, checkpoint=None, step=0, fingerprint=None, numerics_id=numerics_id, **about
                 )
-            manifest = read_manifest(store, ref, expect_kind=None, expand_index=False)
+            manifest = latest.manifest
             if trainer is not None:  # another model or trainer on this run id: say which field, before its length
                 check_checkpoint_config(manifest_config(manifest), trainer.config)
             recorded = manifest.lineage.numerics if manifest.lineage is not None else None
@@ -360,9 +352,9 @@ async def open_run(inp: OpenRunInput) -> OpenRunResult:
                 numerics_id = recorded.id  # stay with the workers that computed the run so far
             return OpenRunResult(
                 store_id=store_id,
-                checkpoint=str(ref),
-                step=ref.step,
-                fingerprint=manifest.fingerprint,
+                checkpoint=str(latest.ref),
+                step=latest.ref.step,
+                fingerprint=latest.fingerprint,
                 numerics_id=numerics_id,
                 **about,
             )
@@ -381,17 +373,10 @@ def latest_checkpoint(inp: LatestCheckpointInput) -> LatestCheckpointResult:
     with run_context(inp.run_id), activity_errors(), Heartbeater(heartbeat_interval(), phase="listing"):
         store = open_run_store(inp.store, inp.store_id)
         faults.maybe_crash("in-activity", tag="latest_checkpoint")
-        if inp.at_or_before is None:
-            ref = latest_committed(store, inp.run_id)
-        else:
-            refs = [
-                r for r in list_checkpoints(store, inp.run_id, CheckpointKind.TRAINING) if r.step <= inp.at_or_before
-            ]
-            ref = refs[-1] if refs else None
-        if ref is None:
+        latest = latest_cursor(store, inp.run_id, CheckpointOptions.from_env(), at_or_before=inp.at_or_before)
+        if latest is None:
             return LatestCheckpointResult(checkpoint=None, step=0, fingerprint=None)
-        manifest = read_manifest(store, ref, expect_kind=None, expand_index=False)
-        return LatestCheckpointResult(checkpoint=str(ref), step=ref.step, fingerprint=manifest.fingerprint)
+        return LatestCheckpointResult(checkpoint=str(latest.ref), step=latest.ref.step, fingerprint=latest.fingerprint)
 
 
 @activity.defn(name="collect_checkpoints")
@@ -402,7 +387,7 @@ def collect_checkpoints(inp: CollectInput) -> int:
         faults.maybe_crash("in-activity", tag="collect_checkpoints")
         spec = inp.retention
         policy = RetentionPolicy(keep_last=spec.keep_last, keep_every=spec.keep_every, grace_seconds=spec.grace_seconds)
-        plan = collect_garbage(store, inp.run_id, policy)
+        plan = collect_garbage(store, inp.run_id, policy, options=CheckpointOptions.from_env())
         if plan.delete or plan.orphans:
             log.info(
                 "run %s: retention deleted %d checkpoint(s), %d orphan object(s)",

@@ -1,5 +1,5 @@
 """What a TrainingRun shows of itself: its ``progress`` query and the summary it returns (plain
-JSON, like every model in ``activities.models``)."""
+JSON, like every model in ``activities.inputs``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from activities.models import IntervalChoice, _Model
+from activities.inputs import IntervalChoice, _Model
 
 __all__ = ["RunProgress", "RunSummary"]
 

@@ -3,6 +3,20 @@
 Never imports temporalio: workflows and activities build on this library, not the reverse.
 The public names below load on first use, so ``import cairn.numerics`` can pin the numerics
 profile before numpy is imported.
+
+Its packages and modules are layers, lowest first: each imports only from its own layer or a
+lower one, never in a cycle (``tests/unit/test_architecture.py`` holds the same table)::
+
+    0  errors
+    1  faults, jsonio, numerics, sampler, corpus, checkpoint_interval
+    2  config, config_files, state, data
+    3  stores
+    4  checkpoint      the format: bytes, manifests, blocks, tensor specs, commit; no trainer
+    5  distributed, effects, interop
+    6  trainers        the trainer interface, its trust rule and checks, the built-in trainers
+    7  training        a training state saved and loaded through its trainer
+    8  session, models
+    9  runs, gang
 """
 
 from __future__ import annotations
@@ -13,8 +27,8 @@ from typing import Any
 _EXPORTS = {
     "CheckpointKind": "cairn.checkpoint",
     "CheckpointRef": "cairn.checkpoint",
-    "load_training": "cairn.checkpoint",
-    "save_training": "cairn.checkpoint",
+    "load_training": "cairn.training",
+    "save_training": "cairn.training",
     "TrainConfig": "cairn.config",
     "load_config": "cairn.config",
     "Dataset": "cairn.data",

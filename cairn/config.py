@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
 
+from cairn.config_files import apply_overrides, load_document
 from cairn.errors import ConfigError
-from cairn.jsonio import load_json_file
 
 __all__ = [
     "ModelConfig",
@@ -370,10 +371,18 @@ def parse_config(data: object, where: str = "config") -> TrainConfig:
         raise config_error_from(exc, where, TrainConfig) from exc
 
 
-def load_config(path: str | Path) -> TrainConfig:
-    """Read a TrainConfig from a JSON file, raising ConfigError with the file and field.
+def load_config(path: str | Path, sets: Sequence[str] = ()) -> TrainConfig:
+    """Read a TrainConfig from a JSON, YAML or TOML file (by extension), with ``sets``
+    (``a.b.c=VALUE``) applied, raising ConfigError with the file, line and field.
 
-    The file must be a regular file of at most 16 MiB of UTF-8 JSON, nested at most 64 deep
-    (see ``cairn.jsonio``); anything else is refused before it is parsed.
+    A JSON file must be a regular file of at most 16 MiB of UTF-8 JSON, nested at most 64 deep
+    (see ``cairn.jsonio``; YAML and TOML: ``cairn.config_files``); anything else is refused
+    before it is parsed.
     """
-    return parse_config(load_json_file(path, what="config file"), str(path))
+    doc = load_document(path, what="config file")
+    data = apply_overrides(doc.data, sets, TrainConfig)
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as exc:
+        error = config_error_from(exc, str(path), TrainConfig)
+        raise config_error_from(exc, doc.where(error.field), TrainConfig) from exc

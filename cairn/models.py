@@ -16,8 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from cairn.checkpoint import CheckpointKind, CheckpointRef, Manifest, read_manifest
-from cairn.checkpoint.manager import load_training_with_trainer
+from cairn.checkpoint import CheckpointKind, CheckpointOptions, CheckpointRef, Manifest, read_manifest
 from cairn.checkpoint.validate import manifest_config
 from cairn.config import TrainConfig, load_config
 from cairn.errors import ConfigError
@@ -25,6 +24,7 @@ from cairn.state import TrainState
 from cairn.stores import open_store
 from cairn.trainers.base import Trainer
 from cairn.trainers.loading import trainer_for_checkpoint
+from cairn.training.manager import load_training_with_trainer
 
 __all__ = ["LiveModel", "LoadedCheckpoint", "load_checkpoint", "load_model"]
 
@@ -79,9 +79,10 @@ def load_checkpoint(
         raise ConfigError("checkpoint.kind", expected="training", found=ref.kind.value)
     given = config if isinstance(config, TrainConfig) or config is None else load_config(os.fspath(config))
     store = open_store(ref.store_url)
-    found = manifest_config(read_manifest(store, ref, expect_kind=CheckpointKind.TRAINING, expand_index=False))
-    trainer = trainer_for_checkpoint(found, given, on_host=on_host)  # the config decides; the checkpoint must match
-    state, manifest, trainer = load_training_with_trainer(store, ref, trainer=trainer)
+    options = CheckpointOptions.from_env()  # an entry point: the configured signer and bounds, read once
+    read = read_manifest(store, ref, expect_kind=CheckpointKind.TRAINING, options=options, expand_index=False)
+    trainer = trainer_for_checkpoint(manifest_config(read), given, on_host=on_host)  # the config decides
+    state, manifest, trainer = load_training_with_trainer(store, ref, trainer=trainer, options=options)
     return LoadedCheckpoint(state, manifest, trainer)
 
 

@@ -14,21 +14,22 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cairn.checkpoint.async_save import AsyncCheckpointer, SaveHandle
 from cairn.checkpoint.commit import CommitResult
+from cairn.checkpoint.latest import latest_committed
 from cairn.checkpoint.layout import RUN_ID_PATTERN
-from cairn.checkpoint.manager import latest_committed, load_training, load_training_with_trainer, save_training
 from cairn.checkpoint.options import CheckpointOptions, resolve_options
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.config import TrainConfig
 from cairn.errors import ConfigError, NonFiniteError, TrainerCodeError, TrainingDivergedError
 from cairn.numerics import process_numerics, resumed_numerics
-from cairn.runs.stages import initial_state
 from cairn.state import Lineage, StepCallback, TrainState
 from cairn.stores import open_store
 from cairn.stores.base import Store
 from cairn.trainers.base import Trainer, check_finite
 from cairn.trainers.loading import load_trainer
+from cairn.trainers.stages import initial_state
+from cairn.training.async_save import AsyncCheckpointer, SaveHandle
+from cairn.training.manager import load_training, load_training_with_trainer, save_training
 
 __all__ = [
     "TrainingSession",
@@ -55,6 +56,13 @@ def _as_store(store: Store | str | os.PathLike[str]) -> Store:
     return store if isinstance(store, Store) else open_store(os.fspath(store))
 
 
+def _edge_options(kw: dict[str, Any]) -> CheckpointOptions:
+    """A constructor's options: the caller's, or the configured ones read here (a constructor
+    is an edge); put back in ``kw`` so the session is built with this same object."""
+    kw["options"] = options = resolve_options(kw.get("options"))
+    return options
+
+
 def _check_run_id(run_id: str) -> str:
     if not RUN_ID_PATTERN.match(run_id):
         raise ConfigError("run_id", expected=RUN_ID_PATTERN.pattern, found=run_id)
@@ -66,7 +74,8 @@ def require_finite(state: TrainState, last_commit: CommitResult | None = None, *
 
     The loss is checked after every update (one float); the arrays before every commit.
     """
-    loss = state.history["loss"][-1] if state.history.get("loss") else 0.0
+    last = state.last("loss")
+    loss = 0.0 if last is None else last
     bad = None if math.isfinite(loss) else "loss"
     if bad is None and arrays:
         for name, arr in state.tensors.items():
@@ -76,10 +85,10 @@ def require_finite(state: TrainState, last_commit: CommitResult | None = None, *
                 bad = name
                 break
     if bad is not None:
-        last = f"last committed checkpoint: {last_commit.ref}" if last_commit else "no checkpoint was committed"
+        since = f"last committed checkpoint: {last_commit.ref}" if last_commit else "no checkpoint was committed"
         raise TrainingDivergedError(
             f"training diverged at step {state.step}: {bad} is not finite (loss {loss!r}); nothing was "
-            f"committed at this step; {last} (lower the learning rate or check the data)",
+            f"committed at this step; {since} (lower the learning rate or check the data)",
             field=bad,
         )
 
@@ -121,6 +130,8 @@ class TrainingSession:
         the lineage records both profiles (``numerics.mixed``)."""
         self.last_commit: CommitResult | None = None
         self.restored_from: CheckpointRef | None = None
+        self._stamped: TrainState | None = None
+        """The state whose lineage carries this process's numerics (stamped once: ``_adopt``)."""
         self.saves = 0
         self.blocked_seconds = 0.0
         """Checkpoints the last ``run`` committed and the seconds they blocked training (a sync
@@ -134,7 +145,7 @@ class TrainingSession:
         """Step 0 of a run (or, with ``config.init_from``, a new stage from a reference's weights)."""
         store = _as_store(store)
         trainer = load_trainer(config)
-        kw["options"] = options = resolve_options(kw.get("options"))
+        options = _edge_options(kw)
         return cls(run_id, store, initial_state(trainer, options=options), trainer, **kw)
 
     @classmethod
@@ -155,14 +166,15 @@ class TrainingSession:
         """
         source = open_store(ref.store_url)
         target = source if store is None else _as_store(store)
-        kw["options"] = options = resolve_options(kw.get("options"))
+        options = _edge_options(kw)
         trainer = load_trainer(config) if config is not None else None
         state, _, trainer = load_training_with_trainer(source, ref, trainer=trainer, options=options)
         if weights_only_restore:
             state = trainer.weights_only(state)  # a fresh start: computed under this process's profile
-        else:
-            state.lineage = with_process_numerics(state, trainer, str(ref), kw.get("tolerate_numerics", False))
-        return cls(run_id or ref.run_id, target, state, trainer, **kw)
+        session = cls(run_id or ref.run_id, target, state, trainer, **kw)
+        if not weights_only_restore:
+            session._adopt(state, str(ref))
+        return session
 
     @classmethod
     def resume_latest(
@@ -170,7 +182,7 @@ class TrainingSession:
     ) -> TrainingSession:
         """Continue from the run's last durable cursor, or start fresh when it has none."""
         store = _as_store(store)
-        ref = latest_committed(store, run_id, options=resolve_options(kw.get("options")))
+        ref = latest_committed(store, run_id, options=_edge_options(kw))
         if ref is None:
             return cls.fresh(run_id, store, config, **kw)
         trainer = load_trainer(config)
@@ -187,9 +199,14 @@ class TrainingSession:
         """Replace this session's state with ``ref``'s, only if it passes validation."""
         source = self.store if ref.store_url == self.store.url else open_store(ref.store_url)
         state, _ = load_training(source, ref, trainer=self.trainer, options=self.checkpoint_options)
-        state.lineage = with_process_numerics(state, self.trainer, str(ref), self.tolerate_numerics)
-        self.state = state
+        self._adopt(state, str(ref))
         self.restored_from = ref
+
+    def _adopt(self, state: TrainState, where: str) -> None:
+        """Make ``state`` this session's, stamped with this process's numerics (``where`` names it
+        in a refusal, raised before anything changes)."""
+        state.lineage = with_process_numerics(state, self.trainer, where, self.tolerate_numerics)
+        self.state = self._stamped = state
 
     def checkpoint(self) -> CommitResult:
         """Commit the current state (idempotent per step); a diverged state is refused."""
@@ -244,8 +261,8 @@ class TrainingSession:
         """
         if checkpoint_every is not None and checkpoint_every <= 0:
             raise ConfigError("checkpoint_every", expected="> 0", found=checkpoint_every)
-        where = str(self.durable_ref) if self.durable_ref else "this state"
-        self.state.lineage = with_process_numerics(self.state, self.trainer, where, self.tolerate_numerics)
+        if self.state is not self._stamped:  # a state given, not restored: stamp it before it trains on
+            self._adopt(self.state, str(self.durable_ref) if self.durable_ref else "this state")
         saver = AsyncCheckpointer(self.store, self.run_id, options=self.checkpoint_options) if async_save else None
         pending: SaveHandle | None = None
         self.saves, self.blocked_seconds = 0, 0.0  # what this call's checkpoints cost the trainer
@@ -278,7 +295,7 @@ class TrainingSession:
             return bool(on_step is not None and on_step(work))
 
         try:
-            self.state = self.trainer.train(self.state, steps, on_step=step_hook)
+            self.state = self._stamped = self.trainer.train(self.state, steps, on_step=step_hook)
             waited = time.perf_counter()
             settle(self.state)  # the wait for the last background save is a checkpoint's cost too
             self.blocked_seconds += time.perf_counter() - waited

@@ -61,7 +61,7 @@ class Lineage(BaseModel):
     stage_contract: str = "train"
     final_test_exposures: int = Field(default=0, ge=0)
     """Final-test exposures inherited from the reference this stage started from (``init_from``);
-    this run's own exposures are in its lifecycle log (``cairn.runs.exposures``)."""
+    this run's own exposures are in its lifecycle log (``cairn.checkpoint.exposures``)."""
     trainer: str | None = None
     """Import path of the trainer (None: the built-in MLP)."""
     model_hash: str | None = None
@@ -118,6 +118,12 @@ class TrainState:
     rng_state: dict[str, Any]
     history: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in HISTORY_KEYS})
     meta: dict[str, Any] = field(default_factory=dict)
+
+    def last(self, key: str) -> float | None:
+        """The latest value of ``history[key]`` (the last update's ``loss``, the last evaluation's
+        ``val_loss``), None while there is none."""
+        values = self.history.get(key)
+        return values[-1] if values else None
 
     def group(self, prefix: str) -> dict[str, np.ndarray]:
         """The tensors named ``prefix/NAME``, by NAME (the same arrays, not copies)."""

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from activities.models import TrainingRunInput
+from activities.inputs import TrainingRunInput
 from cairn.config import config_error_from
+from cairn.config_files import apply_overrides, load_document
 from cairn.errors import ConfigError
-from cairn.jsonio import load_json_file
 from cairn.runs.ownership import resolve_store_url
 from cairn.trainers.loading import check_trainer_options
 
@@ -18,14 +19,17 @@ __all__ = ["load_run_input", "sent_input"]
 
 
 def load_run_input(
-    path: str, cwd: str | Path | None = None, overrides: dict[str, Any] | None = None
+    path: str, cwd: str | Path | None = None, overrides: dict[str, Any] | None = None, sets: Sequence[str] = ()
 ) -> TrainingRunInput:
-    """Read and validate a run file; a relative ``store`` is resolved here, once, against the
-    starter's working directory (workers have their own, so the run input never holds one).
-    ``overrides`` (top-level fields, from flags) replace the file's before validation."""
-    data = load_json_file(path, what="run file")
+    """Read and validate a run file (JSON, YAML or TOML: ``cairn.config_files``); a relative
+    ``store`` is resolved here, once, against the starter's working directory (workers have
+    their own, so the run input never holds one). ``overrides`` (top-level fields, from flags)
+    replace the file's before validation, then ``sets`` (``--set a.b.c=VALUE``) apply."""
+    doc = load_document(path, what="run file")
+    data = doc.data
     if isinstance(data, dict) and overrides:
         data.update(overrides)
+    data = apply_overrides(data, sets, TrainingRunInput)
     if isinstance(data, dict) and isinstance(data.get("store"), str):
         data["store"] = resolve_store_url(data["store"], cwd)
     effects = data.get("effects") if isinstance(data, dict) else None
@@ -34,7 +38,8 @@ def load_run_input(
     try:
         inp = TrainingRunInput.model_validate(data)
     except ValidationError as exc:
-        raise config_error_from(exc, path, TrainingRunInput) from None
+        error = config_error_from(exc, path, TrainingRunInput)
+        raise config_error_from(exc, doc.where(error.field), TrainingRunInput) from None
     try:
         check_trainer_options(inp.config)  # where the trainer is installed here: its options, before starting
     except ConfigError as exc:

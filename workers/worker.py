@@ -28,7 +28,7 @@ from temporalio.worker import Interceptor, PollerBehaviorSimpleMaximum, Worker
 
 from activities.effects import EFFECT_ACTIVITIES
 from activities.gang import ADVERTISE_ENV, GANG_ACTIVITIES
-from activities.models import DEFAULT_TASK_QUEUE, NODE_NAME, node_queue, own_queue
+from activities.inputs import DEFAULT_TASK_QUEUE, NODE_NAME, node_queue, own_queue
 from activities.tier import TIER_BYTES_ENV, TIER_ENV, flush_all, parse_bytes, resume_uploads
 from activities.training import TRAINING_ACTIVITIES
 from cairn.errors import ConfigError, TemporalUnavailableError
@@ -192,7 +192,7 @@ def worker_queues(task_queue: str, numerics_id: str, node: str | None = None) ->
     """What a worker polls: the run queue (workflows and bookkeeping), the queue of its numerics
     profile (the training segments of runs under that profile), this worker's own queue beside
     each of those two (the next segment of a run it holds in memory is offered there first:
-    ``activities.models.own_queue``) and, on a named node, the node's queue (its share of a gang)."""
+    ``activities.inputs.own_queue``) and, on a named node, the node's queue (its share of a gang)."""
     shared = [task_queue, profile_queue(task_queue, numerics_id)]
     queues = [*shared, *(own_queue(q) for q in shared)]
     if node:

@@ -17,7 +17,7 @@ from workflows import gang_policy, run_state, segments
 
 with workflow.unsafe.imports_passed_through():
     from activities.gang import gang_endpoint, train_gang_node
-    from activities.models import (
+    from activities.inputs import (
         GangEndpointInput,
         GangNodeInput,
         RunCarry,

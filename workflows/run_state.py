@@ -15,7 +15,8 @@ from temporalio.exceptions import ApplicationError
 from workflows.segments import run_total
 
 with workflow.unsafe.imports_passed_through():
-    from activities.models import (
+    from activities.edge import as_application_error
+    from activities.inputs import (
         LatestCheckpointResult,
         OpenRunResult,
         RunCarry,
@@ -23,6 +24,7 @@ with workflow.unsafe.imports_passed_through():
         TrainingRunInput,
         TrainSegmentResult,
     )
+    from cairn.errors import ConfigError, InvariantError
 from activities.views import RunProgress, RunSummary
 
 __all__ = [
@@ -59,18 +61,16 @@ def adopt_length(carry: RunCarry, inp: TrainingRunInput, latest: OpenRunResult) 
     a run whose committed checkpoints are already past it."""
     if inp.total_epochs is not None:
         if latest.steps_per_epoch is None:
-            raise ApplicationError(
-                "total_epochs: this worker's open_run did not report the epoch length; give total_steps",
-                type="ConfigError",
-                non_retryable=True,
+            raise as_application_error(
+                ConfigError("total_epochs: this worker's open_run did not report the epoch length; give total_steps")
             )
         carry.total_steps = inp.total_epochs * latest.steps_per_epoch
     if latest.step > run_total(inp, carry):
-        raise ApplicationError(
-            f"run {inp.run_id} already has a committed checkpoint at step {latest.step}, "
-            f"past total_steps={run_total(inp, carry)}",
-            type="InvariantError",
-            non_retryable=True,
+        raise as_application_error(
+            InvariantError(
+                f"run {inp.run_id} already has a committed checkpoint at step {latest.step}, "
+                f"past total_steps={run_total(inp, carry)}"
+            )
         )
 
 

@@ -19,13 +19,14 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.edge import INTERRUPTED, WORKER_CRASHED, heartbeat_reach
-    from activities.models import DEFAULT_SEGMENT_SECONDS, GANG_SEGMENT_STEPS
-    from cairn.interval import IntervalState
+    from activities.edge import INTERRUPTED, WORKER_CRASHED, as_application_error, heartbeat_reach
+    from activities.inputs import DEFAULT_SEGMENT_SECONDS, GANG_SEGMENT_STEPS
+    from cairn.checkpoint_interval import IntervalState
+    from cairn.errors import ConfigError
     from cairn.numerics import profile_queue
 
 if TYPE_CHECKING:
-    from activities.models import RunCarry, TrainingRunInput
+    from activities.inputs import RunCarry, TrainingRunInput
 
 __all__ = [
     "SEGMENT_RETRY",
@@ -107,10 +108,8 @@ def segment_end(inp: TrainingRunInput, carry: RunCarry) -> int:
         return step + seg.steps
     assert seg.epochs is not None
     if not spe:
-        raise ApplicationError(
-            "segment.epochs: this worker's open_run did not report the epoch length; use segment.steps",
-            type="ConfigError",
-            non_retryable=True,
+        raise as_application_error(
+            ConfigError("segment.epochs: this worker's open_run did not report the epoch length; use segment.steps")
         )
     return (step // spe + seg.epochs) * spe
 

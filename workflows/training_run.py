@@ -32,7 +32,7 @@ from temporalio.workflow import ContinueAsNewError
 
 with workflow.unsafe.imports_passed_through():  # the workflow's pure policy modules too: imported once, not per run
     from activities.effects import publish_checkpoint, record_decision, release_capacity, reserve_capacity
-    from activities.models import (
+    from activities.inputs import (
         CollectInput,
         DecisionInput,
         EffectInput,

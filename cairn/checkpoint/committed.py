@@ -35,8 +35,19 @@ from cairn.errors import (
     SignatureError,
 )
 from cairn.stores.base import Store
+from cairn.stores.local import LocalStore
+from cairn.stores.memory import MemoryStore
 
-__all__ = ["Verdict", "ForeignKey", "judge", "manifest_candidates", "judge_each", "judge_all", "highest_committed"]
+__all__ = [
+    "Verdict",
+    "ForeignKey",
+    "judge",
+    "manifest_candidates",
+    "judge_each",
+    "judge_all",
+    "highest_verdict",
+    "list_checkpoints",
+]
 
 _KINDS = {k.value: k for k in CheckpointKind}
 BATCH = 32
@@ -135,26 +146,26 @@ def judge_all(
     return list(judge_each(store, refs, options, concurrent=concurrent))
 
 
-def highest_committed(
+def highest_verdict(
     store: Store,
     run_id: str,
     kind: CheckpointKind,
-    options: CheckpointOptions | None = None,
+    options: CheckpointOptions,
     *,
     start_after: str | None = None,
-) -> CheckpointRef | None:
-    """The highest committed step of ``(run_id, kind)`` among the manifests listed (after
-    ``start_after``): candidates are judged from the highest step down, so a foreign object
-    above the genuine latest costs one read and is passed over. When the run holds manifests and
-    none is committed because no signature verifies (a rotated or wrong signing key), it raises
-    ``SignatureError`` rather than answer None: a resume must never start such a run over."""
+) -> Verdict | None:
+    """The verdict on the highest committed step of ``(run_id, kind)`` among the manifests
+    listed (after ``start_after``), its manifest with it: candidates are judged from the highest
+    step down, so a foreign object above the genuine latest costs one read and is passed over.
+    When the run holds manifests and none is committed because no signature verifies (a rotated
+    or wrong signing key), it raises ``SignatureError`` rather than answer None: a resume must
+    never start such a run over."""
     refs, _ = manifest_candidates(store, run_id, kind, start_after=start_after)
-    options = resolve_options(options)
     unverified: list[Verdict] = []
     for ref in reversed(refs):
         verdict = judge(store, ref, options)
         if verdict is not None and verdict.committed:
-            return ref
+            return verdict
         if verdict is not None and isinstance(verdict.refusal, SignatureError):
             unverified.append(verdict)
     if unverified and start_after is None:
@@ -165,3 +176,17 @@ def highest_committed(
             field="signature",
         )
     return None
+
+
+def list_checkpoints(
+    store: Store,
+    run_id: str | None = None,
+    kind: CheckpointKind | None = None,
+    options: CheckpointOptions | None = None,
+) -> list[CheckpointRef]:
+    """Committed checkpoints, sorted by (run, kind, step): every manifest listed is judged by
+    the one rule (``judge``); foreign objects at a manifest's key are left out (``cairn ckpt
+    list`` shows them, with the reason)."""
+    refs, _ = manifest_candidates(store, run_id, kind)
+    concurrent = not isinstance(store, LocalStore | MemoryStore)  # a remote store: overlap the reads
+    return [v.ref for v in judge_all(store, refs, options, concurrent=concurrent) if v.committed]

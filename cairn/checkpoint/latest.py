@@ -11,23 +11,26 @@ passed over, never taken for the latest. Racing writers can leave the pointer be
 listing after it finds the newer steps); retention or a manual delete can leave it naming a
 checkpoint that no longer exists. A missing, unreadable, malformed or dangling pointer, or one
 naming a foreign object, falls back to the full listing, so the answer never depends on it.
+``latest_cursor`` is the same answer with the manifest that judged it: a run's last durable
+cursor and its fingerprint, for every caller that needs both.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from cairn.checkpoint.committed import highest_committed, judge
-from cairn.checkpoint.layout import MAX_POINTER_BYTES, STEP_DIGITS, latest_key, steps_after
-from cairn.checkpoint.manifest import CheckpointKind
+from cairn.checkpoint.committed import Verdict, highest_verdict, judge, judge_each, manifest_candidates
+from cairn.checkpoint.layout import STEP_DIGITS, latest_key, steps_after
+from cairn.checkpoint.manifest import CheckpointKind, Manifest
 from cairn.checkpoint.options import CheckpointOptions, resolve_options
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.errors import CairnError, InvalidObjectError, StorageError
 from cairn.stores.base import Store
-from cairn.stores.objects import read_json_object
+from cairn.stores.objects import MAX_POINTER_BYTES, read_json_object
 
-__all__ = ["LatestPointer", "read_latest", "advance_latest", "latest_committed"]
+__all__ = ["LatestPointer", "read_latest", "advance_latest", "latest_committed", "LatestCursor", "latest_cursor"]
 
 _MAX_STEP = 10**STEP_DIGITS - 1
 
@@ -81,13 +84,49 @@ def latest_committed(
 
     With a pointer naming a committed checkpoint: that step, or a higher committed one listed
     after it. Otherwise the whole ``RUN/KIND/`` listing. Committed means what
-    ``cairn.checkpoint.committed`` says (``options``: whose signer applies; default the configured)."""
-    options = resolve_options(options)
+    ``cairn.checkpoint.committed`` says (``options``: whose signer applies; a caller at an edge
+    may pass none and get the configured ones)."""
+    verdict = _latest(store, run_id, kind, resolve_options(options))
+    return None if verdict is None else verdict.ref
+
+
+class LatestCursor(NamedTuple):
+    """A run's latest committed checkpoint (its last durable cursor) and that checkpoint's
+    fingerprint, with the root manifest the commit rule judged it by (its config, lineage)."""
+
+    ref: CheckpointRef
+    fingerprint: str
+    manifest: Manifest
+
+
+def latest_cursor(
+    store: Store,
+    run_id: str,
+    options: CheckpointOptions,
+    *,
+    kind: CheckpointKind = CheckpointKind.TRAINING,
+    at_or_before: int | None = None,
+) -> LatestCursor | None:
+    """``latest_committed`` with its manifest (read once, by the judgement itself); with
+    ``at_or_before``, the highest committed step at or before it (a rollback's target)."""
+    if at_or_before is None:
+        verdict = _latest(store, run_id, kind, options)
+    else:
+        refs, _ = manifest_candidates(store, run_id, kind)
+        below = reversed([r for r in refs if r.step <= at_or_before])
+        verdict = next((v for v in judge_each(store, below, options) if v.committed), None)
+    if verdict is None or verdict.manifest is None:
+        return None
+    return LatestCursor(verdict.ref, verdict.manifest.fingerprint, verdict.manifest)
+
+
+def _latest(store: Store, run_id: str, kind: CheckpointKind, options: CheckpointOptions) -> Verdict | None:
+    """The verdict on the latest committed checkpoint (see ``latest_committed``)."""
     pointer = read_latest(store, run_id, kind)
     if pointer is not None:
         at = CheckpointRef(store.url, run_id, kind, pointer.step)
         verdict = judge(store, at, options)
         if verdict is not None and verdict.committed:
-            after = highest_committed(store, run_id, kind, options, start_after=steps_after(run_id, kind, pointer.step))
-            return after or at
-    return highest_committed(store, run_id, kind, options)
+            after = highest_verdict(store, run_id, kind, options, start_after=steps_after(run_id, kind, pointer.step))
+            return after or verdict
+    return highest_verdict(store, run_id, kind, options)

@@ -1,14 +1,15 @@
-"""Where things live in a store: the one module that knows every key Cairn reads or writes.
+"""Where things live in a store: the one module that knows every key Cairn reads or writes (but
+the store's own identity, kept by the store: ``cairn.stores.identity``).
 
 ::
 
     STORE/
-      .cairn/store-id.json                  the store's identity            (cairn.runs.ownership)
+      .cairn/store-id.json                  the store's identity            (cairn.stores.identity)
       .cairn/registry/RUN/ENTRY.json        published models                (cairn.effects.registry)
       RUN/owners/SEQ.json                   claims: the latest names the run's trainer (cairn.runs.ownership)
       RUN/pins/NAME.json                    named pins                      (cairn.checkpoint.retention)
       RUN/history/KEY/START-END-HASH.bin    history segments, shared by checkpoints (cairn.checkpoint.history)
-      RUN/lifecycle/SEQ.json                the run's lifecycle log: final-test exposures (cairn.runs.exposures)
+      RUN/lifecycle/SEQ.json                the run's lifecycle log: final-test exposures (cairn.checkpoint.exposures)
       RUN/.preflight-NONCE.{object,commit}  a write probe, deleted at once   (cairn.runs.preflight)
       RUN/KIND/STEP/manifest.json           a committed checkpoint: the commit marker
       RUN/KIND/STEP/NONCE/rankRRR-NNNN.bin  its shards, named per save attempt and rank
@@ -27,14 +28,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from cairn.stores.identity import RESERVED_PREFIX
 from cairn.stores.numbered import numbered_key
 
 __all__ = [
     "RUN_ID_PATTERN",
     "STEP_DIGITS",
     "MANIFEST_NAME",
-    "RESERVED_PREFIX",
-    "STORE_ID_KEY",
     "CheckpointKey",
     "run_prefix",
     "PROBE_MARK",
@@ -64,7 +64,6 @@ __all__ = [
     "LATEST_NAME",
     "latest_key",
     "steps_after",
-    "MAX_POINTER_BYTES",
     "MAX_PIN_BYTES",
     "history_segment_bytes",
 ]
@@ -72,17 +71,14 @@ __all__ = [
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 STEP_DIGITS = 12
 MANIFEST_NAME = "manifest.json"
-RESERVED_PREFIX = ".cairn/"
-STORE_ID_KEY = f"{RESERVED_PREFIX}store-id.json"
 _STEP = re.compile(rf"^[0-9]{{{STEP_DIGITS}}}$")
 _KIND = re.compile(r"^[a-z]+$")
 
 
-MAX_POINTER_BYTES = 4 << 10
-"""``latest.json`` and ``.cairn/store-id.json``: a step or an id and a few words (~100 bytes)."""
 MAX_PIN_BYTES = 4 << 10
 """``RUN/pins/NAME.json``: a kind and a step (~40 bytes)."""
-# Owner claims, lifecycle events, registry entries, the tier's record: ``cairn.stores.objects.MAX_RECORD_BYTES``.
+# ``latest.json`` and the store's identity: ``cairn.stores.objects.MAX_POINTER_BYTES``; owner claims, lifecycle
+# events, registry entries, the tier's record: ``cairn.stores.objects.MAX_RECORD_BYTES``.
 # The bounds of the other objects are the checkpoint's own: a manifest's is ``Limits.max_manifest_bytes``,
 # a rank index's and a history segment's the exact size the (checked) manifest declares for it.
 

@@ -174,7 +174,7 @@ def read_manifest(
     ``tensors`` and ``shards``); ``expand_index=False`` returns the checked root alone, for a
     reader that then reads only the indexes it needs (``cairn.checkpoint.index.expand``).
 
-    ``bounds``: the bounds sized by the run (``cairn.checkpoint.validate.run_bounds``: what its
+    ``bounds``: the bounds sized by the run (``cairn.trainers.validate.run_bounds``: what its
     trainer declares, under the ceiling), applied to the layout in place of ``options.limits``."""
     options = resolve_options(options)
     raw = manifest_bytes(store, ref, options.limits)

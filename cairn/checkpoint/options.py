@@ -6,8 +6,10 @@ signing key is configured, every commit is signed and every manifest read verifi
 signature — ``read_manifest``, ``load_training``, ``verify`` and the async saver alike.
 The edges build one: ``CheckpointOptions.from_env()`` reads the key from the environment
 (``CAIRN_SIGNING_KEY`` / ``CAIRN_SIGNING_KEY_FILE``) once per command, activity, session or rank,
-and the object is passed down. A library call given no options gets the configured ones
-(``resolve_options``, the one place that default is stated).
+and the object is passed down; the helpers below an edge take it, never None. An entry point a
+user calls (``save_training``, ``load_training``, ``TrainingSession``'s constructors,
+``latest_committed``) may be given none and gets the configured ones (``resolve_options``, the
+one place that default is stated).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Tensors as bytes: the dtypes a checkpoint may hold, zero-copy byte views, and checksums.
+"""Tensors as bytes: the dtypes a checkpoint may hold, what a tensor must be (``TensorSpec``),
+zero-copy byte views, and checksums.
 
 Tensors are raw C-order little-endian bytes. Each has a BLAKE3 checksum (``blake3:<hex>``),
 computed while its bytes stream out on save and while they stream in on load.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import ml_dtypes
@@ -22,6 +24,7 @@ from numpy.typing import DTypeLike
 from cairn.errors import IntegrityError, TensorSpecError
 
 __all__ = [
+    "TensorSpec",
     "ALLOWED_DTYPES",
     "BFLOAT16",
     "BFLOAT16_TAG",
@@ -54,6 +57,15 @@ MAX_DIM = 1 << 40
 MAX_ELEMENTS = 1 << 48
 """No tensor may have more elements than this — counting its non-zero dimensions, so a shape like
 ``[2**40, 2**40, 0]`` (0 elements, but past what numpy can index) is refused too."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What one state tensor must be: its dtype tag (``dtype_tag``: numpy's little-endian string
+    such as ``<f4``, or ``bfloat16``) and shape."""
+
+    dtype: str
+    shape: tuple[int, ...]
 
 
 def dtype_tag(dtype: DTypeLike) -> str:

@@ -47,9 +47,9 @@ from cairn.errors import (
     StorageError,
 )
 from cairn.faults import maybe_crash
-from cairn.runs.ownership import store_identity
 from cairn.stores import open_store
 from cairn.stores.base import Chunk, ObjectInfo, Store
+from cairn.stores.identity import store_identity
 from cairn.stores.local import LocalStore
 from cairn.stores.objects import read_record
 

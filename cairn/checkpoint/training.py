@@ -13,8 +13,8 @@ import numpy as np
 from cairn.checkpoint.content import HISTORY_PREFIX, CheckpointContent
 from cairn.checkpoint.manifest import CheckpointKind, HistoryRef, Manifest
 from cairn.config import TrainConfig
+from cairn.errors import InvariantError
 from cairn.state import TrainState
-from cairn.trainers.base import check_eval_history
 
 __all__ = [
     "HISTORY_PREFIX",
@@ -25,6 +25,7 @@ __all__ = [
     "training_tensors",
     "training_content",
     "training_state",
+    "check_eval_history",
 ]
 
 
@@ -88,3 +89,18 @@ def training_state(
         history=history,
         meta=copy.deepcopy(manifest.meta),
     )
+
+
+def check_eval_history(step: int, history: Mapping[str, list[float]]) -> None:
+    """Evaluation steps are whole numbers, strictly increasing, within (0, step]."""
+    steps = history.get("val_step", [])
+    prev = 0.0
+    for i, s in enumerate(steps):
+        if not (float(s).is_integer() and prev < s <= step):
+            raise InvariantError(
+                "evaluation steps must increase within (0, step]",
+                field=f"history.val_step[{i}]",
+                expected=f"an integer in ({prev:g}, {step}]",
+                found=s,
+            )
+        prev = s

@@ -5,6 +5,10 @@ elsewhere. So every effect carries a key derived from (workflow id, activity id)
 across retries and continue-as-new, never the attempt number or the run id — the service
 deduplicates on it, and its receipt is recorded in the run's journal, an object separate from
 training checkpoints with its own restore rule (append-only; never rolled back).
+
+Modules: ``keys`` (idempotency keys), ``client`` (the reservation service's client),
+``journal`` (intents, observations and decisions), ``registry`` (a checkpoint reference published
+by conditional write).
 """
 
 from cairn.effects.client import Reservation, ReservationClient

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from cairn.checkpoint.commit import write_checkpoint
 from cairn.checkpoint.content import CheckpointContent
-from cairn.checkpoint.manager import latest_committed
+from cairn.checkpoint.latest import latest_committed
 from cairn.checkpoint.manifest import CheckpointKind
 from cairn.checkpoint.reader import read_manifest
 from cairn.errors import CheckpointConflictError, StorageError

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serial
 from cairn.config import TrainConfig, config_error_from
 from cairn.distributed.reduce import ReductionOrder
 from cairn.jsonio import load_json_file
+from cairn.runs.outcome import SegmentOutcome
 
 __all__ = ["GangJob", "RankResult"]
 
@@ -58,17 +59,9 @@ class GangJob(_Boundary):
         return config.to_json()
 
 
-class RankResult(_Boundary):
+class RankResult(_Boundary, SegmentOutcome):
     """How a segment ended, the same on every rank (local rank 0 writes it)."""
 
-    step: int
-    cursor: int
-    checkpoint: str
-    fingerprint: str
-    loss: float | None
-    val_loss: float | None = None
-    val_accuracy: float | None = None
-    resumed_from_step: int
     interrupted: bool = False
     world_size: int
     reduction: ReductionOrder = "tree"

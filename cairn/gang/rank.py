@@ -19,15 +19,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cairn.checkpoint.manager import latest_committed
+from cairn.checkpoint.latest import latest_committed
 from cairn.checkpoint.options import CheckpointOptions
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.config import TrainConfig
 from cairn.distributed.checkpoint import agree, failure_of
 from cairn.distributed.comm import Comm, init_torch_comm
 from cairn.distributed.reduce import reduction_order, summing_in
-from cairn.errors import CairnError, ConfigError, InvariantError
+from cairn.errors import CairnError, ConfigError
 from cairn.gang.job import GangJob, RankResult
+from cairn.runs.restore import require_not_past
 from cairn.session import with_process_numerics
 from cairn.stores import open_store
 from cairn.trainers.base import DataParallelEngine
@@ -124,8 +125,7 @@ def _train(comm: Comm, job: GangJob, workdir: Path, local_rank: int) -> RankResu
     state = engine.state
     assert state is not None
     resumed = state.step
-    if resumed > target:
-        raise InvariantError(f"latest committed step {resumed} is past this segment's target {target}")
+    require_not_past(resumed, target)
     workdir.mkdir(parents=True, exist_ok=True)
     progress = workdir / "progress.json"
     stop_file = workdir / "stop"
@@ -144,7 +144,7 @@ def _train(comm: Comm, job: GangJob, workdir: Path, local_rank: int) -> RankResu
                 progress,
                 {
                     "step": state.step,
-                    "loss": state.history["loss"][-1] if state.history["loss"] else None,
+                    "loss": state.last("loss"),
                     **last,
                     **extra,
                 },
@@ -166,15 +166,10 @@ def _train(comm: Comm, job: GangJob, workdir: Path, local_rank: int) -> RankResu
         if stop:
             interrupted = True
             break
-    hist = state.history
-    return RankResult(
-        step=state.step,
-        cursor=state.cursor,
+    return RankResult.of(
+        state,
         checkpoint=last["checkpoint"],
         fingerprint=last["fingerprint"],
-        loss=hist["loss"][-1] if hist["loss"] else None,
-        val_loss=hist["val_loss"][-1] if hist.get("val_loss") else None,
-        val_accuracy=hist["val_accuracy"][-1] if hist.get("val_accuracy") else None,
         resumed_from_step=resumed,
         interrupted=interrupted,
         world_size=comm.world,

@@ -26,9 +26,9 @@ from cairn.checkpoint.manifest import Manifest
 from cairn.checkpoint.reader import check_shards_present, stream_logical
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.errors import ConfigError, TensorSpecError
+from cairn.interop.exchange import WeightExchange
 from cairn.interop.safetensors import INDEX_SUFFIX, header_bytes, plan_files
 from cairn.stores.base import Store
-from cairn.trainers.base import Trainer
 
 __all__ = ["DEFAULT_MAX_FILE_BYTES", "ExportResult", "export_checkpoint"]
 
@@ -57,7 +57,7 @@ def export_checkpoint(
     store: Store,
     ref: CheckpointRef,
     manifest: Manifest,
-    trainer: Trainer,
+    trainer: WeightExchange,
     out_dir: Path,
     *,
     weights_only: bool = False,

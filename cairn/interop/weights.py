@@ -19,8 +19,8 @@ import numpy as np
 
 from cairn.checkpoint.tensors import byte_view, dtype_from_tag, dtype_tag
 from cairn.errors import TensorSpecError
+from cairn.interop.exchange import WeightExchange
 from cairn.interop.safetensors import INDEX_SUFFIX, FileEntry, read_header, safetensors_files
-from cairn.trainers.base import Trainer
 
 __all__ = ["ImportedWeights", "content_hash", "read_weights"]
 
@@ -98,7 +98,7 @@ def _spec(dtype: str, shape: tuple[int, ...]) -> str:
     return f"{dtype}{list(shape)}"
 
 
-def read_weights(path: Path, trainer: Trainer, fresh: Mapping[str, np.ndarray]) -> ImportedWeights:
+def read_weights(path: Path, trainer: WeightExchange, fresh: Mapping[str, np.ndarray]) -> ImportedWeights:
     """The weights at ``path`` under their checkpoint names, checked against ``fresh`` (the
     model's step-0 state); see the module docstring."""
     files = safetensors_files(path)

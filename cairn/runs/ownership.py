@@ -6,7 +6,7 @@ Three rules keep a run on one store and one writer:
    directory, so a run would silently split its checkpoints over several directories. A run
    input names an absolute path or ``s3://bucket/prefix``; ``cairn run start`` resolves a
    relative path once, against the starter's working directory (``resolve_store_url``).
-2. **Every store has an identity**: a small object (``STORE_ID_KEY``) written on first use by
+2. **Every store has an identity** (``cairn.stores.identity``), written on first use by
    create-if-absent. A run records the identity it started on; an activity that opens a store
    with another identity (or none: another host's empty local directory) refuses with
    ``StoreIdentityError`` — several hosts need a shared (S3) store.
@@ -23,24 +23,22 @@ import json
 import logging
 import os
 import re
-import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from cairn.checkpoint.layout import MAX_POINTER_BYTES, STORE_ID_KEY, owner_key, owners_prefix
+from cairn.checkpoint.layout import owner_key, owners_prefix
 from cairn.errors import ConfigError, InvalidObjectError, ObjectNotFoundError, RunOwnershipError, StoreIdentityError
 from cairn.stores.base import Store
+from cairn.stores.identity import store_identity
 from cairn.stores.numbered import NumberedLog
-from cairn.stores.objects import read_json_object, read_record
+from cairn.stores.objects import read_record
 
 __all__ = [
-    "STORE_ID_KEY",
     "OwnerRecord",
     "store_url_problem",
     "resolve_store_url",
-    "store_identity",
     "require_store_identity",
     "owner_key",
     "read_owner",
@@ -85,29 +83,6 @@ def resolve_store_url(url: str, cwd: str | Path | None = None) -> str:
     if not path.is_absolute():
         path = Path(cwd or os.getcwd()) / path
     return str(path.resolve())
-
-
-def store_identity(store: Store, *, create: bool) -> str | None:
-    """The store's identity; with ``create``, written on first use (create-if-absent)."""
-    try:
-        return _read_identity(store)
-    except ObjectNotFoundError:
-        if not create:
-            return None
-    body = {"store_id": uuid.uuid4().hex, "created_at": _now()}
-    store.put_if_absent(STORE_ID_KEY, json.dumps(body).encode())
-    return _read_identity(store)  # whoever won the race
-
-
-def _read_identity(store: Store) -> str:
-    """The store's identity record, read bounded (``MAX_POINTER_BYTES``) and checked."""
-    body = read_json_object(
-        store, STORE_ID_KEY, max_bytes=MAX_POINTER_BYTES, what="store identity", error=StoreIdentityError
-    )
-    value = body.get("store_id")
-    if not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{32}", value):
-        raise StoreIdentityError(field=f"{store.url}/{STORE_ID_KEY}", expected="32 hex digits", found=value)
-    return value
 
 
 def require_store_identity(store: Store, expected: str | None) -> None:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import uuid
 
+from cairn.checkpoint.latest import latest_cursor
 from cairn.checkpoint.layout import PROBE_MARK, run_prefix
-from cairn.checkpoint.manager import latest_committed
-from cairn.checkpoint.reader import read_manifest
+from cairn.checkpoint.options import CheckpointOptions
 from cairn.checkpoint.validate import manifest_config
 from cairn.config import TrainConfig
 from cairn.errors import ConfigError, StorageError, StoreNotFoundError
@@ -42,14 +42,15 @@ def require_writable(store: Store, run_id: str) -> None:
         raise type(exc)(f"{where}: {exc}", field="store") from None
 
 
-def require_same_config(store: Store, run_id: str, config: TrainConfig) -> None:
+def require_same_config(store: Store, run_id: str, config: TrainConfig, options: CheckpointOptions) -> None:
     """Refuse to start ``run_id`` afresh with ``config`` when the store already holds checkpoints
     of that run id under another config: its commits would conflict with them (or interleave
     two runs under one id) only after the training they cost."""
-    latest = latest_committed(store, run_id)
-    if latest is None:
+    cursor = latest_cursor(store, run_id, options)
+    if cursor is None:
         return
-    found = manifest_config(read_manifest(store, latest, expect_kind=None, expand_index=False))
+    latest = cursor.ref
+    found = manifest_config(cursor.manifest)
     ours = normalized_config(config)
     same_trainer = found.trainer_path == ours.trainer_path  # only then is the found config's trainer ours to import
     if same_trainer and normalized_config(found).canonical_json() == ours.canonical_json():

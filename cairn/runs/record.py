@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from cairn.checkpoint import CheckpointKind, list_checkpoints, load_training, read_manifest
+from cairn.checkpoint import CheckpointKind, list_checkpoints, read_manifest
 from cairn.config import TrainConfig
 from cairn.errors import ConfigError
 from cairn.stores.base import Store
+from cairn.training import load_training
 
 __all__ = ["CommitPoint", "TimelineEvent", "SegmentAttempt", "RunRecord", "run_record"]
 

@@ -22,9 +22,8 @@ from __future__ import annotations
 import logging
 from typing import Literal
 
-from cairn.checkpoint.manager import latest_committed
+from cairn.checkpoint.latest import latest_cursor
 from cairn.checkpoint.options import CheckpointOptions
-from cairn.checkpoint.reader import read_manifest
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.tier import TieredStore
 from cairn.config import TrainConfig
@@ -40,7 +39,9 @@ log = logging.getLogger("cairn.tier")
 RestoreSource = Literal["local", "durable", "fresh"]
 
 
-def local_candidate(tiered: TieredStore, durable: Store, run_id: str) -> CheckpointRef | None:
+def local_candidate(
+    tiered: TieredStore, durable: Store, run_id: str, options: CheckpointOptions
+) -> CheckpointRef | None:
     """The local commit a segment of ``run_id`` may resume from (see the module), or None.
     A local commit at the durable latest's step with other content is discarded here."""
     if run_id in tiered.conflicts or not tiered.check_identity():
@@ -48,26 +49,24 @@ def local_candidate(tiered: TieredStore, durable: Store, run_id: str) -> Checkpo
     newest = tiered.newest(run_id)
     if newest is None:
         return None
-    latest = latest_committed(durable, run_id)
+    latest = latest_cursor(durable, run_id, options)
     if latest is None and tiered.identity is None:
         return None  # nothing durable, and nothing ties the local copy to this store
-    if latest is not None and newest.ref.step < latest.step:
+    if latest is not None and newest.ref.step < latest.ref.step:
         return None
-    if latest is not None and newest.ref.step == latest.step:
-        found = read_manifest(durable, latest, expect_kind=None, expand_index=False).fingerprint
-        if found != newest.fingerprint:
-            tiered.discard(newest.ref, f"another checkpoint than the durable commit ({found[:19]})")
-            return None
+    if latest is not None and newest.ref.step == latest.ref.step and latest.fingerprint != newest.fingerprint:
+        tiered.discard(newest.ref, f"another checkpoint than the durable commit ({latest.fingerprint[:19]})")
+        return None
     return newest.ref
 
 
 def resume_tiered(
-    run_id: str, tiered: TieredStore, durable: Store, config: TrainConfig, *, options: CheckpointOptions | None = None
+    run_id: str, tiered: TieredStore, durable: Store, config: TrainConfig, *, options: CheckpointOptions
 ) -> tuple[TrainingSession, RestoreSource]:
     """The run's session, restored under the rules above, writing through ``tiered``; and
     where its state came from."""
     tiered.require_no_conflict(run_id)
-    candidate = local_candidate(tiered, durable, run_id)
+    candidate = local_candidate(tiered, durable, run_id, options)
     if candidate is not None:
         trainer = load_trainer(config)
         session = TrainingSession(run_id, tiered, trainer.init_state(), trainer, options=options)

@@ -3,17 +3,36 @@
 - a path or ``file://`` URL: ``LocalStore`` (the embedded default)
 - ``s3://bucket/prefix``: ``S3Store`` (any S3-compatible server)
 - ``memory://name``: ``MemoryStore`` (tests)
+
+Modules: ``base`` (the storage interface), ``local`` (local disk), ``s3`` (S3-compatible
+servers), ``s3_retry`` (its retries and in-flight bound), ``memory`` (the in-memory test double),
+``numbered`` (the create-if-absent numbered log), ``objects`` (small JSON objects read under
+their bound), ``identity`` (the store's identity).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cairn.stores.base import ObjectInfo, Store
+from cairn.stores.base import Chunk, ObjectInfo, Store
+from cairn.stores.identity import store_identity
 from cairn.stores.local import LocalStore
 from cairn.stores.memory import MemoryStore
 
-__all__ = ["Store", "ObjectInfo", "LocalStore", "MemoryStore", "open_store"]
+if TYPE_CHECKING:
+    from cairn.stores.s3 import S3Store
+
+__all__ = ["Chunk", "LocalStore", "MemoryStore", "ObjectInfo", "S3Store", "Store", "open_store", "store_identity"]
+
+
+def __getattr__(name: str) -> Any:
+    """``S3Store`` on first use: boto3 is imported only by those who use S3."""
+    if name == "S3Store":
+        from cairn.stores.s3 import S3Store
+
+        return S3Store
+    raise AttributeError(f"module 'cairn.stores' has no attribute {name!r}")
+
 
 _MEMORY: dict[str, MemoryStore] = {}
 

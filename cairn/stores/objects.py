@@ -16,10 +16,12 @@ from cairn.errors import CairnError, InvalidObjectError, SizeLimitError
 from cairn.jsonio import JsonLimits, parse_json
 from cairn.stores.base import Store
 
-__all__ = ["read_json_object", "read_record", "RECORD_DEPTH", "MAX_RECORD_BYTES"]
+__all__ = ["read_json_object", "read_record", "RECORD_DEPTH", "MAX_POINTER_BYTES", "MAX_RECORD_BYTES"]
 
 RECORD_DEPTH = 8
 """Nesting of every record Cairn writes is at most 3; anything deeper is not one of them."""
+MAX_POINTER_BYTES = 4 << 10
+"""``latest.json`` and ``.cairn/store-id.json``: a step or an id and a few words (~100 bytes)."""
 MAX_RECORD_BYTES = 64 << 10
 """An owner claim, a lifecycle event, a registry entry, a tier's record: a few short fields."""
 

@@ -1,5 +1,5 @@
-"""The trainer interface: what the durable machinery needs from any trainer (``Trainer``), the
-tensor specs an import is checked against, and the one way a gang reaches a trainer
+"""The trainer interface: what the durable machinery needs from any trainer (``Trainer``, whose
+``tensor_specs`` an import is checked against), and the one way a gang reaches a trainer
 (``DataParallelEngine``, built by ``Trainer.data_parallel``). Contract: README, "Bring your own
 model"."""
 
@@ -10,13 +10,13 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import ml_dtypes
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from cairn.checkpoint.tensors import TensorSpec
 from cairn.config import TrainConfig
 from cairn.errors import ConfigError, InvariantError, NonFiniteError
 from cairn.state import HISTORY_KEYS, Lineage, StepCallback, TrainState
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from cairn.stores.base import Store
 
 __all__ = [
-    "TensorSpec",
     "Trainer",
     "DataParallelEngine",
     "NoOptions",
@@ -39,7 +38,6 @@ __all__ = [
     "EVAL_HISTORY",
     "model_hash",
     "check_finite",
-    "check_eval_history",
     "ON_HOST",
 ]
 
@@ -53,15 +51,6 @@ STEP_HISTORY = HISTORY_KEYS
 EVAL_HISTORY = ("val_step", "val_loss", "val_accuracy")
 """History kept per evaluation on the validation split (at each epoch end) by the built-in MLP;
 another trainer keeps ``val_step``, ``val_loss`` and one ``val_<name>`` per ``eval_metrics``."""
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """What one state tensor must be: its dtype tag (``cairn.checkpoint.tensors.dtype_tag``:
-    numpy's little-endian string such as ``<f4``, or ``bfloat16``) and shape."""
-
-    dtype: str
-    shape: tuple[int, ...]
 
 
 class NoOptions(BaseModel):
@@ -264,18 +253,3 @@ def check_finite(name: str, values: np.ndarray) -> None:
         raise NonFiniteError(
             "tensor holds NaN or infinity", field=f"tensors[{name}]", expected="finite", found=f"{bad} non-finite"
         )
-
-
-def check_eval_history(step: int, history: Mapping[str, list[float]]) -> None:
-    """Evaluation steps are whole numbers, strictly increasing, within (0, step]."""
-    steps = history.get("val_step", [])
-    prev = 0.0
-    for i, s in enumerate(steps):
-        if not (float(s).is_integer() and prev < s <= step):
-            raise InvariantError(
-                "evaluation steps must increase within (0, step]",
-                field=f"history.val_step[{i}]",
-                expected=f"an integer in ({prev:g}, {step}]",
-                found=s,
-            )
-        prev = s

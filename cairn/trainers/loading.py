@@ -42,6 +42,7 @@ __all__ = [
     "normalized_config",
     "require_trusted",
     "trainer_for_checkpoint",
+    "trainer_options_model",
 ]
 
 TRUSTED_TRAINERS_ENV = "CAIRN_TRAINERS"
@@ -106,6 +107,13 @@ def load_trainer(config: TrainConfig, *, on_host: bool = False) -> Trainer:
         return factory(normalized, options)
     finally:
         ON_HOST.reset(token)
+
+
+def trainer_options_model(path: str) -> type[BaseModel]:
+    """The options model of the trainer at ``path`` (``module:Class``), imported (not built)."""
+    if ":" not in path:
+        raise ConfigError("--trainer", expected="module:Class (e.g. cairn.trainers.pytorch:TorchTrainer)", found=path)
+    return _import_factory(path).Options
 
 
 def check_trainer_options(config: TrainConfig) -> bool:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cairn.checkpoint import CheckpointRef, load_training, read_manifest
+from cairn.checkpoint import CheckpointRef, read_manifest
 from cairn.checkpoint.compare import compare_states
 from cairn.checkpoint.manifest import CheckpointKind
 from cairn.config import parse_config
@@ -23,6 +23,7 @@ from cairn.interop.export import export_checkpoint
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore
 from cairn.trainers.loading import load_trainer
+from cairn.training import load_training
 from tests.conftest import digits_config, digits_dp_config, hf_config, seed_fixture
 
 pytestmark = [

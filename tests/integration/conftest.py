@@ -19,15 +19,16 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowHandle
 
-from activities.models import TrainingRunInput
+from activities.inputs import TrainingRunInput
 from activities.views import RunSummary
-from cairn.checkpoint import CheckpointRef, latest_committed, load_training
+from cairn.checkpoint import CheckpointRef, latest_committed
 from cairn.checkpoint.compare import compare_states
 from cairn.config import TrainConfig
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore, MemoryStore
 from cairn.stores.base import Store
 from cairn.stores.s3 import S3Store
+from cairn.training import load_training
 from tests.conftest import REPO, digits_config, small_config
 from workers.client import connect
 from workers.stack.servers import ServerProcess, free_port, seaweedfs_command, wait_for_http

@@ -9,10 +9,11 @@ import pytest
 from temporalio.client import Client
 
 from activities.views import RunSummary
-from cairn.checkpoint import CheckpointKind, CheckpointRef, list_checkpoints, load_training, read_manifest
+from cairn.checkpoint import CheckpointKind, CheckpointRef, list_checkpoints, read_manifest
 from cairn.checkpoint.compare import compare_states
-from cairn.interval import IntervalChoice, daly_seconds
+from cairn.checkpoint_interval import IntervalChoice, daly_seconds
 from cairn.stores import LocalStore
+from cairn.training import load_training
 from tests.integration.conftest import assert_matches_reference, reference, run_input
 from workers.reports.timeline import run_history
 from workers.worker import serving

@@ -29,9 +29,9 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 
-from activities.models import TrainingRunInput
+from activities.inputs import TrainingRunInput
 from activities.views import RunSummary
-from cairn.checkpoint import latest_committed, list_checkpoints, load_training
+from cairn.checkpoint import latest_committed, list_checkpoints
 from cairn.checkpoint.reader import read_manifest
 from cairn.config import TrainConfig
 from cairn.distributed.comm import SoloComm
@@ -41,6 +41,7 @@ from cairn.gang.launch import Gang, GangSpec, gang_processes
 from cairn.gang.rank import run_rank
 from cairn.stores import open_store
 from cairn.stores.base import Store
+from cairn.training import load_training
 from tests.conftest import REPO, dist_config
 from tests.integration.conftest import S3Server, TemporalServer, start_worker_process, wait_progress
 from workers.reports.timeline import run_events

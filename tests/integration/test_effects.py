@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowFailureError
 
-from activities.models import TrainingRunInput
+from activities.inputs import TrainingRunInput
 from activities.views import RunSummary
 from cairn import errors as E
 from cairn.effects import ReservationClient, load_journal, published_entries

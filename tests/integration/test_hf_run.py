@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from cairn.checkpoint import CheckpointRef, load_training
+from cairn.checkpoint import CheckpointRef
 from cairn.checkpoint.compare import compare_states
 from cairn.stores import LocalStore
+from cairn.training import load_training
 from tests.conftest import hf_config
 from tests.integration.conftest import TemporalServer, killed_mid_epoch
 from workers.cli.main import main

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from cairn.checkpoint import CheckpointRef, load_training
+from cairn.checkpoint import CheckpointRef
 from cairn.checkpoint.compare import compare_states
 from cairn.checkpoint.manifest import CheckpointKind
 from cairn.config import parse_config
@@ -19,6 +19,7 @@ from cairn.gang.launch import Gang, GangSpec
 from cairn.gang.rank import run_rank
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore
+from cairn.training import load_training
 from tests.integration.conftest import TemporalServer, killed_mid_epoch
 from tests.unit.trainers.pytorch.test_models import lm_config
 

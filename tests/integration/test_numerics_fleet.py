@@ -21,9 +21,10 @@ from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import Client, WorkflowHandle
 
 from activities.views import RunSummary
-from cairn.checkpoint import latest_committed, load_training
+from cairn.checkpoint import latest_committed
 from cairn.numerics import PROFILES
 from cairn.stores import LocalStore
+from cairn.training import load_training
 from tests.conftest import REPO
 from tests.integration.conftest import TemporalServer, run_input, start_worker_process
 from workers.cli.temporal import segment_view

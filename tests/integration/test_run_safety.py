@@ -15,8 +15,9 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 
 from activities.views import RunSummary
 from cairn.checkpoint import latest_committed
-from cairn.runs.ownership import STORE_ID_KEY, read_owner
+from cairn.runs.ownership import read_owner
 from cairn.stores import LocalStore
+from cairn.stores.identity import STORE_ID_KEY
 from tests.integration.conftest import (
     S3Server,
     TemporalServer,

@@ -21,10 +21,12 @@ import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from cairn.checkpoint import CheckpointRef, load_training
-from cairn.checkpoint.manager import latest_committed
-from cairn.runs.ownership import claim_run, store_identity
+from cairn.checkpoint import CheckpointRef
+from cairn.checkpoint.latest import latest_committed
+from cairn.runs.ownership import claim_run
 from cairn.stores import LocalStore
+from cairn.stores.identity import store_identity
+from cairn.training import load_training
 from tests.conftest import REPO
 from tests.integration.conftest import TemporalServer, cairn
 from workers.cli.temporal import start_input

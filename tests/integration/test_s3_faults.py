@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 from cairn import errors as E
-from cairn.checkpoint import latest_committed, load_training
+from cairn.checkpoint import latest_committed
 from cairn.checkpoint.compare import compare_states
 from cairn.config import TrainConfig
 from cairn.session import TrainingSession
 from cairn.stores.s3 import S3Store
+from cairn.training import load_training
 from tests.integration.conftest import S3Server
 from workers.drills.faultproxy import FaultPolicy, FaultProxy
 

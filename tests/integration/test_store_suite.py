@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 
 from cairn import errors as E
-from cairn.checkpoint import CheckpointKind, latest_committed, list_checkpoints, load_training, save_training
-from cairn.checkpoint.async_save import AsyncCheckpointer
+from cairn.checkpoint import CheckpointKind, CheckpointOptions, latest_committed, list_checkpoints
 from cairn.checkpoint.compare import compare_states
 from cairn.checkpoint.retention import RetentionPolicy, collect_garbage, pin, plan_gc
 from cairn.config import TrainConfig
 from cairn.session import TrainingSession
 from cairn.stores.base import Store
+from cairn.training import load_training, save_training
+from cairn.training.async_save import AsyncCheckpointer
 from tests.conftest import small_config
 
 pytestmark = pytest.mark.integration
@@ -194,7 +195,7 @@ def test_async_save_snapshots_before_returning(any_store: Store, config: TrainCo
     session = TrainingSession.fresh("async", any_store, config)
     session.run(5, checkpoint_at_end=False)
     expected = session.state.copy()
-    saver = AsyncCheckpointer(any_store, "async")
+    saver = AsyncCheckpointer(any_store, "async", options=CheckpointOptions.from_env())
     handle = saver.save_async(session.state)
     # The trainer mutates its arrays right after the call...
     for arr in [*session.state.params.values(), *session.state.m.values()]:
@@ -211,7 +212,7 @@ def test_failed_async_save_is_reported_and_never_advances_latest(any_store: Stor
     session = TrainingSession.fresh("afail", any_store, config)
     session.run(2)
     session.run(2, checkpoint_at_end=False)
-    saver = AsyncCheckpointer(_Faulty(any_store, "write_object"), "afail")  # type: ignore[arg-type]
+    saver = AsyncCheckpointer(_Faulty(any_store, "write_object"), "afail", options=CheckpointOptions.from_env())  # type: ignore[arg-type]
     handle = saver.save_async(session.state)
     with pytest.raises(E.StorageError):
         handle.result(timeout=60)

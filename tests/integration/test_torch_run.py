@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client, WorkflowFailureError
 
-from activities.models import TrainingRunInput
+from activities.inputs import TrainingRunInput
 from activities.views import RunSummary
-from cairn.checkpoint import CheckpointRef, load_training
+from cairn.checkpoint import CheckpointRef
 from cairn.checkpoint.compare import compare_states
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore, MemoryStore
+from cairn.training import load_training
 from tests.conftest import digits_config
 from tests.integration.conftest import (
     TemporalServer,

@@ -19,12 +19,13 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from temporalio.worker import Replayer
 
 from activities.converter import DATA_CONVERTER
-from activities.models import TrainingRunInput
+from activities.inputs import TrainingRunInput
 from activities.views import RunSummary
-from cairn.checkpoint import latest_committed, list_checkpoints, load_training
+from cairn.checkpoint import latest_committed, list_checkpoints
 from cairn.checkpoint.compare import compare_states
 from cairn.config import TrainConfig
 from cairn.stores import LocalStore
+from cairn.training import load_training
 from tests.conftest import REPO
 from tests.integration.conftest import (
     TemporalServer,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from activities.models import TrainingRunInput
+from activities.inputs import TrainingRunInput
 from activities.views import RunSummary
 from tests.conftest import REPO
 from tests.integration.conftest import S3Server, TemporalServer, cli

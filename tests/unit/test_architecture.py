@@ -1,9 +1,11 @@
-"""House rules that reviewers would otherwise have to remember: the layering, no import cycles
-(an import inside a function counts), small modules, nothing that unpickles."""
+"""House rules that reviewers would otherwise have to remember: the layering (the app layers over
+``cairn``, and ``cairn``'s own layers, ``LAYERS``), no import cycles (an import inside a function
+counts), package docstrings that list their modules, small modules, nothing that unpickles."""
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +16,21 @@ from tests.conftest import REPO
 PACKAGES = ("cairn", "activities", "workflows", "workers")
 MAX_MODULE_LINES = 450
 """A product module past this holds more than one concern: split it along its seams."""
+LAYERS = (
+    ("errors",),
+    ("faults", "jsonio", "numerics", "sampler", "corpus", "checkpoint_interval"),
+    ("config", "config_files", "state", "data"),
+    ("stores",),
+    ("checkpoint",),
+    ("distributed", "effects", "interop"),
+    ("trainers",),
+    ("training",),
+    ("session", "models"),
+    ("runs", "gang"),
+)
+"""``cairn``'s packages and top-level modules, lowest layer first (the table in ``cairn``'s
+docstring): each imports only from its own layer or a lower one. ``cairn`` itself (its lazy
+public names) is above them all."""
 
 
 def _modules(packages: tuple[str, ...] = PACKAGES, root: Path = REPO) -> dict[str, Path]:
@@ -27,14 +44,19 @@ def _modules(packages: tuple[str, ...] = PACKAGES, root: Path = REPO) -> dict[st
     return out
 
 
-def _runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
-    """Every node that can run: ``if TYPE_CHECKING:`` blocks (annotations only) are left out."""
+def _runtime_nodes(tree: ast.AST, *, type_checking: bool = False) -> Iterator[ast.AST]:
+    """Every node that can run: ``if TYPE_CHECKING:`` blocks (annotations only) are left out,
+    unless ``type_checking``."""
     stack = [tree]
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.If) and (
-            (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
-            or (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING")
+        if (
+            not type_checking
+            and isinstance(node, ast.If)
+            and (
+                (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+                or (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING")
+            )
         ):
             stack.extend(node.orelse)
             continue
@@ -42,8 +64,9 @@ def _runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
         stack.extend(ast.iter_child_nodes(node))
 
 
-def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
-    """Module -> the project modules it imports, at module level or inside functions alike."""
+def import_graph(modules: dict[str, Path], *, type_checking: bool = False) -> dict[str, set[str]]:
+    """Module -> the project modules it imports, at module level or inside functions alike (and,
+    with ``type_checking``, under ``if TYPE_CHECKING:`` too)."""
 
     def resolve(name: str) -> str | None:
         while name and name not in modules:
@@ -54,7 +77,8 @@ def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         edges: set[str] = set()
-        for node in _runtime_nodes(ast.parse(path.read_text(), filename=str(path))):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in _runtime_nodes(tree, type_checking=type_checking):
             if isinstance(node, ast.Import):
                 edges.update(t for a in node.names if (t := resolve(a.name)))
             elif isinstance(node, ast.ImportFrom):
@@ -133,6 +157,103 @@ def test_the_cycle_check_sees_a_cycle_hidden_in_a_function(tmp_path: Path) -> No
     graph = import_graph(_modules(("pkg",), tmp_path))
     assert import_cycles(graph) == [["pkg.a", "pkg.b"]]
     assert graph["pkg.c"] == set()  # annotations only: never imported at run time
+
+
+def test_no_import_cycles_even_through_type_checking_imports() -> None:
+    """Annotations count too: a module whose types need a higher one types against a protocol."""
+    assert import_cycles(import_graph(_modules(), type_checking=True)) == []
+
+
+def test_the_strict_cycle_check_sees_a_cycle_through_type_checking(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "a.py").write_text("from pkg.b import g\n")
+    (tmp_path / "pkg" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import f\ndef g(): ...\n"
+    )
+    modules = _modules(("pkg",), tmp_path)
+    assert import_cycles(import_graph(modules)) == []
+    assert import_cycles(import_graph(modules, type_checking=True)) == [["pkg.a", "pkg.b"]]
+
+
+def layer_violations(graph: dict[str, set[str]], root: str, layers: tuple[tuple[str, ...], ...]) -> list[str]:
+    """``A -> B`` for every import of ``root``'s modules that reaches a higher layer than the
+    importer's (a module is in the layer of ``root``'s package or module it belongs to; ``root``
+    itself is above every layer)."""
+    layer = {name: i for i, names in enumerate(layers) for name in names}
+
+    def of(module: str) -> int:
+        parts = module.split(".")
+        return len(layers) if len(parts) == 1 else layer[parts[1]]
+
+    return sorted(
+        f"{source} -> {target}"
+        for source, targets in graph.items()
+        if source.split(".")[0] == root
+        for target in targets
+        if target.split(".")[0] == root and of(target) > of(source)
+    )
+
+
+def _children(package: Path) -> set[str]:
+    """A package's modules and subpackages, by name."""
+    modules = {p.stem for p in package.glob("*.py") if p.name != "__init__.py"}
+    return modules | {p.name for p in package.iterdir() if (p / "__init__.py").is_file()}
+
+
+def test_every_part_of_cairn_has_one_layer() -> None:
+    names = [name for names in LAYERS for name in names]
+    assert len(names) == len(set(names))
+    assert set(names) == _children(REPO / "cairn")
+
+
+def test_cairn_imports_only_from_its_own_layer_or_lower() -> None:
+    """Function-level imports count; annotations (``if TYPE_CHECKING:``) do not."""
+    assert layer_violations(import_graph(_modules(("cairn",))), "cairn", LAYERS) == []
+
+
+def test_cairns_annotations_respect_the_layers_too() -> None:
+    """A lower layer never imports a higher one, not even under ``TYPE_CHECKING``: it types against
+    a protocol of its own (``cairn.interop.exchange``)."""
+    assert layer_violations(import_graph(_modules(("cairn",)), type_checking=True), "cairn", LAYERS) == []
+
+
+def test_the_layer_check_sees_an_upward_import_hidden_in_a_function(tmp_path: Path) -> None:
+    (tmp_path / "pkg" / "low").mkdir(parents=True)
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "low" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "low" / "part.py").write_text("def f():\n    from pkg.high import g\n")
+    (tmp_path / "pkg" / "high.py").write_text("from pkg.low.part import f\ndef g(): ...\n")
+    (tmp_path / "pkg" / "typed.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.high import g\n"
+    )
+    graph = import_graph(_modules(("pkg",), tmp_path))
+    assert layer_violations(graph, "pkg", (("low", "typed"), ("high",))) == ["pkg.low.part -> pkg.high"]
+    assert layer_violations(graph, "pkg", (("low",), ("high", "typed"))) == ["pkg.low.part -> pkg.high"]
+
+
+def _docstring(package: Path) -> str:
+    return ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+
+
+def test_cairns_docstring_holds_the_layer_table() -> None:
+    rows = re.findall(r"^ {4}(\d+)  ([a-z_]+(?:, [a-z_]+)*)(?: {2,}.*)?$", _docstring(REPO / "cairn"), re.M)
+    assert [(int(n), tuple(names.split(", "))) for n, names in rows] == list(enumerate(LAYERS))
+
+
+def _listed_modules(docstring: str) -> set[str] | None:
+    """The ``name``s of a package docstring's paragraph that starts ``Modules:`` (None: no such paragraph)."""
+    paragraph = next((p for p in docstring.split("\n\n") if p.startswith("Modules:")), None)
+    return None if paragraph is None else set(re.findall(r"``([a-z_][a-z0-9_]*)``", paragraph))
+
+
+@pytest.mark.parametrize(
+    "package", sorted(str(p.parent.relative_to(REPO)) for p in (REPO / "cairn").glob("*/**/__init__.py"))
+)
+def test_a_package_docstring_lists_exactly_its_modules(package: str) -> None:
+    """Every package of ``cairn`` says what its modules own in a ``Modules:`` paragraph: each
+    module there exists, and each module is there."""
+    assert _listed_modules(_docstring(REPO / package)) == _children(REPO / package)
 
 
 @pytest.mark.parametrize("package", PACKAGES)

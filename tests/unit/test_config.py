@@ -89,7 +89,7 @@ def test_unknown_field_without_a_close_name_gets_no_guess() -> None:
 
 
 def test_run_input_typos_suggest_the_field_at_their_location() -> None:
-    from activities.models import TrainingRunInput
+    from activities.inputs import TrainingRunInput
     from tests.conftest import REPO
 
     base = json.loads((REPO / "examples" / "run.json").read_text())

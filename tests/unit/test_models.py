@@ -13,9 +13,10 @@ import pytest
 
 import cairn
 from cairn import errors as E
-from cairn.checkpoint import load_training, read_manifest
+from cairn.checkpoint import read_manifest
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore
+from cairn.training import load_training
 from tests.conftest import digits_config, hf_config, small_config
 from tests.user_trainer import UserModel, installed_user_model
 

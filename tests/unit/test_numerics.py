@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cairn import errors as E
-from cairn.checkpoint import CheckpointRef, latest_committed, list_checkpoints, load_training
+from cairn.checkpoint import CheckpointRef, latest_committed, list_checkpoints
 from cairn.numerics import (
     DEFAULT_PROFILE,
     ENV,
@@ -26,6 +26,7 @@ from cairn.numerics import (
 )
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore
+from cairn.training import load_training
 from tests.conftest import REPO
 from workers.cli.main import main
 

@@ -9,12 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cairn.checkpoint import latest_committed, load_training
+from cairn.checkpoint import latest_committed
 from cairn.checkpoint.compare import compare_states
 from cairn.config import TrainConfig
 from cairn.data import load_dataset
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore
+from cairn.training import load_training
 from tests.conftest import small_config
 
 

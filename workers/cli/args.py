@@ -22,6 +22,7 @@ __all__ = [
     "Common",
     "UsageError",
     "add_numerics_arg",
+    "add_set_arg",
     "common_options",
     "count",
     "global_options",
@@ -127,4 +128,16 @@ def add_numerics_arg(p: argparse.ArgumentParser, what: str = "computes") -> None
         metavar="PROFILE",
         help=f"numerics profile this process {what} under: {', '.join(NAMES)} (env {ENV}; default "
         f"{DEFAULT_PROFILE}): the same profile gives the same bits on any machine that can run it",
+    )
+
+
+def add_set_arg(p: argparse.ArgumentParser, what: str) -> None:
+    """``--set a.b.c=VALUE`` (repeatable): one field of ``what`` overridden (``cairn.config_files``)."""
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help=f"override one field of {what} (repeatable; a.b.c=VALUE, VALUE typed by the field: "
+        "checkpoint.every=10, config.optimizer.lr=3e-4)",
     )

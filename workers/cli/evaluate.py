@@ -8,10 +8,10 @@ import sys
 from typing import Any
 
 from cairn.checkpoint import CheckpointRef
+from cairn.checkpoint.exposures import record_test_exposure
 from cairn.config import load_config
 from cairn.errors import ConfigError
 from cairn.models import load_checkpoint
-from cairn.runs.exposures import record_test_exposure
 from cairn.stores import open_store
 from workers.cli.args import Common, add_numerics_arg
 from workers.cli.output import emit

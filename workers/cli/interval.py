@@ -1,4 +1,4 @@
-"""``cairn plan-interval``: checkpoint interval advice (Young/Daly, ``cairn.interval``) from
+"""``cairn plan-interval``: checkpoint interval advice (Young/Daly, ``cairn.checkpoint_interval``) from
 measurements in a drill's report, in a run's store, or given as flags."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import argparse
 import statistics
 from typing import Any
 
+from cairn.checkpoint_interval import advise
 from cairn.config import load_config
 from cairn.errors import ConfigError
-from cairn.interval import advise
 from cairn.jsonio import load_json_file
 from cairn.runs.record import run_record
 from workers.cli.args import Common, count, store_arg

@@ -25,7 +25,7 @@ import argcomplete
 
 from cairn.errors import CairnError, CommandInterrupted
 from cairn.numerics import enter_profile
-from workers.cli import ckpt, drill, evaluate, interval, report, run, train, worker
+from workers.cli import ckpt, drill, evaluate, interval, report, run, schema, train, worker
 from workers.cli.args import CairnArgumentParser, Common, UsageError, common_options, global_options
 from workers.cli.output import CommandFailed, json_stdout, report_error, report_usage_error
 from workers.stack import devstack
@@ -50,6 +50,7 @@ COMMANDS: dict[str, CommandGroup] = {
     "dev": devstack,
     "drill": drill,
     "plan-interval": interval,
+    "schema": schema,
 }
 """Each top-level command and the module that registers it, in the order ``cairn --help`` lists them."""
 

@@ -12,14 +12,14 @@ from typing import Any
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 
-from activities.models import DEFAULT_TASK_QUEUE, WORKFLOW_TYPE
+from activities.inputs import DEFAULT_TASK_QUEUE, WORKFLOW_TYPE
 from cairn.config import TrainConfig, load_config, parse_config
 from cairn.effects import load_journal
 from cairn.errors import ConfigError
 from cairn.numerics import DEFAULT_PROFILE, NAMES
 from cairn.runs.record import run_record
 from cairn.stores import open_store
-from workers.cli.args import Common
+from workers.cli.args import Common, add_set_arg
 from workers.cli.output import emit, report_dir
 from workers.cli.run_start import load_start_input, start
 from workers.cli.run_status import status, stopped_watching, watch
@@ -56,7 +56,8 @@ def register(sub: Any, common: Common) -> None:
     p = leaf("list", "list runs: status, start time, current step", _list)
     p.add_argument("--limit", type=int, default=50, help="at most this many (newest first)")
     p = leaf("start", "start a run from a run file (see examples/run.json)", start, load_start_input)
-    p.add_argument("run_file", metavar="RUN.json")
+    p.add_argument("run_file", metavar="RUN.json", help="the run file: JSON, YAML or TOML by extension")
+    add_set_arg(p, "the run file")
     p.add_argument("--wait", action="store_true", help="wait for the result and print it")
     p.add_argument("--workflow-id", help="default: the run_id")
     p.add_argument("--task-queue", default=DEFAULT_TASK_QUEUE)

@@ -23,7 +23,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.models import WORKFLOW_TYPE, TrainingRunInput
+from activities.inputs import WORKFLOW_TYPE, TrainingRunInput
 from activities.views import RunSummary
 from cairn.errors import RunOwnershipError, TemporalRefusedError
 from cairn.runs.ownership import OwnerRecord, read_owner
@@ -48,7 +48,8 @@ def load_start_input(args: argparse.Namespace) -> None:
         overrides.update(total_steps=args.total_steps, total_epochs=None)
     if args.run_numerics is not None:
         overrides["numerics"] = args.run_numerics
-    args.run_input = load_run_input(args.run_file, overrides=overrides)  # bad input: exit 2 even with Temporal down
+    # bad input: exit 2 even with Temporal down
+    args.run_input = load_run_input(args.run_file, overrides=overrides, sets=args.set)
 
 
 async def _owner(inp: TrainingRunInput) -> OwnerRecord | None:

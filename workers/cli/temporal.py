@@ -24,7 +24,7 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.models import OWN_QUEUE_MARK
+from activities.inputs import OWN_QUEUE_MARK
 from activities.views import RunProgress, RunSummary
 from cairn.errors import TemporalRefusedError, TemporalUnavailableError
 from workers.cli.output import emit

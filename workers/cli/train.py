@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cairn.checkpoint import CheckpointRef, latest_committed, read_manifest
+from cairn.checkpoint import CheckpointOptions, CheckpointRef, latest_committed, read_manifest
 from cairn.checkpoint.validate import manifest_config
 from cairn.config import TrainConfig, load_config, parse_config
 from cairn.errors import CommandInterrupted, ConfigError
@@ -28,7 +28,7 @@ from cairn.session import MAX_STEPS, TrainingSession, default_run_id
 from cairn.stores.base import Store
 from cairn.trainers.base import Trainer
 from cairn.trainers.loading import load_trainer, normalized_config, require_trusted
-from workers.cli.args import Common, add_numerics_arg, count, run_id_arg, store_arg
+from workers.cli.args import Common, add_numerics_arg, add_set_arg, count, run_id_arg, store_arg
 from workers.cli.output import emit
 
 __all__ = ["DEFAULT_MAX_INTERVAL", "cmd_train", "default_checkpoint_every", "register"]
@@ -46,7 +46,8 @@ def default_checkpoint_every(trainer: Trainer) -> int:
 def register(sub: Any, common: Common) -> None:
     p = sub.add_parser("train", help="train in-process, checkpointing to a store")
     common(p)
-    p.add_argument("--config", help="trainer config JSON (see examples/config.json)")
+    p.add_argument("--config", help="trainer config: JSON, YAML or TOML by extension (see examples/config.json)")
+    add_set_arg(p, "the config")
     p.add_argument(
         "--steps",
         type=count,
@@ -95,7 +96,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError("--checkpoint-every", expected="> 0", found=args.checkpoint_every)
     run_id_arg(args.run_id, "--run-id")
     store = store_arg(args.store, must_exist=False)
-    config = load_config(args.config) if args.config else None
+    if args.set and not args.config:
+        raise ConfigError("--set", expected="--config FILE to apply it to", found=" ".join(args.set))
+    config = load_config(args.config, args.set) if args.config else None
     if args.trainer is not None:
         config = _with_trainer(config, args.trainer)
     if args.world_size is not None:
@@ -120,8 +123,9 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise ConfigError("--weights-only only makes sense with --resume")
         run_id = args.run_id if args.run_id is not None else default_run_id(normalized_config(config))
         require_writable(store, run_id)
-        require_same_config(store, run_id, config)
-        session = TrainingSession.fresh(run_id, store, config)
+        options = CheckpointOptions.from_env()  # the command's edge: read once, for the check and the session
+        require_same_config(store, run_id, config, options)
+        session = TrainingSession.fresh(run_id, store, config, options=options)
     start = session.state.step
     every = args.checkpoint_every or default_checkpoint_every(session.trainer)
     _say(args, _cadence_line(args, session.run_id, store, start, every, session.trainer))
@@ -178,7 +182,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"resume with: {_resume_command(args, store, str(result.ref), session.run_id, left)}",
             file=sys.stderr,
         )
-    loss = state.history["loss"][-1] if state.history["loss"] else None
+    loss = state.last("loss")
     payload = {
         "checkpoint": str(result.ref),
         "run_id": session.run_id,
@@ -340,6 +344,8 @@ def _resume_command(args: argparse.Namespace, store: Store, ref: str, run_id: st
         words += ["--endpoint-url", args.endpoint_url]
     if args.config:
         words += ["--config", os.path.abspath(args.config)]
+        for item in args.set:
+            words += ["--set", item]
     if args.trainer:
         words += ["--trainer", args.trainer]
     return shlex.join(words)

@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from cairn.interval import IntervalAdvice, advise
+from cairn.checkpoint_interval import IntervalAdvice, advise
 from workers.reports.plots import Figure, Panel, Series, Span, VLine, draw
 
 __all__ = ["write_report", "recovery_stats", "interval_advice", "timeline_figure", "heartbeat_timeout"]

@@ -19,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from cairn.interval import IntervalChoice
+from cairn.checkpoint_interval import IntervalChoice
 from cairn.runs.record import RunRecord
 from workers.reports.faults import Fault
 from workers.reports.figures import faults, loss_figure, origin, rates, stalls, throughput_figure, timeline_figure

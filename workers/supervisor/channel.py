@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from activities.models import WORKER_ID, WORKER_ID_ENV
+from activities.inputs import WORKER_ID, WORKER_ID_ENV
 
 __all__ = [
     "SUPERVISOR_ENV",

@@ -28,7 +28,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.edge import WORKER_CRASHED
-from activities.models import OWN_QUEUE_MARK
+from activities.inputs import OWN_QUEUE_MARK
 from workers.supervisor.channel import ActivityReport
 
 __all__ = ["WORKER_CRASHED", "FailOutcome", "fail_attempts"]

@@ -16,6 +16,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from cairn.checkpoint.options import CheckpointOptions
+from cairn.checkpoint.tensors import TensorSpec
 from cairn.config import TrainConfig
 from cairn.data import Dataset, load_dataset
 from cairn.distributed.comm import Comm
@@ -23,9 +24,9 @@ from cairn.errors import InvariantError
 from cairn.sampler import EpochSampler
 from cairn.state import StepCallback, TrainState, param_shapes, rng_state_problem
 from cairn.stores.base import Store
-from cairn.trainers.base import DataParallelEngine, TensorSpec, Trainer
+from cairn.trainers.base import DataParallelEngine
 from cairn.trainers.mlp.arithmetic import init_state, loss_and_grads, train
-from cairn.trainers.mlp.zero import ZeroMLP
+from cairn.trainers.mlp.zero import ZeroMLP, ZeroTrainer
 
 __all__ = ["MLPTrainer", "split_dataset"]
 
@@ -60,7 +61,7 @@ def evaluate_split(params: dict[str, np.ndarray], data: Dataset) -> dict[str, fl
     return {"loss": loss, "accuracy": accuracy}
 
 
-class MLPTrainer(Trainer):
+class MLPTrainer(ZeroTrainer):
     """A one-hidden-layer tanh MLP (or softmax regression) with Adam, in float64 numpy."""
 
     def __init__(self, config: TrainConfig, options: BaseModel) -> None:

@@ -19,45 +19,56 @@ is exactly ``MLPTrainer.train`` with the same ``distributed`` config.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from abc import abstractmethod
 
 import numpy as np
 
-from cairn.checkpoint.blocks import block_name, plan_blocks
-from cairn.checkpoint.content import CheckpointContent
-from cairn.checkpoint.manifest import HistoryRef, Manifest, PartSpec
+from cairn.checkpoint.blocks import block_name
+from cairn.checkpoint.manifest import Manifest, PartSpec
 from cairn.checkpoint.options import CheckpointOptions
-from cairn.checkpoint.reader import read_manifest
 from cairn.checkpoint.ref import CheckpointRef
-from cairn.checkpoint.training import is_history, split_history, training_content, training_state
-from cairn.checkpoint.validate import check_training_manifest, run_bounds
-from cairn.distributed.checkpoint import SaveOutcome, agree, coordinated_save, failure_of, read_blocks
+from cairn.data import Dataset
+from cairn.distributed.checkpoint import SaveOutcome
 from cairn.distributed.comm import Comm
-from cairn.distributed.history import gang_history_committed, read_gang_history, write_gang_history
+from cairn.distributed.engine import CoordinatedEngine
 from cairn.distributed.partition import check_world_size, flat_layout
 from cairn.distributed.reduce import SliceReducer, combine, tree_sum
-from cairn.errors import ConfigError, InvariantError, ManifestError, TrainingDivergedError
-from cairn.runs.stages import initial_state
+from cairn.errors import ConfigError, TrainingDivergedError
+from cairn.sampler import EpochSampler
 from cairn.state import TrainState, param_shapes
 from cairn.stores.base import Store
+from cairn.trainers.base import Trainer
 from cairn.trainers.mlp.arithmetic import adam_update, learning_rate, loss_and_grads
+from cairn.trainers.stages import initial_state
+from cairn.trainers.validate import RunRules
 
-if TYPE_CHECKING:
-    from cairn.trainers.mlp.trainer import MLPTrainer
-
-__all__ = ["ZeroMLP"]
+__all__ = ["ZeroMLP", "ZeroTrainer"]
 
 GROUPS = ("theta", "adam.m", "adam.v")
+
+
+class ZeroTrainer(Trainer):
+    """What the engine needs of the MLP besides the trainer interface: its training data, the
+    epoch sampler (None: batches drawn with replacement from the state's RNG) and the hook that
+    records the data position and the epoch-end evaluation after an update."""
+
+    train_data: Dataset
+    sampler: EpochSampler | None
+
+    @abstractmethod
+    def after_update(self, state: TrainState) -> None:
+        """Called after update ``state.step`` (the sampler's cursor, the evaluation at epoch ends)."""
 
 
 class ZeroMLP:
     """One rank's share of a data-parallel run of the built-in MLP."""
 
-    def __init__(self, trainer: MLPTrainer, comm: Comm, run_id: str, store: Store, options: CheckpointOptions) -> None:
+    def __init__(self, trainer: ZeroTrainer, comm: Comm, run_id: str, store: Store, options: CheckpointOptions) -> None:
         config = trainer.config
         if config.distributed is None:
             raise ConfigError("distributed", expected="the built-in MLP with a 'distributed' section", found=None)
-        self.trainer, self.comm, self.run_id, self.store, self.options = trainer, comm, run_id, store, options
+        self.trainer, self.comm, self.options = trainer, comm, options
+        self.checkpoints = CoordinatedEngine(RunRules(trainer), comm, run_id, store, options)
         self.microbatches = config.distributed.microbatches
         check_world_size(self.microbatches, comm.world)
         self.block_elems = config.distributed.block_bytes // 8
@@ -99,45 +110,6 @@ class ZeroMLP:
         """Step 0 (every rank computes the same seeded state and keeps its share)."""
         self._adopt(initial_state(self.trainer, options=self.options))
 
-    def load(self, ref: CheckpointRef) -> Manifest:
-        """The coordinated load path onto this world size: each rank checks the manifest against
-        the run's trainer, reads the blocks of its own slice (theta, m, v) and the whole history
-        (its segments, or in a checkpoint written before them its blocks), then the theta
-        slices are all-gathered."""
-        failure: list[str] | None = None
-        manifest: Manifest | None = None
-        try:
-            manifest = read_manifest(
-                self.store,
-                ref,
-                expect_kind=None,
-                options=self.options,
-                expand_index=False,
-                bounds=lambda m: run_bounds(self.trainer, m, self.options.limits),
-            )
-            check_training_manifest(manifest, trainer=self.trainer)
-            self._check_layout(manifest)
-        except Exception as exc:
-            failure = failure_of(exc)
-        agree(self.comm, failure, f"restore of {ref}")
-        assert manifest is not None and manifest.parts is not None
-        targets = self._own_blocks()
-        history_parts = {n: p for n, p in manifest.parts.items() if is_history(n)}
-        history = {n: np.empty(p.shape) for n, p in history_parts.items()}
-        for block in plan_blocks(history_parts):
-            targets[block.name] = history[block.tensor].reshape(-1)[block.start : block.stop]
-        read_blocks(
-            self.comm, self.store, ref, manifest, targets, value_check=self.trainer.check_values, options=self.options
-        )
-        self._gather_theta()
-        _, hist = split_history(history)
-        if manifest.history is not None:
-            check = self.trainer.check_values
-            hist = read_gang_history(self.comm, self.store, ref, manifest.history, self.options, value_check=check)
-        self.state = training_state(self.trainer.config, manifest, self._views(), hist)
-        self.rng.bit_generator.state = self.state.rng_state
-        return manifest
-
     def _own_blocks(self) -> dict[str, np.ndarray]:
         """Block entry name -> this rank's buffer for it: its slice's blocks of theta, m and v
         (views: what a save writes and a restore fills)."""
@@ -150,22 +122,6 @@ class ZeroMLP:
             out[block_name(f"adam.m/{param}", block.index)] = self.m[flat : flat + block.size]
             out[block_name(f"adam.v/{param}", block.index)] = self.v[flat : flat + block.size]
         return out
-
-    def _check_layout(self, manifest: Manifest) -> None:
-        if manifest.parts is None:
-            raise ManifestError(
-                "a distributed run restores only blocked checkpoints", field="format_version", expected=[2, 3], found=1
-            )
-        for name in self.layout.names:
-            for group in GROUPS:
-                spec = manifest.parts.get(f"{group}/{name}")
-                if spec is None or spec.block_elems != self.block_elems:
-                    raise InvariantError(
-                        "block size differs from the run's distributed.block_bytes",
-                        field=f"parts[{group}/{name}].block_elems",
-                        expected=self.block_elems,
-                        found=None if spec is None else spec.block_elems,
-                    )
 
     def _gather_theta(self) -> None:
         """Every rank's updated slice to every rank (an all-gather of uneven slices)."""
@@ -221,7 +177,29 @@ class ZeroMLP:
             )
         return loss
 
-    # -- checkpoints -----------------------------------------------------------------------
+    # -- checkpoints (the layout ``cairn.distributed.engine.CoordinatedEngine`` asks for) ------
+
+    def load(self, ref: CheckpointRef) -> Manifest:
+        """The coordinated load onto this world size: each rank reads the blocks of its own slice
+        (theta, m, v) and the whole history, then the theta slices are all-gathered."""
+        return self.checkpoints.load(ref, self)
+
+    def save(self) -> SaveOutcome:
+        """A coordinated checkpoint of the current step (every rank calls it)."""
+        assert self.state is not None
+        return self.checkpoints.save(self.state, self)
+
+    def blocks_to_read(self, manifest: Manifest) -> dict[str, np.ndarray]:
+        return self._own_blocks()
+
+    def tensors_read(self) -> dict[str, np.ndarray]:
+        self._gather_theta()
+        return self._views()
+
+    def install(self, state: TrainState) -> None:
+        """Hold a restored state (its tensors are views of the gathered theta)."""
+        self.state = state
+        self.rng.bit_generator.state = state.rng_state
 
     def parts(self) -> dict[str, PartSpec]:
         """The checkpoint's blocked layout: exactly what a single writer of the same state writes."""
@@ -232,38 +210,7 @@ class ZeroMLP:
         return dict(sorted(out.items()))
 
     def my_blocks(self) -> dict[str, np.ndarray]:
-        """The blocks this rank writes: its slice of theta, m and v (rank 0 writes the history's
-        segments before the save: ``cairn.distributed.history``)."""
+        """The blocks this rank writes: its slice of theta, m and v (the history's segments are
+        written by rank 0: ``cairn.distributed.history``)."""
         assert self.state is not None
         return self._own_blocks()
-
-    def content(self, history: HistoryRef | None = None) -> CheckpointContent:
-        assert self.state is not None
-        return training_content(self.run_id, self.state, history)
-
-    def save(self) -> SaveOutcome:
-        """A coordinated checkpoint of the current step (every rank calls it)."""
-        failure: list[str] | None = None
-        for name, arr in (
-            ("theta", self.theta[self.mine.start : self.mine.stop]),
-            ("adam.m", self.m),
-            ("adam.v", self.v),
-        ):
-            if arr.size and not np.isfinite(arr).all():
-                failure = [
-                    "TrainingDivergedError",
-                    f"{name} is not finite at step {self.state.step if self.state else '?'}; nothing was committed",
-                ]
-                break
-        agree(self.comm, failure, "save")
-        assert self.state is not None
-        check = self.trainer.check_values
-        history = write_gang_history(
-            self.comm, self.store, self.run_id, self.state.history, self.options, value_check=check
-        )
-        content = self.content(history)
-        saved = coordinated_save(self.comm, self.store, content, self.my_blocks(), self.parts(), self.options)
-        if self.comm.rank == 0:
-            gang_history_committed(self.store, self.run_id, self.state.step, history, saved)
-        self.state.lineage = self.state.lineage.model_copy(update={"parent": saved.fingerprint})  # provenance
-        return saved

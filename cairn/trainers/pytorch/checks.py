@@ -4,15 +4,16 @@ and state, the scheduler's state and the runtime contract."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
+from cairn.checkpoint.tensors import TensorSpec
 from cairn.errors import ConfigError, InvariantError
-from cairn.trainers.base import TensorSpec, check_finite
+from cairn.trainers.base import check_finite
 from cairn.trainers.pytorch.evaluation import MAX_METRICS, METRIC_NAME
-from cairn.trainers.pytorch.probe import probe_optimizer
+from cairn.trainers.pytorch.parts import TorchParts
 from cairn.trainers.pytorch.state_io import (
     CUDA_RNG_BYTES,
     MT_WORDS,
@@ -24,9 +25,6 @@ from cairn.trainers.pytorch.state_io import (
     require_numpy_dtype,
 )
 from cairn.trainers.pytorch.streams import Stream
-
-if TYPE_CHECKING:
-    from cairn.trainers.pytorch.trainer import TorchTrainer
 
 __all__ = [
     "NON_NEGATIVE_STATE",
@@ -193,7 +191,7 @@ def check_runtime_meta(meta: Mapping[str, Any], threads: int, deterministic: boo
         raise InvariantError("unexpected trainer state", field="meta", expected=None, found=sorted(extra))
 
 
-def check_setup(trainer: TorchTrainer) -> None:
+def check_setup(trainer: TorchParts) -> None:
     """What a ``TorchSetup`` must be for the adapter's options and the run's config: refused at
     build, with the option to change, never at the first update or the first evaluation."""
     options, config = trainer.options, trainer.config
@@ -298,7 +296,7 @@ def check_values(name: str, values: np.ndarray) -> None:
         )
 
 
-def checkpoint_specs(trainer: TorchTrainer, meta: Mapping[str, Any]) -> dict[str, TensorSpec]:
+def checkpoint_specs(trainer: TorchParts, meta: Mapping[str, Any]) -> dict[str, TensorSpec]:
     """The tensors a checkpoint of ``trainer`` holds: weights, RNG states (``rng/cuda`` on a CUDA
     device) and the optimizer state of the parameters ``meta.optimizer`` says have it (their
     specs probed from the live optimizer)."""
@@ -311,13 +309,13 @@ def checkpoint_specs(trainer: TorchTrainer, meta: Mapping[str, Any]) -> dict[str
     with_state = optimizer.get("with_state", []) if isinstance(optimizer, Mapping) else []
     if isinstance(with_state, list) and with_state:
         names = set(with_state)
-        for key, spec in probe_optimizer(trainer)[0].items():  # NAME/KEY -> spec
+        for key, spec in trainer.optimizer_probe().tensors.items():  # NAME/KEY -> spec
             if key.partition("/")[0] in names:
                 out[f"optim/{key}"] = spec
     return out
 
 
-def check_checkpoint_state(trainer: TorchTrainer, step: int, rng: Any, meta: Mapping[str, Any]) -> None:
+def check_checkpoint_state(trainer: TorchParts, step: int, rng: Any, meta: Mapping[str, Any]) -> None:
     """A checkpoint's JSON part fits ``trainer``: data position, RNG form, optimizer, scheduler,
     loss scaler, evaluation and runtime contract."""
     train = trainer.splits["train"]
@@ -332,8 +330,8 @@ def check_checkpoint_state(trainer: TorchTrainer, step: int, rng: Any, meta: Map
         trainer.optimizer.param_groups,
         trainer.group_params,
         trainer.fresh_groups,
-        lambda: probe_optimizer(trainer)[2],
-        lambda: probe_optimizer(trainer)[1],
+        lambda: trainer.optimizer_probe().stateful,
+        lambda: trainer.optimizer_probe().scalars,
     )
     check_scheduler_meta(meta.get("scheduler"), trainer.scheduler is not None, trainer.fresh_scheduler)
     check_scaler_meta(meta.get("scaler"), trainer.fresh_scaler)

@@ -8,34 +8,30 @@ import math
 import random
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
-from cairn.checkpoint.blocks import base_name, block_elems_for, logical_specs, parts_of, plan_blocks, split_blocks
-from cairn.checkpoint.manifest import CheckpointKind, Manifest, PartSpec
+from cairn.checkpoint.blocks import parts_of, plan_blocks, split_blocks
+from cairn.checkpoint.manifest import Manifest, PartSpec
 from cairn.checkpoint.options import CheckpointOptions
-from cairn.checkpoint.reader import read_manifest
 from cairn.checkpoint.ref import CheckpointRef
-from cairn.checkpoint.training import split_history, training_content, training_state
-from cairn.checkpoint.validate import check_training_manifest, run_bounds
-from cairn.distributed.checkpoint import SaveOutcome, agree, coordinated_save, failure_of, read_blocks
+from cairn.distributed.checkpoint import SaveOutcome
 from cairn.distributed.comm import Comm
-from cairn.distributed.history import gang_history_committed, read_gang_history, write_gang_history
+from cairn.distributed.engine import CoordinatedEngine, whole_buffers
 from cairn.distributed.partition import check_world_size
 from cairn.distributed.reduce import combine, tree_sum
-from cairn.errors import ConfigError, InvariantError, ManifestError, NonFiniteError, TrainingDivergedError
-from cairn.runs.stages import initial_state
+from cairn.errors import ConfigError, TrainingDivergedError
 from cairn.state import TrainState
 from cairn.stores.base import Store
 from cairn.trainers.pytorch.device import place
+from cairn.trainers.pytorch.parts import LiveTrainer, TorchParts
 from cairn.trainers.pytorch.state_io import RngStates, np_dtype
 from cairn.trainers.pytorch.streams import Stream
 from cairn.trainers.pytorch.update import apply_update, backward
-
-if TYPE_CHECKING:
-    from cairn.trainers.pytorch.trainer import TorchTrainer
+from cairn.trainers.stages import initial_state
+from cairn.trainers.validate import RunRules
 
 __all__ = [
     "TorchDP",
@@ -106,7 +102,7 @@ def _as_tensor_of(values: np.ndarray, like: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(values)).to(like.dtype).reshape(like.shape).to(like.device)
 
 
-def microbatched_update(trainer: TorchTrainer, step: int, comm: Comm) -> tuple[float, float]:
+def microbatched_update(trainer: TorchParts, step: int, comm: Comm) -> tuple[float, float]:
     """Update ``step + 1`` of ``trainer``'s live objects as this rank's share of the gang (see
     the module); returns the batch's loss (the tree mean of the microbatch losses) and the
     learning rate it used. Runs inside ``TorchTrainer.owned_rngs``."""
@@ -198,19 +194,18 @@ class TorchDP:
     """One rank's share of a data-parallel run of a PyTorch adapter trainer (replicated
     optimizer state; each rank writes its own share of every checkpoint)."""
 
-    def __init__(
-        self, trainer: TorchTrainer, comm: Comm, run_id: str, store: Store, options: CheckpointOptions
-    ) -> None:
+    def __init__(self, trainer: LiveTrainer, comm: Comm, run_id: str, store: Store, options: CheckpointOptions) -> None:
         config = trainer.config
         if config.distributed is None:
             raise ConfigError(
                 "distributed", expected="a PyTorch adapter trainer with a 'distributed' section", found=None
             )
         check_world_size(config.distributed.microbatches, comm.world)
-        self.trainer = trainer
-        self.comm, self.run_id, self.store, self.options = comm, run_id, store, options
+        self.trainer, self.comm, self.options = trainer, comm, options
+        self.checkpoints = CoordinatedEngine(RunRules(trainer), comm, run_id, store, options)
         self.block_bytes = config.distributed.block_bytes
         self.state: TrainState | None = None
+        self._reading: dict[str, np.ndarray] = {}
 
     # -- state -----------------------------------------------------------------------------
 
@@ -235,65 +230,6 @@ class TorchDP:
         """Step 0 (every rank builds the same seeded state)."""
         self._adopt(initial_state(self.trainer, options=self.options))
 
-    def load(self, ref: CheckpointRef) -> Manifest:
-        """The coordinated load: every rank checks the manifest against the run's trainer (all
-        metadata rules) and its blocked layout, reads every block (checksums and value rules),
-        and installs the state through the adapter's import; failures are agreed."""
-        failure: list[str] | None = None
-        manifest: Manifest | None = None
-        try:
-            manifest = read_manifest(
-                self.store,
-                ref,
-                expect_kind=CheckpointKind.TRAINING,
-                options=self.options,
-                expand_index=False,
-                bounds=lambda m: run_bounds(self.trainer, m, self.options.limits),
-            )
-            check_training_manifest(manifest, trainer=self.trainer)
-            self._check_layout(manifest)
-        except Exception as exc:
-            failure = failure_of(exc)
-        agree(self.comm, failure, f"restore of {ref}")
-        assert manifest is not None and manifest.parts is not None and manifest.lineage is not None
-        arrays = {name: np.empty(shape, dtype=dtype) for name, (dtype, shape) in logical_specs(manifest).items()}
-        read_blocks(
-            self.comm,
-            self.store,
-            ref,
-            manifest,
-            split_blocks(arrays, manifest.parts),
-            value_check=self.trainer.check_values,
-            options=self.options,
-        )
-        tensors, history = split_history(arrays)  # a checkpoint written before history segments
-        if manifest.history is not None:
-            check = self.trainer.check_values
-            history = read_gang_history(self.comm, self.store, ref, manifest.history, self.options, value_check=check)
-        failure = None
-        try:
-            self._adopt(training_state(self.trainer.config, manifest, tensors, history))
-        except Exception as exc:
-            failure = failure_of(exc)
-        agree(self.comm, failure, f"restore of {ref}")
-        return manifest
-
-    def _check_layout(self, manifest: Manifest) -> None:
-        """Blocked (format v2 or v3), cut at this run's block size."""
-        if manifest.parts is None:
-            raise ManifestError(
-                "a distributed run restores only blocked checkpoints", field="format_version", expected=[2, 3], found=1
-            )
-        for name, (dtype, _) in logical_specs(manifest).items():
-            want = block_elems_for(dtype, self.block_bytes)
-            if manifest.parts[name].block_elems != want:
-                raise InvariantError(
-                    "block size differs from the run's distributed.block_bytes",
-                    field=f"parts[{name}].block_elems",
-                    expected=want,
-                    found=manifest.parts[name].block_elems,
-                )
-
     # -- training --------------------------------------------------------------------------
 
     def step(self) -> float:
@@ -311,7 +247,29 @@ class TorchDP:
             )
         return loss
 
-    # -- checkpoints -----------------------------------------------------------------------
+    # -- checkpoints (the layout ``cairn.distributed.engine.CoordinatedEngine`` asks for) ------
+
+    def load(self, ref: CheckpointRef) -> Manifest:
+        """The coordinated load: every rank reads every block (the state is replicated) and
+        installs the state through the adapter's import."""
+        return self.checkpoints.load(ref, self)
+
+    def save(self) -> SaveOutcome:
+        """A coordinated checkpoint of the current step (every rank calls it)."""
+        assert self.state is not None
+        return self.checkpoints.save(self.state, self)
+
+    def blocks_to_read(self, manifest: Manifest) -> dict[str, np.ndarray]:
+        """Every block of the state's tensors, into whole arrays."""
+        self._reading, blocks = whole_buffers(manifest, history=False)
+        return blocks
+
+    def tensors_read(self) -> dict[str, np.ndarray]:
+        tensors, self._reading = self._reading, {}
+        return tensors
+
+    def install(self, state: TrainState) -> None:
+        self._adopt(state)
 
     def parts(self) -> dict[str, PartSpec]:
         """The checkpoint's blocked layout: exactly what a single writer of the same state writes."""
@@ -326,29 +284,3 @@ class TorchDP:
         names = [b.name for b in plan_blocks(parts)]
         share = byte_shares([views[n].nbytes for n in names], self.comm.world)[self.comm.rank]
         return {names[k]: views[names[k]] for k in share}
-
-    def save(self) -> SaveOutcome:
-        """A coordinated checkpoint of the current step (every rank calls it). Each rank first
-        applies the trainer's value rules to its own blocks: a state a restore would refuse is
-        not written (a non-finite one is a diverged run)."""
-        assert self.state is not None
-        mine = self.my_blocks()
-        failure: list[str] | None = None
-        try:
-            for name, values in mine.items():
-                self.trainer.check_values(base_name(name), values)
-        except NonFiniteError as exc:
-            failure = [TrainingDivergedError.__name__, f"step {self.state.step}: {exc}; nothing was committed"]
-        except Exception as exc:
-            failure = failure_of(exc)
-        agree(self.comm, failure, "save")
-        check = self.trainer.check_values
-        history = write_gang_history(
-            self.comm, self.store, self.run_id, self.state.history, self.options, value_check=check
-        )
-        content = training_content(self.run_id, self.state, history)
-        saved = coordinated_save(self.comm, self.store, content, mine, self.parts(), self.options)
-        if self.comm.rank == 0:
-            gang_history_committed(self.store, self.run_id, self.state.step, history, saved)
-        self.state.lineage = self.state.lineage.model_copy(update={"parent": saved.fingerprint})  # provenance
-        return saved

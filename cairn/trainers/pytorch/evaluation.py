@@ -8,66 +8,40 @@ import math
 import random
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
-from torch.nn import functional
 
 from cairn.errors import TrainerCodeError
 from cairn.trainers.pytorch.device import place
+from cairn.trainers.pytorch.parts import TorchParts
+from cairn.trainers.pytorch.scoring import IGNORE_INDEX, default_loss, default_metrics, scored
 
-if TYPE_CHECKING:
-    from cairn.trainers.pytorch.trainer import TorchTrainer
+__all__ = [
+    "IGNORE_INDEX",
+    "METRIC_NAME",
+    "MAX_METRICS",
+    "default_loss",
+    "default_metrics",
+    "evaluate_split",
+    "record_evaluation",
+]
 
-__all__ = ["IGNORE_INDEX", "METRIC_NAME", "MAX_METRICS", "default_loss", "default_metrics", "evaluate_split"]
-
-IGNORE_INDEX = -100
-"""Targets equal to this are not scored (``cross_entropy``'s default ``ignore_index``)."""
 METRIC_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 MAX_METRICS = 16
 
 
-def _scored(output: Any, target: Any) -> bool:
-    """Class scores over the last axis of ``output`` for every integer target (``N x C`` with
-    ``N``, ``B x T x V`` with ``B x T``)."""
-    return (
-        isinstance(output, torch.Tensor)
-        and isinstance(target, torch.Tensor)
-        and not target.is_floating_point()
-        and output.ndim == target.ndim + 1
-        and output.shape[:-1] == target.shape
-    )
-
-
-def default_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy over the last axis: ``N x C`` classification as ``cross_entropy`` has it,
-    and ``B x T x V`` sequences as the mean over every scored token."""
-    if output.ndim > 2 and _scored(output, target):
-        return functional.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
-    return functional.cross_entropy(output, target)
-
-
-def default_metrics(output: Any, target: Any) -> dict[str, tuple[float, float]]:
-    """``{name: (total, count)}`` for one batch: the accuracy of the last axis' argmax for
-    classification and sequence outputs (targets equal to ``IGNORE_INDEX`` not counted)."""
-    if not _scored(output, target):
-        return {}
-    mask = target != IGNORE_INDEX
-    correct = ((output.argmax(dim=-1) == target) & mask).sum()
-    return {"accuracy": (float(correct), float(mask.sum()))}
-
-
 def _weight(target: Any, output: Any) -> float:
     """What one batch's mean loss averages over: its scored targets."""
-    if _scored(output, target):
+    if scored(output, target):
         return float((target != IGNORE_INDEX).sum())
     if isinstance(target, torch.Tensor):
         return float(target.numel())
     return 1.0
 
 
-def evaluate_split(trainer: TorchTrainer, split: str) -> dict[str, float]:
+def evaluate_split(trainer: TorchParts, split: str) -> dict[str, float]:
     """Loss and metrics of the live model on ``split`` (eval mode, no grad, the run's RNG
     streams untouched). Runs inside the trainer's ``user_code``."""
     data = trainer.splits[split]
@@ -122,22 +96,22 @@ def _checked(metrics: Any) -> Mapping[str, tuple[float, float]]:
 
 
 def record_evaluation(
-    trainer: TorchTrainer, step: int, metrics: dict[str, float], history: dict[str, list[float]]
-) -> None:
+    known: tuple[str, ...] | None, step: int, metrics: dict[str, float], history: dict[str, list[float]]
+) -> tuple[str, ...]:
     """Append an evaluation after update ``step`` to ``history`` (``val_step``, ``val_loss``, one
-    ``val_<name>`` per metric). The first evaluation fixes the metric names; later ones must
-    name the same."""
+    ``val_<name>`` per metric); returns the metric names. The first evaluation (``known`` None)
+    fixes them; later ones must name the ``known`` ones."""
     names = tuple(sorted(k for k in metrics if k != "loss"))
-    if trainer._metric_names is None:
-        trainer._metric_names = names
+    if known is None:
         for name in names:
             history.setdefault(f"val_{name}", [])
-    elif names != trainer._metric_names:
+    elif names != known:
         raise TrainerCodeError(
             f"evaluation after update {step}: metrics are {list(names)}, earlier evaluations "
-            f"recorded {list(trainer._metric_names)} (metrics() must name the same metrics every time)"
+            f"recorded {list(known)} (metrics() must name the same metrics every time)"
         )
     history["val_step"].append(float(step))
     history["val_loss"].append(metrics["loss"])
     for name in names:
         history[f"val_{name}"].append(metrics[name])
+    return names

@@ -14,7 +14,7 @@ from torch import nn
 
 from cairn.trainers.pytorch.data import DataSplit
 from cairn.trainers.pytorch.device import DEVICE_PATTERN
-from cairn.trainers.pytorch.evaluation import default_loss
+from cairn.trainers.pytorch.scoring import default_loss
 
 __all__ = ["TorchOptions", "TorchSetup"]
 

@@ -13,9 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from cairn.checkpoint.tensors import BFLOAT16, dtype_tag
+from cairn.checkpoint.tensors import BFLOAT16, TensorSpec, dtype_tag
 from cairn.errors import ConfigError, InvariantError, TensorSpecError
-from cairn.trainers.base import TensorSpec
 
 __all__ = [
     "CUDA_RNG_BYTES",

@@ -15,13 +15,14 @@ import torch
 from pydantic import BaseModel
 
 from cairn.checkpoint.options import CheckpointOptions
+from cairn.checkpoint.tensors import TensorSpec
 from cairn.config import TrainConfig
 from cairn.distributed.comm import Comm, SoloComm
 from cairn.errors import CairnError, ConfigError, TrainerCodeError
 from cairn.sampler import EpochSampler
 from cairn.state import Lineage, StepCallback, TrainState
 from cairn.stores.base import Store
-from cairn.trainers.base import ON_HOST, DataParallelEngine, TensorSpec, Trainer, model_hash
+from cairn.trainers.base import ON_HOST, DataParallelEngine, model_hash
 from cairn.trainers.pytorch.checks import (
     LEGACY_EVAL,
     check_checkpoint_state,
@@ -31,8 +32,11 @@ from cairn.trainers.pytorch.checks import (
 )
 from cairn.trainers.pytorch.data import DataSplit, Split, make_split, splits_hash
 from cairn.trainers.pytorch.data_parallel import TorchDP, microbatched_update
-from cairn.trainers.pytorch.device import HostStaging, device_record, place, resolve_device
-from cairn.trainers.pytorch.evaluation import default_metrics, evaluate_split, record_evaluation
+from cairn.trainers.pytorch.device import HostStaging, device_record, resolve_device
+from cairn.trainers.pytorch.evaluation import evaluate_split, record_evaluation
+from cairn.trainers.pytorch.parts import LiveTrainer, OptimizerProbe
+from cairn.trainers.pytorch.probe import probe_optimizer
+from cairn.trainers.pytorch.scoring import default_metrics
 from cairn.trainers.pytorch.setup import TorchOptions, TorchSetup
 from cairn.trainers.pytorch.state_io import (
     RngStates,
@@ -54,7 +58,7 @@ _PROCESS_LOCK = threading.RLock()
 """Global RNGs, thread count and deterministic mode are process-wide: one torch trainer at a time."""
 
 
-class TorchTrainer(Trainer):
+class TorchTrainer(LiveTrainer):
     """The adapter. Subclass it, set ``Options`` and implement ``build``; see the module docstring."""
 
     def split_hint(self, split: str) -> str:
@@ -67,7 +71,7 @@ class TorchTrainer(Trainer):
         super().__init__(config, options)
         if not isinstance(options, TorchOptions):
             raise ConfigError("trainer.options", expected="a TorchOptions subclass", found=type(options).__name__)
-        self._optim_probe: tuple[dict[str, TensorSpec], dict[str, type], list[str]] | None = None
+        self._optim_probe: OptimizerProbe | None = None
         self._rng: RngStates | None = None
         self._metric_names: tuple[str, ...] | None = None
         self._live: TrainState | None = None  # what ``train`` returned last: views of the live objects
@@ -111,7 +115,7 @@ class TorchTrainer(Trainer):
 
     def metrics(self, output: Any, target: Any) -> Mapping[str, tuple[float, float]]:
         """``{name: (total, count)}`` of one evaluation batch; a split reports total / count.
-        The default (``evaluation.default_metrics``) scores classification and sequence outputs."""
+        The default (``scoring.default_metrics``) scores classification and sequence outputs."""
         return default_metrics(output, target)
 
     def autocast(self) -> AbstractContextManager[Any]:
@@ -238,13 +242,6 @@ class TorchTrainer(Trainer):
         names = section.get("metrics", []) if isinstance(section, Mapping) else []
         return tuple(names) if isinstance(names, list) else ()
 
-    def train_batch(self, step: int) -> tuple[Any, Any]:
-        """The whole batch of update ``step + 1``: the sampler's, or the stream's next."""
-        train = self.splits["train"]
-        if isinstance(train, Stream):
-            return place(train.next_batch(), self.device)
-        return place(train.batch(self.epoch_sampler.batch(step)), self.device)
-
     @property
     def reproducibility(self) -> str:
         return "bit-exact" if self.options.deterministic else "tolerance"
@@ -266,6 +263,16 @@ class TorchTrainer(Trainer):
         out = {f"param/{n}": tensor_spec(p) for n, p in self.params.items()}
         out.update({f"buffer/{n}": tensor_spec(b) for n, b in self.buffers.items()})
         return out
+
+    def optimizer_probe(self) -> OptimizerProbe:
+        """The optimizer's state as one probe step shows it (once); the RNG streams it drew from put back."""
+        if self._optim_probe is None:
+            kept_rng, pristine = self._rng, self.pristine
+            try:
+                self._optim_probe = probe_optimizer(self)
+            finally:
+                self._rng, self.pristine = kept_rng, pristine
+        return self._optim_probe
 
     def export_state(self, step: int, history: dict[str, list[float]], lineage: Lineage) -> TrainState:
         """The live state as a TrainState whose arrays are zero-copy views of the live tensors (on
@@ -394,7 +401,7 @@ class TorchTrainer(Trainer):
         history["loss"].append(loss)
         history["lr"].append(lr)
         if metrics is not None:
-            record_evaluation(self, step + 1, metrics, history)
+            self._metric_names = record_evaluation(self._metric_names, step + 1, metrics, history)
         return loss
 
     def evaluate(self, state: TrainState, split: str) -> dict[str, float] | None:

@@ -6,24 +6,25 @@ The data-parallel update (``data_parallel.microbatched_update``) ends in the sam
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from cairn.trainers.pytorch.trainer import TorchTrainer
+from cairn.trainers.pytorch.device import place
+from cairn.trainers.pytorch.parts import TorchParts
+from cairn.trainers.pytorch.streams import Stream
 
-__all__ = ["apply_update", "backward", "solo_update", "step_scheduler"]
+__all__ = ["apply_update", "backward", "solo_update", "step_scheduler", "whole_batch"]
 
 
-def backward(trainer: TorchTrainer, loss: torch.Tensor) -> None:
+def backward(trainer: TorchParts, loss: torch.Tensor) -> None:
     if trainer.scaler is not None:
         trainer.scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
     else:
         loss.backward()  # type: ignore[no-untyped-call]
 
 
-def apply_update(trainer: TorchTrainer, step: int) -> float:
+def apply_update(trainer: TorchParts, step: int) -> float:
     """The gradients are final (summed over micro-steps and ranks): unscale them (loss scaling),
     call ``after_backward``, clip (value, then norm), step; returns the learning rate used."""
     optimizer, options = trainer.optimizer, trainer.options
@@ -44,10 +45,19 @@ def apply_update(trainer: TorchTrainer, step: int) -> float:
     return lr
 
 
-def solo_update(trainer: TorchTrainer, step: int) -> tuple[float, float]:
+def whole_batch(trainer: TorchParts, step: int) -> tuple[Any, Any]:
+    """The whole batch of update ``step + 1``, on the trainer's device: the sampler's, or the
+    training stream's next."""
+    train = trainer.splits["train"]
+    if isinstance(train, Stream):
+        return place(train.next_batch(), trainer.device)
+    return place(train.batch(trainer.epoch_sampler.batch(step)), trainer.device)
+
+
+def solo_update(trainer: TorchParts, step: int) -> tuple[float, float]:
     """Update ``step + 1`` on the whole batch; returns its loss and learning rate."""
     trainer.model.train()
-    xb, yb = trainer.train_batch(step)
+    xb, yb = whole_batch(trainer, step)
     trainer.optimizer.zero_grad(set_to_none=True)
     with trainer.autocast():
         loss = trainer.compute_loss(xb, yb)
@@ -55,7 +65,7 @@ def solo_update(trainer: TorchTrainer, step: int) -> tuple[float, float]:
     return float(loss.detach()), apply_update(trainer, step)
 
 
-def step_scheduler(trainer: TorchTrainer, metric: float | None = None) -> None:
+def step_scheduler(trainer: TorchParts, metric: float | None = None) -> None:
     """The LR scheduler's step (``ReduceLROnPlateau`` on ``metric``). A loss-scaled update that
     skipped its optimizer step makes torch warn that the scheduler stepped first: that is the
     documented behaviour of loss scaling, not the user's mistake."""

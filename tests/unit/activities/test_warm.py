@@ -10,14 +10,15 @@ from typing import Any
 
 import pytest
 
-from activities.models import TrainSegmentInput, own_queue
+from activities.inputs import TrainSegmentInput, own_queue
 from activities.training import _session
-from cairn.checkpoint import manager
+from cairn.checkpoint import list_checkpoints
 from cairn.checkpoint.compare import compare_states
 from cairn.config import TrainConfig
 from cairn.runs.warm import WarmRuns, warm_key
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore
+from cairn.training import manager
 from tests.conftest import digits_config, small_config
 
 
@@ -83,7 +84,7 @@ def test_any_doubt_takes_the_cold_path(tmp_path: Path, cache: WarmRuns) -> None:
     held_after(store, config, cache, 5)
     assert not choose(attempt=2)[1]  # a retry trusts only the store
     held_after(store, config, cache, 5)
-    rollback = str(manager.list_checkpoints(LocalStore(store), "run")[0])
+    rollback = str(list_checkpoints(LocalStore(store), "run")[0])
     session, warm = choose(resume_from=rollback)
     assert not warm and session.state.step == 10
     held_after(store, config, cache, 5)

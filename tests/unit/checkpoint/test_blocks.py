@@ -12,13 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cairn.checkpoint import CheckpointKind, CheckpointRef, latest_committed, load_training, read_manifest
+from cairn.checkpoint import CheckpointKind, CheckpointRef, latest_committed, read_manifest
 from cairn.checkpoint.blocks import block_name, check_parts, parts_of, plan_blocks, split_blocks
 from cairn.checkpoint.compare import compare_states
 from cairn.checkpoint.layout import manifest_key
 from cairn.errors import FormatVersionError, IntegrityError, ManifestError, TensorSpecError
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore
+from cairn.training import load_training
 from tests.conftest import dist_config, write_v2
 
 

@@ -22,18 +22,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cairn import errors as E
-from cairn.checkpoint import CheckpointKind, CheckpointOptions, CheckpointRef, Signer, latest_committed, load_training
-from cairn.checkpoint.committed import judge
+from cairn.checkpoint import CheckpointKind, CheckpointOptions, CheckpointRef, Signer, latest_committed
+from cairn.checkpoint.committed import judge, list_checkpoints
 from cairn.checkpoint.history import read_history
 from cairn.checkpoint.latest import read_latest
 from cairn.checkpoint.layout import latest_key, manifest_key, pin_key
-from cairn.checkpoint.manager import list_checkpoints
 from cairn.checkpoint.reader import read_manifest
 from cairn.checkpoint.retention import RetentionPolicy, collect_garbage, plan_gc
 from cairn.config import TrainConfig
 from cairn.runs.ownership import claim_run, read_owner
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore
+from cairn.training import load_training
 from tests.conftest import refused_within_bounds, small_config
 
 pytestmark = pytest.mark.usefixtures("no_signing_key")

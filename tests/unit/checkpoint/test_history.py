@@ -19,9 +19,9 @@ import pytest
 from cairn import errors as E
 from cairn.checkpoint import history as H
 from cairn.checkpoint import write_checkpoint
+from cairn.checkpoint.committed import list_checkpoints
 from cairn.checkpoint.compare import compare_states
 from cairn.checkpoint.layout import history_prefix, manifest_key, parse_checkpoint_key
-from cairn.checkpoint.manager import list_checkpoints, load_training, save_training
 from cairn.checkpoint.manifest import HistoryRef, HistorySegment, HistorySeries
 from cairn.checkpoint.reader import read_manifest
 from cairn.checkpoint.ref import CheckpointRef
@@ -33,6 +33,7 @@ from cairn.stores import LocalStore, MemoryStore
 from cairn.stores.base import Chunk
 from cairn.trainers.base import Trainer, check_finite
 from cairn.trainers.loading import load_trainer
+from cairn.training.manager import load_training, save_training
 from tests.conftest import refused_within_bounds, rewrite_manifest, small_config
 
 RUN = "hist"

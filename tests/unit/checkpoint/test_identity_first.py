@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from cairn import errors as E
-from cairn.checkpoint import latest_committed, load_training
+from cairn.checkpoint import latest_committed
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore
 from cairn.trainers.loading import load_trainer
+from cairn.training import load_training
 from tests.conftest import small_config
 
 pytestmark = pytest.mark.usefixtures("no_signing_key")

@@ -24,7 +24,6 @@ from cairn.checkpoint.compare import compare_states
 from cairn.checkpoint.content import CheckpointContent
 from cairn.checkpoint.copy import copy_checkpoint
 from cairn.checkpoint.layout import intents_prefix, manifest_key
-from cairn.checkpoint.manager import load_training, save_training
 from cairn.checkpoint.manifest import CheckpointKind, Manifest
 from cairn.checkpoint.options import CheckpointOptions
 from cairn.checkpoint.reader import read_logical, read_manifest
@@ -40,6 +39,7 @@ from cairn.session import TrainingSession
 from cairn.stores import LocalStore, MemoryStore
 from cairn.stores.base import Chunk
 from cairn.trainers.pytorch import TorchOptions, TorchSetup, TorchTrainer
+from cairn.training.manager import load_training, save_training
 from tests.conftest import dist_config, rewrite_manifest, rewrite_rank_index
 from workers.cli.main import main as cli
 

@@ -22,18 +22,18 @@ from cairn.checkpoint.blocks import Block, parts_of, plan_blocks, split_blocks
 from cairn.checkpoint.commit import commit_indexed
 from cairn.checkpoint.index import expand, write_rank_index
 from cairn.checkpoint.layout import manifest_key
-from cairn.checkpoint.manager import load_training, save_training
 from cairn.checkpoint.manifest import INDEXED_FORMAT_VERSION, PartSpec
 from cairn.checkpoint.options import CEILING_ENV, CheckpointOptions, Limits
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.shards import new_save_nonce, write_shards
-from cairn.checkpoint.sparse import SparseStore, zero_rank
-from cairn.checkpoint.tensors import ALLOWED_DTYPES, dtype_from_tag
-from cairn.checkpoint.validate import WIDEST_ITEMSIZE, run_bounds
+from cairn.checkpoint.tensors import ALLOWED_DTYPES, TensorSpec, dtype_from_tag
+from cairn.checkpoint.validate import WIDEST_ITEMSIZE
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore
-from cairn.trainers.base import TensorSpec
+from cairn.trainers.validate import run_bounds
+from cairn.training.manager import load_training, save_training
 from tests.conftest import rewrite_manifest, rewrite_rank_index, small_config
+from tests.doubles.sparse import SparseStore, zero_rank
 
 pytestmark = pytest.mark.usefixtures("no_signing_key")
 INFERENCE = CheckpointKind.INFERENCE

@@ -14,10 +14,12 @@ import pytest
 
 from cairn import errors as E
 from cairn.checkpoint import CheckpointContent, CheckpointKind, CheckpointRef, write_checkpoint
-from cairn.checkpoint.latest import LatestPointer, advance_latest, latest_committed, read_latest
+from cairn.checkpoint import latest_committed as package_latest
+from cairn.checkpoint.committed import list_checkpoints
+from cairn.checkpoint.latest import LatestPointer, advance_latest, latest_committed, latest_cursor, read_latest
 from cairn.checkpoint.layout import checkpoint_prefix, latest_key, manifest_key, parse_checkpoint_key
-from cairn.checkpoint.manager import latest_committed as manager_latest
-from cairn.checkpoint.manager import list_checkpoints
+from cairn.checkpoint.options import CheckpointOptions
+from cairn.checkpoint.reader import read_manifest
 from cairn.checkpoint.retention import RetentionPolicy, collect_garbage
 from cairn.stores import LocalStore, MemoryStore
 from cairn.stores.base import Chunk, ObjectInfo, Store
@@ -134,7 +136,7 @@ def test_latest_at_ten_thousand_checkpoints_takes_constant_store_calls(kind: str
     assert store.calls == {"read": 2, "list": 1}  # pointer, its manifest (judged), what follows
     assert store.listed <= 1  # at most the pointer itself sorts after the last step
     store.reset()
-    assert manager_latest(store, RUN) == _ref(store, MANY)  # the manager's entry point is the same
+    assert package_latest(store, RUN) == _ref(store, MANY)  # the package's entry point is the same
     assert store.total == 3
 
 
@@ -214,6 +216,25 @@ def test_a_pointer_behind_lists_only_what_follows_it() -> None:
     assert latest_committed(store, RUN) == _ref(store, 1000)
     # the pointer, its manifest, the listing of steps 991..1000 and the pointer, step 1000's manifest
     assert store.total == 4 and store.listed == 2 * 10 + 1
+
+
+def test_the_latest_cursor_is_the_latest_with_the_manifest_that_judged_it() -> None:
+    """``latest_cursor`` answers as ``latest_committed`` with the fingerprint, in the same store
+    calls (the manifest the judgement read, not a second read); ``at_or_before``: a rollback's
+    target, the highest committed step at or below it, a foreign object there passed over."""
+    inner = MemoryStore("latest-cursor")
+    _fill_memory(inner, range(1, 1001))
+    _set_pointer(inner, _pointer(990))
+    inner.write_object(manifest_key(RUN, TRAINING, 500), [b"not a manifest"])
+    store = CountingStore(inner)
+    options = CheckpointOptions()
+    cursor = latest_cursor(store, RUN, options)
+    assert cursor is not None and cursor.ref == _ref(store, 1000) and store.total == 4
+    assert cursor.fingerprint == read_manifest(inner, cursor.ref, expect_kind=None, expand_index=False).fingerprint
+    before = latest_cursor(store, RUN, options, at_or_before=500)
+    assert before is not None and before.ref == _ref(store, 499)
+    assert latest_cursor(store, RUN, options, at_or_before=0) is None
+    assert latest_cursor(MemoryStore("latest-cursor-none"), RUN, options) is None
 
 
 def test_no_checkpoint_at_all() -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from cairn.checkpoint import CheckpointContent, CheckpointKind, write_checkpoint
+from cairn.checkpoint.committed import list_checkpoints
 from cairn.checkpoint.layout import (
-    RESERVED_PREFIX,
     RUN_ID_PATTERN,
     checkpoint_prefix,
     manifest_key,
@@ -15,10 +15,10 @@ from cairn.checkpoint.layout import (
     pin_key,
     registry_prefix,
 )
-from cairn.checkpoint.manager import list_checkpoints
 from cairn.checkpoint.retention import RetentionPolicy, collect_garbage
 from cairn.effects import PublishedModel, publish_model, published_entries
 from cairn.stores import MemoryStore
+from cairn.stores.identity import RESERVED_PREFIX
 
 INFERENCE = CheckpointKind.INFERENCE
 

@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 
 from cairn import errors as E
-from cairn.checkpoint import CheckpointKind, CheckpointRef, read_manifest, save_training, verify_tensors
+from cairn.checkpoint import CheckpointKind, CheckpointRef, read_manifest, verify_tensors
 from cairn.checkpoint import tensors as tensors_module
 from cairn.checkpoint.blocks import base_name
 from cairn.checkpoint.commit import write_checkpoint
 from cairn.checkpoint.compare import compare_states
-from cairn.checkpoint.manager import load_training
 from cairn.checkpoint.tensors import (
     ALLOWED_DTYPES,
     BFLOAT16,
+    TensorSpec,
     as_le_contiguous,
     dtype_from_tag,
     dtype_tag,
@@ -31,9 +31,11 @@ from cairn.checkpoint.training import training_content, training_tensors
 from cairn.config import TrainConfig
 from cairn.state import TrainState
 from cairn.stores import LocalStore
-from cairn.trainers.base import TensorSpec, check_finite
+from cairn.trainers.base import check_finite
 from cairn.trainers.loading import load_trainer
 from cairn.trainers.mlp import MLPTrainer
+from cairn.training import save_training
+from cairn.training.manager import load_training
 from tests.conftest import dist_config, rewrite_manifest, rewrite_rank_index, small_config
 
 pytestmark = pytest.mark.usefixtures("no_signing_key")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+from cairn.checkpoint.committed import list_checkpoints
 from cairn.checkpoint.layout import checkpoint_prefix, manifest_key
-from cairn.checkpoint.manager import list_checkpoints
 from cairn.checkpoint.manifest import CheckpointKind
 from cairn.checkpoint.retention import RetentionPolicy, collect_garbage, pin
 from cairn.stores import MemoryStore

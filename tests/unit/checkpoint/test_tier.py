@@ -10,18 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from cairn.checkpoint.latest import read_latest
+from cairn.checkpoint.committed import list_checkpoints
+from cairn.checkpoint.latest import latest_committed, read_latest
 from cairn.checkpoint.layout import MANIFEST_NAME, manifest_key
-from cairn.checkpoint.manager import latest_committed, list_checkpoints, load_training
 from cairn.checkpoint.manifest import CheckpointKind
 from cairn.checkpoint.reader import read_manifest
 from cairn.checkpoint.tier import NodeTier, TieredStore
 from cairn.checkpoint.upload import CheckpointRef, Uploader, Uploads, require_durable, upload_checkpoint
 from cairn.errors import CairnError, CheckpointConflictError, IntegrityError, StorageError
-from cairn.runs.ownership import store_identity
 from cairn.session import TrainingSession
 from cairn.stores.base import Chunk, ObjectInfo, Store
+from cairn.stores.identity import store_identity
 from cairn.stores.local import LocalStore
+from cairn.training.manager import load_training
 from tests.conftest import small_config
 
 RUN = "tiered"

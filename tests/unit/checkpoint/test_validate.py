@@ -17,15 +17,15 @@ from cairn.checkpoint import (
     CheckpointRef,
     Limits,
     Signer,
-    load_training,
     write_checkpoint,
 )
 from cairn.checkpoint.compare import compare_states
 from cairn.checkpoint.reader import read_manifest
-from cairn.checkpoint.validate import check_training_manifest
 from cairn.config import TrainConfig
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore
+from cairn.trainers.validate import check_training_manifest
+from cairn.training import load_training
 from tests.conftest import rewrite_manifest, small_config, write_broken
 
 

@@ -10,12 +10,13 @@ from typing import Any
 
 import numpy as np
 
+from cairn.checkpoint.committed import list_checkpoints
 from cairn.checkpoint.compare import compare_states
-from cairn.checkpoint.manager import list_checkpoints, load_training
 from cairn.checkpoint.options import CheckpointOptions
 from cairn.session import TrainingSession
 from cairn.stores import MemoryStore
 from cairn.trainers.loading import load_trainer
+from cairn.training.manager import load_training
 from tests.conftest import dist_config
 
 RUN = "hist"

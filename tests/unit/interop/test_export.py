@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from cairn import errors as E
-from cairn.checkpoint import CheckpointRef, load_training, read_manifest
+from cairn.checkpoint import CheckpointRef, read_manifest
 from cairn.checkpoint.manifest import CheckpointKind
 from cairn.checkpoint.validate import manifest_config
 from cairn.config import TrainConfig
@@ -22,6 +22,7 @@ from cairn.interop.export import export_checkpoint
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore
 from cairn.trainers.loading import load_trainer
+from cairn.training import load_training
 from tests.conftest import HF_MODELS, REPO, digits_dp_config, hf_config, small_config
 from workers.cli.main import main
 

@@ -9,15 +9,9 @@ from pathlib import Path
 import pytest
 
 from cairn.errors import RunOwnershipError, StoreIdentityError
-from cairn.runs.ownership import (
-    STORE_ID_KEY,
-    claim_run,
-    read_owner,
-    require_store_identity,
-    store_identity,
-    store_url_problem,
-)
+from cairn.runs.ownership import claim_run, read_owner, require_store_identity, store_url_problem
 from cairn.stores import LocalStore, MemoryStore
+from cairn.stores.identity import STORE_ID_KEY, store_identity
 
 
 @pytest.mark.parametrize(

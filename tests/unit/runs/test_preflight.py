@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator
 import pytest
 
 from cairn import errors as E
+from cairn.checkpoint.options import CheckpointOptions
 from cairn.runs.preflight import PROBE_MARK, require_same_config, require_writable
 from cairn.session import TrainingSession
 from cairn.stores import MemoryStore
@@ -67,11 +68,12 @@ def test_a_failing_store_stays_retryable() -> None:
 def test_a_run_id_holding_another_configs_checkpoints_is_refused() -> None:
     store = MemoryStore("preflight-config")
     config = small_config()
-    TrainingSession.fresh("run", store, config).run(3)
-    require_same_config(store, "run", config)  # the same config: its commits are the same
-    require_same_config(store, "fresh", small_config(seed=8))  # no checkpoints yet
+    options = CheckpointOptions.from_env()
+    TrainingSession.fresh("run", store, config, options=options).run(3)
+    require_same_config(store, "run", config, options)  # the same config: its commits are the same
+    require_same_config(store, "fresh", small_config(seed=8), options)  # no checkpoints yet
     with pytest.raises(E.ConfigError) as info:
-        require_same_config(store, "run", small_config(seed=8))
+        require_same_config(store, "run", small_config(seed=8), options)
     message = str(info.value)
     assert message.startswith("run_id: run 'run' in memory://preflight-config already holds checkpoints of another")
     assert "latest: step 3; seed differ" in message and "--resume" in message

@@ -9,17 +9,23 @@ from pathlib import Path
 import pytest
 
 from cairn.checkpoint.compare import compare_states
-from cairn.checkpoint.manager import latest_committed
+from cairn.checkpoint.latest import latest_committed
+from cairn.checkpoint.options import CheckpointOptions
 from cairn.checkpoint.tier import NodeTier, TieredStore
+from cairn.config import TrainConfig
 from cairn.errors import CheckpointConflictError
-from cairn.runs.ownership import store_identity
-from cairn.runs.tier_restore import local_candidate, resume_tiered
+from cairn.runs.tier_restore import RestoreSource, local_candidate, resume_tiered
 from cairn.session import TrainingSession
+from cairn.stores.identity import store_identity
 from cairn.stores.local import LocalStore
 from tests.conftest import small_config
 from tests.unit.checkpoint.test_tier import HeldUploader
 
 RUN = "restore"
+
+
+def _resume(tiered: TieredStore, durable: LocalStore, config: TrainConfig) -> tuple[TrainingSession, RestoreSource]:
+    return resume_tiered(RUN, tiered, durable, config, options=CheckpointOptions.from_env())
 
 
 def _tier(tmp_path: Path, durable: LocalStore, name: str = "tier") -> tuple[NodeTier, TieredStore, HeldUploader]:
@@ -42,7 +48,7 @@ def _trained(tmp_path: Path) -> tuple[LocalStore, NodeTier, TieredStore, Trainin
 def test_same_host_resumes_from_its_newer_local_commit(tmp_path: Path) -> None:
     durable, _, tiered, trained = _trained(tmp_path)
     assert latest_committed(durable, RUN) is not None and latest_committed(durable, RUN).step == 10  # type: ignore[union-attr]
-    session, source = resume_tiered(RUN, tiered, durable, small_config())
+    session, source = _resume(tiered, durable, small_config())
     assert source == "local" and session.state.step == 15
     assert compare_states(session.state, trained.state) == []
     assert session.store is tiered
@@ -51,14 +57,14 @@ def test_same_host_resumes_from_its_newer_local_commit(tmp_path: Path) -> None:
 def test_same_host_at_the_durable_latest_restores_the_local_copy(tmp_path: Path) -> None:
     durable, node, tiered, trained = _trained(tmp_path)
     node.uploader.drain()  # type: ignore[attr-defined]
-    session, source = resume_tiered(RUN, tiered, durable, small_config())
+    session, source = _resume(tiered, durable, small_config())
     assert (source, session.state.step) == ("local", 15)
 
 
 def test_another_host_resumes_from_the_last_durable_commit(tmp_path: Path) -> None:
     durable, node, _, _ = _trained(tmp_path)
     _, elsewhere, _ = _tier(tmp_path, durable, name="other-host")
-    session, source = resume_tiered(RUN, elsewhere, durable, small_config())
+    session, source = _resume(elsewhere, durable, small_config())
     assert (source, session.state.step) == ("durable", 10)
     reference = TrainingSession.fresh("reference", LocalStore(tmp_path / "ref"), small_config())
     reference.run(10)
@@ -74,7 +80,7 @@ def test_a_flipped_byte_in_the_local_copy_is_detected_and_the_durable_copy_used(
     raw = bytearray(path.read_bytes())
     raw[len(raw) // 3] ^= 0x40
     path.write_bytes(raw)
-    session, source = resume_tiered(RUN, tiered, durable, small_config())
+    session, source = _resume(tiered, durable, small_config())
     assert (source, session.state.step) == ("durable", 10)
     assert not path.exists() and tiered.newest(RUN) is not None and tiered.newest(RUN).ref.step == 10  # type: ignore[union-attr]
     assert node.stats.discarded == 1
@@ -85,7 +91,7 @@ def test_a_local_commit_that_differs_from_the_durable_one_is_discarded(tmp_path:
     TrainingSession.fresh(RUN, durable, small_config(seed=5)).run(5, checkpoint_every=5)  # the durable truth
     node, tiered, _ = _tier(tmp_path, durable)
     TrainingSession.fresh(RUN, tiered, small_config(seed=5, batch_size=4)).run(5, checkpoint_every=5)
-    session, source = resume_tiered(RUN, tiered, durable, small_config(seed=5))
+    session, source = _resume(tiered, durable, small_config(seed=5))
     assert (source, session.state.step) == ("durable", 5)
     assert tiered.newest(RUN) is None and node.stats.discarded == 1
 
@@ -97,9 +103,9 @@ def test_a_run_that_lost_an_upload_conflict_never_resumes_from_its_local_commits
     _, tiered, uploader = _tier(tmp_path, durable)
     TrainingSession.fresh(RUN, tiered, small_config()).run(15, checkpoint_every=5)
     uploader.drain()  # 5 uploaded, 10 conflicts
-    assert local_candidate(tiered, durable, RUN) is None
+    assert local_candidate(tiered, durable, RUN, CheckpointOptions.from_env()) is None
     with pytest.raises(CheckpointConflictError):
-        resume_tiered(RUN, tiered, durable, small_config())
+        _resume(tiered, durable, small_config())
 
 
 def test_a_wiped_and_recreated_store_is_not_resumed_from_an_old_local_copy(tmp_path: Path) -> None:
@@ -111,7 +117,7 @@ def test_a_wiped_and_recreated_store_is_not_resumed_from_an_old_local_copy(tmp_p
     uploader.drain()
     shutil.rmtree(tmp_path / "durable")
     store_identity(durable, create=True)
-    session, source = resume_tiered(RUN, node.tiered(durable.url, durable), durable, small_config())
+    session, source = _resume(node.tiered(durable.url, durable), durable, small_config())
     assert (source, session.state.step) == ("fresh", 0)
     assert tiered.newest(RUN) is None
 
@@ -121,5 +127,5 @@ def test_with_nothing_durable_a_local_copy_of_the_same_store_identity_is_used(tm
     store_identity(durable, create=True)
     _, tiered, _ = _tier(tmp_path, durable)
     TrainingSession.fresh(RUN, tiered, small_config()).run(5, checkpoint_every=5)  # not uploaded
-    session, source = resume_tiered(RUN, tiered, durable, small_config())
+    session, source = _resume(tiered, durable, small_config())
     assert (source, session.state.step) == ("local", 5)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from activities.models import TrainingRunInput
+from activities.inputs import TrainingRunInput
 from cairn.checkpoint import CheckpointRef, read_manifest
 from cairn.stores import LocalStore
 from tests.conftest import REPO

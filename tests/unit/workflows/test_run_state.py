@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from activities.models import RunCarry, TrainingRunInput, TrainSegmentResult
+import pytest
+from temporalio.exceptions import ApplicationError
+
+from activities.inputs import OpenRunResult, RunCarry, TrainingRunInput, TrainSegmentResult
 from workers.cli.temporal import summary_text
-from workflows import run_state
+from workflows import run_state, segments
 
 LOCAL = "/s/r/training/000000000020"
 DURABLE = "/s/r/training/000000000015"
@@ -37,3 +40,26 @@ def test_an_older_workers_result_is_durable_as_reported() -> None:
     run_state.record_result(carry, _result(), _inp())
     assert (carry.durable_checkpoint, carry.durable_step) == (LOCAL, 20)
     assert "durable      the same (uploaded)" in summary_text(run_state.summary(_inp(), carry))
+
+
+def test_the_workflows_refusals_are_typed_as_the_activities_are() -> None:
+    """The workflow refuses through the one conversion of a Cairn error: its type name, one
+    line, non-retryable as the class declares."""
+    by_epochs = TrainingRunInput.model_validate(
+        {"run_id": "r", "config": {"seed": 1}, "total_epochs": 2, "store": "/s", "segment": {"epochs": 1}}
+    )
+    opened = OpenRunResult(store_id="s", checkpoint=None, step=0, fingerprint=None)
+    with pytest.raises(ApplicationError) as unknown:
+        run_state.adopt_length(RunCarry(), by_epochs, opened)
+    assert (unknown.value.type, unknown.value.non_retryable) == ("ConfigError", True)
+    assert unknown.value.message == (
+        "total_epochs: this worker's open_run did not report the epoch length; give total_steps"
+    )
+    with pytest.raises(ApplicationError) as past:
+        run_state.adopt_length(RunCarry(), _inp(), opened.model_copy(update={"step": 41}))
+    assert (past.value.type, past.value.non_retryable) == ("InvariantError", True)
+    assert past.value.message == "run r already has a committed checkpoint at step 41, past total_steps=40"
+    with pytest.raises(ApplicationError) as epochs:
+        segments.segment_end(by_epochs, RunCarry())
+    assert (epochs.value.type, epochs.value.non_retryable) == ("ConfigError", True)
+    assert epochs.value.message.startswith("segment.epochs: this worker's open_run did not report the epoch length")

@@ -9,7 +9,7 @@ import pytest
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, RetryState, TimeoutType
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
-from activities.models import RunCarry, TrainingRunInput
+from activities.inputs import RunCarry, TrainingRunInput
 from workflows import segments
 
 
@@ -58,7 +58,7 @@ def test_every_seconds_is_validated() -> None:
 def test_auto_interval_stays_well_inside_the_segment_timeout() -> None:
     """A slow save and a short timeout: the interval (and the stretched segment) stay under
     half the timeout, so no attempt is killed by its own timeout before it reports."""
-    from cairn.interval import IntervalState
+    from cairn.checkpoint_interval import IntervalState
 
     body: dict[str, Any] = {
         "run_id": "r",

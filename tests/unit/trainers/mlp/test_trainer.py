@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 
 from cairn import errors as E
-from cairn.checkpoint import latest_committed, load_training, read_manifest
+from cairn.checkpoint import latest_committed, read_manifest
 from cairn.checkpoint.compare import compare_states
 from cairn.config import parse_config
 from cairn.session import TrainingSession, default_run_id
 from cairn.stores import LocalStore
 from cairn.trainers.loading import load_trainer
 from cairn.trainers.mlp.trainer import MLPTrainer
+from cairn.training import load_training
 from tests.conftest import FIXTURES, epoch_config, rewrite_manifest
 
 V1_CONFIG = {

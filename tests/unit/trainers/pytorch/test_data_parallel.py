@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from cairn import errors as E
-from cairn.checkpoint import CheckpointRef, list_checkpoints, load_training
+from cairn.checkpoint import CheckpointRef, list_checkpoints
 from cairn.checkpoint.blocks import plan_blocks
 from cairn.checkpoint.manifest import CheckpointKind, Manifest
 from cairn.checkpoint.options import CheckpointOptions
@@ -30,6 +30,7 @@ from cairn.stores import LocalStore
 from cairn.trainers.loading import load_trainer
 from cairn.trainers.pytorch.data_parallel import TorchDP, byte_shares, microbatch_seed, reduce_microbatches
 from cairn.trainers.pytorch.trainer import TorchOptions, TorchSetup, TorchTrainer
+from cairn.training import load_training
 from tests.conftest import digits_dp_config
 
 

@@ -12,14 +12,15 @@ import pytest
 import torch
 
 from cairn import errors as E
-from cairn.checkpoint import CheckpointRef, load_training
-from cairn.checkpoint.async_save import AsyncCheckpointer
+from cairn.checkpoint import CheckpointOptions, CheckpointRef
 from cairn.checkpoint.compare import compare_states
 from cairn.session import TrainingSession, default_run_id
 from cairn.stores import LocalStore
 from cairn.trainers.loading import load_trainer, normalized_config
 from cairn.trainers.pytorch.device import HostStaging, place, resolve_device
 from cairn.trainers.pytorch.state_io import check_rng_tensor
+from cairn.training import load_training
+from cairn.training.async_save import AsyncCheckpointer
 from tests.conftest import digits_config
 
 pytest.importorskip("sklearn")
@@ -108,7 +109,7 @@ def test_an_async_save_of_a_staged_state_is_a_snapshot(tmp_path: Path) -> None:
     session = staged(TrainingSession.fresh("run", tmp_path / "run", config))
     session.run(5, checkpoint_at_end=False)
     expected = session.state.copy()
-    saver = AsyncCheckpointer(LocalStore(tmp_path / "async"), "snap")
+    saver = AsyncCheckpointer(LocalStore(tmp_path / "async"), "snap", options=CheckpointOptions.from_env())
     handle = saver.save_async(session.state)
     session.run(5, checkpoint_at_end=False)  # re-stages into the same buffers
     ref: CheckpointRef = handle.result(timeout=60).ref

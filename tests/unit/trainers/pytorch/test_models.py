@@ -342,7 +342,7 @@ def test_a_wrong_half_dtype_and_a_foreign_stream_state_are_refused(tmp_path: Pat
 
 
 def test_the_shipped_lm_example_and_its_run_input_validate() -> None:
-    from activities.models import TrainingRunInput
+    from activities.inputs import TrainingRunInput
 
     inp = TrainingRunInput.model_validate_json((REPO / "examples" / "lm-run.json").read_text())
     assert inp.config == parse_config(json.loads((REPO / "examples" / "lm.json").read_text()))

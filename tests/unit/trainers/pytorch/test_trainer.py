@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from cairn import errors as E
-from cairn.checkpoint import CheckpointRef, load_training
+from cairn.checkpoint import CheckpointRef
 from cairn.checkpoint.compare import compare_states
 from cairn.config import TrainConfig, parse_config
 from cairn.sampler import EpochSampler
@@ -24,6 +24,7 @@ from cairn.session import TrainingSession
 from cairn.stores import LocalStore
 from cairn.trainers.loading import load_trainer
 from cairn.trainers.pytorch.trainer import TorchSetup, TorchTrainer
+from cairn.training import load_training
 from tests.conftest import REPO, digits_config, rewrite_manifest, write_broken
 from workers.cli.main import main as cli
 
@@ -212,7 +213,7 @@ def test_tolerance_contract_is_recorded_and_compare_accepts_tolerances(
 
 
 def test_shipped_examples_validate() -> None:
-    from activities.models import TrainingRunInput
+    from activities.inputs import TrainingRunInput
 
     inp = TrainingRunInput.model_validate_json((REPO / "examples" / "digits-run.json").read_text())
     assert inp.total_epochs == 6 and inp.segment is not None and inp.segment.epochs == 1

@@ -7,6 +7,7 @@ the other."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -117,6 +118,14 @@ GPT2_EXPORT = (
     "cairn ckpt export runs/gpt2/training/000000000040 gpt2-out --format safetensors --config examples/hf-gpt2.json"
 )
 
+# -- "File formats, overrides and the schema" -----------------------------------------------------
+SET_TRAIN = (
+    "cairn train --config examples/config.json --set optimizer.lr=0.01 --set model.hidden=8 --steps 20 "
+    "--store /tmp/cairn-set"
+)
+SCHEMA_CONFIG = "cairn schema config --trainer examples.digits:DigitsCNN > cairn-config.schema.json"
+SCHEMA_RUN = "cairn schema run-input > cairn-run.schema.json"
+
 _IN_PROCESS = "test_the_in_process_commands_work_as_printed"
 RUN_HERE = {
     **dict.fromkeys(
@@ -146,6 +155,9 @@ RUN_HERE = {
     HF_EXPORT: "test_the_hugging_face_export_works_as_printed",
     GPT2_TRAIN: "test_a_checkpoint_loads_as_a_model_as_printed",
     GPT2_EXPORT: "test_a_checkpoint_loads_as_a_model_as_printed",
+    SET_TRAIN: "test_overrides_and_the_schema_work_as_printed",
+    SCHEMA_CONFIG: "test_overrides_and_the_schema_work_as_printed",
+    SCHEMA_RUN: "test_overrides_and_the_schema_work_as_printed",
 }
 """Each README command run by a test of this module, from the README's words."""
 
@@ -192,9 +204,12 @@ NOT_RUN_HERE = {
     "report (tests/unit/workers/cli/test_interval.py runs --report FILE --mtbf-seconds 40)",
     "cairn train --config examples/distributed.json --steps 40 --store runs --world-size 4": _NONE
     + "a gang of 4 ranks (tests/integration/test_distributed.py runs cairn train --world-size 2)",
-    "cairn dev up": _TEMPORAL + "tests/integration/test_cli_stack.py runs it (with test ports)",
+    "cairn dev up [--config FILE]": _TEMPORAL + "tests/integration/test_cli_stack.py runs it (with test ports, "
+    "with and without --config)",
     "cairn run start examples/run.json [--wait] [--task-queue cairn-training] [--workflow-id ID]": _TEMPORAL
     + "tests/integration/test_cli_stack.py and test_cli_operations.py run it on their own run files",
+    "cairn schema run-input|config [--trainer FACTORY]": _NONE + "the synopsis "
+    "(test_overrides_and_the_schema_work_as_printed runs both kinds, one with --trainer, as printed further down)",
     "cairn run list [--limit 50]": _TEMPORAL + "tests/integration/test_cli_operations.py",
     "cairn run watch ID": _TEMPORAL + "tests/integration/test_cli_operations.py, test_run_truth.py",
     "cairn run status ID | result ID | journal ID": _TEMPORAL + "tests/integration/test_cli_stack.py",
@@ -205,6 +220,7 @@ NOT_RUN_HERE = {
     "cairn worker [--address HOST:PORT] [--namespace NS] [--task-queue Q] [--max-activities 4] "
     "[--numerics x86-64-v3]": _TEMPORAL + "tests/integration/test_cli_operations.py starts `cairn worker --address`",
     "cairn dev status | down": _TEMPORAL + "tests/integration/test_cli_stack.py",
+    "cairn dev env [--json]": _TEMPORAL + "tests/integration/test_cli_stack.py compares it with `dev up`'s",
     "cairn drill [--seed 1] [--kills 5 | --duration S] [--targets worker-kill,kill-in-upload,...|all]": _TEMPORAL
     + "tests/integration/test_drill.py",
     "cairn plan-interval [--report DRILL.json | --store S --run R [--config C]] [--save-seconds C] "
@@ -296,6 +312,34 @@ def test_the_in_process_commands_work_as_printed(here: Path, mypkg: Path, capsys
     planned = cairn(capsys, readme_words(GC, {"STORE": "runs", "RUN": "demo"}, take=("--keep-last", "--dry-run")))
     assert "keep   " in planned and "would delete" in planned and f"{at17}" not in planned.split("would delete", 1)[1]
     cairn(capsys, readme_words(UNPIN, {"STORE": "runs", "RUN": "demo"}))
+
+
+def test_overrides_and_the_schema_work_as_printed(here: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The overrides line trains with the overridden fields (its store moved into the test's
+    directory); the schema lines, run in a shell as printed, write schemas every shipped example
+    validates against (and a wrong trainer option does not)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from cairn.checkpoint import CheckpointRef, read_manifest
+    from cairn.stores import LocalStore
+
+    ref = cairn(capsys, readme_words(SET_TRAIN, {"/tmp/cairn-set": "set-runs"})).strip()
+    manifest = read_manifest(LocalStore(str(here / "set-runs")), CheckpointRef.parse(ref), expect_kind=None)
+    assert manifest.config is not None
+    assert manifest.config["optimizer"]["lr"] == 0.01 and manifest.config["model"]["hidden"] == 8
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    for line in (SCHEMA_CONFIG, SCHEMA_RUN):
+        subprocess.run(line, shell=True, check=True, cwd=here, env=env, timeout=120)
+    digits = jsonschema.Draft202012Validator(json.loads((here / "cairn-config.schema.json").read_text()))
+    example = json.loads((REPO / "examples" / "digits.json").read_text())
+    assert list(digits.iter_errors(example)) == []
+    example["trainer"]["options"]["no_such_option"] = 1
+    wrong = jsonschema.exceptions.best_match(digits.iter_errors(example))
+    assert wrong is not None and "'no_such_option' was unexpected" in wrong.message, wrong
+    runs = jsonschema.Draft202012Validator(json.loads((here / "cairn-run.schema.json").read_text()))
+    shipped = sorted((REPO / "examples").glob("*-run.json")) + [REPO / "examples" / "run.json"]
+    assert len(shipped) >= 5
+    for path in shipped:
+        assert list(runs.iter_errors(json.loads(path.read_text()))) == [], path
 
 
 def test_the_hugging_face_export_works_as_printed(here: Path, capsys: pytest.CaptureFixture[str]) -> None:

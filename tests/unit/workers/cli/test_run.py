@@ -36,3 +36,22 @@ def test_run_start_refuses_empty_or_repeated_nodes_before_connecting(
         assert code == 2 and "ConfigError" in err and "nodes" in err, err
     else:
         assert code == 5 and "TemporalUnavailableError" in err, err  # the input passed its checks
+
+
+def test_run_start_takes_a_yaml_run_file_and_overrides_checked_before_connecting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run file as YAML, a ``--set`` of the wrong type refused naming the field, a good one
+    passing every check (then Temporal is what is missing)."""
+    import yaml
+
+    monkeypatch.setenv("TEMPORAL_ADDRESS", "127.0.0.1:1")  # nothing listens: a refusal must come first
+    run_file = tmp_path / "run.yaml"
+    run_file.write_text(yaml.safe_dump(json.loads((REPO / "examples" / "run.json").read_text())))
+    code, _, err = run(capsys, "run", "start", str(run_file), "--set", "checkpoint.every=often")
+    assert code == 2 and "checkpoint.every" in err and '(found "often")' in err, err
+    code, _, err = run(capsys, "run", "start", str(run_file), "--set", "total_steps=seven")
+    assert code == 2 and "total_steps: Input should be a valid integer" in err, err
+    code, _, err = run(capsys, "run", "start", str(run_file), "--set", "checkpoint.every=auto", "--set",
+                       "config.optimizer.lr=0.001")  # fmt: skip
+    assert code == 5 and "TemporalUnavailableError" in err, err  # the input passed its checks

@@ -22,12 +22,13 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.converter import DATA_CONVERTER
-from activities.models import TrainingRunInput
+from activities.inputs import TrainingRunInput
 from activities.views import RunProgress
-from cairn.checkpoint.manager import latest_committed
-from cairn.runs.ownership import claim_run, store_identity
+from cairn.checkpoint.latest import latest_committed
+from cairn.runs.ownership import claim_run
 from cairn.session import TrainingSession, default_run_id
 from cairn.stores import LocalStore
+from cairn.stores.identity import store_identity
 from cairn.trainers.loading import normalized_config
 from tests.conftest import REPO, small_config
 from workers.cli import run_status

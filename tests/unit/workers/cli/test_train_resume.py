@@ -55,7 +55,8 @@ def test_the_resume_command_carries_every_option_that_shaped_the_run(
     monkeypatch.chdir(here)  # relative paths, as a user types them
     with ctrl_c_once_training():
         code, out, err = run(capsys, "train", "--config", "my.json", "--steps", "100000000", "--store", "runs",
-                             "--run-id", "long", "--checkpoint-every", "7", "--json")  # fmt: skip
+                             "--run-id", "long", "--checkpoint-every", "7", "--set", "optimizer.lr=0.01",
+                             "--json")  # fmt: skip
     assert code == 130, err
     interrupted = json.loads(out)
     words = shlex.split(err.split("resume with: ", 1)[1].splitlines()[0])
@@ -63,6 +64,7 @@ def test_the_resume_command_carries_every_option_that_shaped_the_run(
     assert option(words, "--config") == str(here / "my.json")
     assert option(words, "--store") == str(here / "runs")
     assert option(words, "--checkpoint-every") == "7"
+    assert option(words, "--set") == "optimizer.lr=0.01"
     assert option(words, "--numerics") == (os.environ.get(ENV) or DEFAULT_PROFILE)
     assert "--run-id" not in words  # the checkpoint's own run
     assert Path(CheckpointRef.parse(interrupted["checkpoint"]).store_url).is_absolute()

@@ -22,11 +22,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from cairn.checkpoint.commit import CommitResult
-from cairn.checkpoint.manager import save_training
-from cairn.checkpoint.options import CheckpointOptions, resolve_options
+from cairn.checkpoint.options import CheckpointOptions
 from cairn.errors import StorageError
 from cairn.state import TrainState
 from cairn.stores.base import Store
+from cairn.training.manager import save_training
 
 COPY_PIECE = 8 << 20
 """Bytes per piece of the snapshot copy (pieces are copied concurrently)."""
@@ -55,12 +55,12 @@ class AsyncCheckpointer:
         store: Store,
         run_id: str,
         *,
+        options: CheckpointOptions,
         max_in_flight: int = 1,
-        options: CheckpointOptions | None = None,
     ) -> None:
         self.store = store
         self.run_id = run_id
-        self.options = resolve_options(options)
+        self.options = options
         self._slots = threading.BoundedSemaphore(max_in_flight)
         self._pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="cairn-async-save")
         self._copiers = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="cairn-snapshot")

@@ -1,37 +1,26 @@
-"""The manager layer: training state <-> checkpoints, listing, latest committed.
+"""The manager layer: training state <-> checkpoints, a load validated by the run's trainer.
 
-Short functions that wire the state, the format and the store together. Listing sees only
-committed checkpoints (``cairn.checkpoint.committed``); a half-written prefix, or anything
-found at a manifest's key that Cairn did not commit there, is invisible here.
+Short functions that wire the state, the format, the trainer's rules and the store together.
+Listing and the latest committed checkpoint are the checkpoint's own (``cairn.checkpoint``).
 """
 
 from __future__ import annotations
 
 from cairn.checkpoint.commit import CommitResult, write_checkpoint
-from cairn.checkpoint.committed import judge_all, manifest_candidates
 from cairn.checkpoint.history import read_history, remember, write_history
-from cairn.checkpoint.latest import latest_committed
 from cairn.checkpoint.manifest import CheckpointKind, Manifest
 from cairn.checkpoint.options import CheckpointOptions, resolve_options
 from cairn.checkpoint.reader import read_logical, read_manifest
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.reuse import remember_blocks
 from cairn.checkpoint.training import split_history, training_content, training_state
-from cairn.checkpoint.validate import check_training_manifest, run_bounds
 from cairn.config import TrainConfig
 from cairn.state import TrainState
 from cairn.stores.base import Store
-from cairn.stores.local import LocalStore
-from cairn.stores.memory import MemoryStore
 from cairn.trainers.base import Trainer
+from cairn.trainers.validate import check_training_manifest, run_bounds
 
-__all__ = [
-    "save_training",
-    "load_training",
-    "load_training_with_trainer",
-    "list_checkpoints",
-    "latest_committed",
-]
+__all__ = ["save_training", "load_training", "load_training_with_trainer"]
 
 
 def save_training(
@@ -74,6 +63,7 @@ def load_training(
     (``cairn.trainers.trainer_for_checkpoint``). Nothing is returned (and so nothing can
     replace a run's state) unless every rule passed.
     """
+    options = resolve_options(options)  # an entry point: the configured ones when given none
     state, manifest, _ = load_training_with_trainer(store, ref, trainer=trainer, run_config=run_config, options=options)
     return state, manifest
 
@@ -84,10 +74,9 @@ def load_training_with_trainer(
     *,
     trainer: Trainer | None = None,
     run_config: TrainConfig | None = None,
-    options: CheckpointOptions | None = None,
+    options: CheckpointOptions,
 ) -> tuple[TrainState, Manifest, Trainer]:
     """``load_training``, also returning the trainer that validated the checkpoint."""
-    options = resolve_options(options)
     run_trainer = trainer
     sized = (
         None
@@ -112,17 +101,3 @@ def load_training_with_trainer(
         kind, entries = ref.kind.value, manifest.tensors
         remember_blocks(store, ref.run_id, kind, ref.step, entries, manifest.shards, indexed=indexed, nonce=nonce)
     return state, manifest, trainer
-
-
-def list_checkpoints(
-    store: Store,
-    run_id: str | None = None,
-    kind: CheckpointKind | None = None,
-    options: CheckpointOptions | None = None,
-) -> list[CheckpointRef]:
-    """Committed checkpoints, sorted by (run, kind, step): every manifest listed is judged by
-    the one rule (``cairn.checkpoint.committed``); foreign objects at a manifest's key are left
-    out (``cairn ckpt list`` shows them, with the reason)."""
-    refs, _ = manifest_candidates(store, run_id, kind)
-    concurrent = not isinstance(store, LocalStore | MemoryStore)  # a remote store: overlap the reads
-    return [v.ref for v in judge_all(store, refs, options, concurrent=concurrent) if v.committed]

@@ -17,20 +17,21 @@ from pathlib import Path
 import numpy as np
 
 from cairn.checkpoint.blocks import logical_specs
+from cairn.checkpoint.exposures import exposure_count
 from cairn.checkpoint.manifest import CheckpointKind, Manifest
-from cairn.checkpoint.options import CheckpointOptions, resolve_options
+from cairn.checkpoint.options import CheckpointOptions
 from cairn.checkpoint.reader import read_logical, read_manifest
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.tensors import dtype_tag
-from cairn.checkpoint.validate import check_training_manifest, manifest_config
+from cairn.checkpoint.validate import manifest_config
 from cairn.config import TrainConfig
 from cairn.errors import IncompatibleConfigError, TensorSpecError
 from cairn.interop.weights import read_weights
-from cairn.runs.exposures import exposure_count
 from cairn.state import ReferenceSnapshot, TrainState
 from cairn.stores import Store, open_store
 from cairn.trainers.base import Trainer
 from cairn.trainers.loading import first_difference, normalized_config, trainer_for_checkpoint
+from cairn.trainers.validate import check_training_manifest
 
 __all__ = ["initial_state"]
 
@@ -40,7 +41,7 @@ SAFETENSORS_SOURCE = "safetensors:"
 """How a lineage's reference names weights read from a safetensors file or directory."""
 
 
-def initial_state(trainer: Trainer, *, options: CheckpointOptions | None = None) -> TrainState:
+def initial_state(trainer: Trainer, *, options: CheckpointOptions) -> TrainState:
     """Step 0 of a run: fresh, or — with ``init_from`` — a new stage on a reference's weights."""
     state = trainer.init_state()
     init = trainer.config.init_from
@@ -50,7 +51,6 @@ def initial_state(trainer: Trainer, *, options: CheckpointOptions | None = None)
         return _from_safetensors(trainer, state, Path(init.safetensors))
     assert init.checkpoint is not None
     ref = CheckpointRef.parse(init.checkpoint)
-    options = resolve_options(options)
     source = open_store(ref.store_url)
     manifest = read_manifest(source, ref, expect_kind=CheckpointKind.TRAINING, options=options)
     reference = _check_stage_contract(trainer, manifest_config(manifest), init.may_change)

@@ -1,4 +1,4 @@
-"""The Young/Daly checkpoint-interval arithmetic (``cairn.interval``)."""
+"""The Young/Daly checkpoint-interval arithmetic (``cairn.checkpoint_interval``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 import pytest
 
 from cairn import errors as E
-from cairn.interval import (
+from cairn.checkpoint_interval import (
     CHOICES_WINDOW,
     AutoInterval,
     IntervalState,

@@ -1,4 +1,4 @@
-"""Stages and final-test exposures (``cairn.runs.stages``, ``cairn.runs.exposures``): ``init_from``
+"""Stages and final-test exposures (``cairn.trainers.stages``, ``cairn.checkpoint.exposures``): ``init_from``
 starts a stage on another run's weights under the stage contract, and every evaluation on the
 test split is counted (``cairn eval``, ``cairn ckpt show``) while the checkpoint stays immutable."""
 

@@ -7,11 +7,12 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from cairn.checkpoint.async_save import AsyncCheckpointer
+from cairn.checkpoint.options import CheckpointOptions
 from cairn.config import TrainConfig
 from cairn.session import TrainingSession
 from cairn.stores import MemoryStore
 from cairn.stores.base import Chunk
+from cairn.training.async_save import AsyncCheckpointer
 
 
 class GatedStore(MemoryStore):
@@ -31,7 +32,7 @@ class GatedStore(MemoryStore):
 def test_second_save_waits_for_the_first(config: TrainConfig) -> None:
     store = GatedStore()
     session = TrainingSession.fresh("bp", MemoryStore("bp-src"), config)
-    saver = AsyncCheckpointer(store, "bp")
+    saver = AsyncCheckpointer(store, "bp", options=CheckpointOptions.from_env())
     first = saver.save_async(session.state)
     returned: dict[str, Any] = {}
 
@@ -55,12 +56,13 @@ def test_second_save_waits_for_the_first(config: TrainConfig) -> None:
 
 def test_reused_snapshot_buffers_never_mix_saves(config: TrainConfig) -> None:
     """Snapshot buffers are reused once their save is over, never while it is in flight."""
-    from cairn.checkpoint import latest_committed, load_training
+    from cairn.checkpoint import latest_committed
     from cairn.checkpoint.compare import compare_states
+    from cairn.training import load_training
 
     store = GatedStore()
     session = TrainingSession.fresh("reuse", MemoryStore("reuse-src"), config)
-    saver = AsyncCheckpointer(store, "reuse", max_in_flight=2)
+    saver = AsyncCheckpointer(store, "reuse", options=CheckpointOptions.from_env(), max_in_flight=2)
     expected = []
     handles = []
     for step in range(3):

@@ -16,9 +16,10 @@ from pydantic import Field, field_validator, model_validator
 
 from activities.effect_models import DecisionInput, EffectInput, EffectReceipt, EffectsSpec, Model
 from cairn.checkpoint.layout import RUN_ID_PATTERN
+from cairn.checkpoint_interval import AutoInterval, IntervalChoice, IntervalState
 from cairn.config import TrainConfig
-from cairn.interval import AutoInterval, IntervalChoice, IntervalState
 from cairn.numerics import DEFAULT_PROFILE, ProfileName
+from cairn.runs.outcome import SegmentOutcome
 from cairn.runs.ownership import store_url_problem
 
 __all__ = [
@@ -64,7 +65,7 @@ class CheckpointPolicy(_Model):
     every: Annotated[int, Field(gt=0)] | Literal["auto"] = 10
     """Commit a full-state checkpoint every K steps (absolute step numbers, so every attempt
     of a segment commits under the same idempotency keys); ``"auto"``: K chosen before each
-    segment from the save cost and failure rate the run measured (``cairn.interval``)."""
+    segment from the save cost and failure rate the run measured (``cairn.checkpoint_interval``)."""
     mode: Literal["sync", "async"] = "sync"
     auto: AutoInterval = AutoInterval()
     """How ``every: "auto"`` chooses, and its bounds."""
@@ -364,17 +365,10 @@ class GangNodeInput(SegmentInput):
     """The furthest step an earlier attempt of this segment reported (for recomputed steps)."""
 
 
-class TrainSegmentResult(_Model):
-    step: int
-    cursor: int
-    checkpoint: str
-    fingerprint: str
-    loss: float | None
-    val_loss: float | None = None
-    val_accuracy: float | None = None
-    """The latest evaluation on the validation split (at an epoch end), if the trainer has one."""
+class TrainSegmentResult(SegmentOutcome, _Model):
+    """A segment's outcome (``cairn.runs.outcome``), as the workflow records it."""
+
     attempt: int
-    resumed_from_step: int
     recomputed_steps: int
     """Steps previous attempts had computed past the checkpoint this attempt resumed from,
     redone here: the furthest step any earlier attempt reported (its last heartbeat, at most

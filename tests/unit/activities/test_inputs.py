@@ -1,4 +1,4 @@
-"""The workflow's input and carry (``activities.models``): bad gang inputs and a relative store are
+"""The workflow's input and carry (``activities.inputs``): bad gang inputs and a relative store are
 refused before anything runs, and the carry stays bounded."""
 
 from __future__ import annotations
@@ -7,7 +7,11 @@ import json
 
 import pytest
 
-from activities.models import RunCarry, TrainingRunInput
+from activities.inputs import RunCarry, TrainingRunInput, TrainSegmentResult
+from cairn.gang.job import RankResult
+from cairn.runs.outcome import SegmentOutcome
+from cairn.session import TrainingSession
+from cairn.stores import MemoryStore
 from tests.conftest import REPO, dist_config, small_config
 
 
@@ -56,3 +60,28 @@ def test_carry_stays_bounded() -> None:
     assert carry.segments == 101 and carry.retried_segments == 1
     assert len(carry.attempts) == 32 and carry.attempts[-1] == 3
     assert len(RunCarry(attempts=[1] * 500).attempts) == 32
+
+
+def test_a_segments_result_and_a_ranks_are_one_flat_outcome() -> None:
+    """Both results inherit the outcome's fields (``cairn.runs.outcome``): the payload stays the
+    flat JSON the recorded histories hold, and the state's part is read in one place."""
+    shared = {"step", "cursor", "checkpoint", "fingerprint", "loss", "val_loss", "val_accuracy", "resumed_from_step"}
+    assert set(SegmentOutcome.model_fields) == shared
+    assert shared < set(TrainSegmentResult.model_fields) and shared < set(RankResult.model_fields)
+    state = TrainingSession.fresh("outcome", MemoryStore("outcome"), small_config()).state
+    state.history["loss"] = [2.0, 1.5]
+    result = TrainSegmentResult.of(
+        state, checkpoint="c", fingerprint="f", resumed_from_step=0, attempt=1, recomputed_steps=0
+    )
+    assert (result.step, result.cursor, result.loss, result.val_loss) == (state.step, state.cursor, 1.5, None)
+    assert set(json.loads(result.model_dump_json())) == shared | {
+        "attempt",
+        "recomputed_steps",
+        "warm",
+        "saves",
+        "blocked_save_seconds",
+        "train_seconds",
+        "worker_queue",
+        "durable_checkpoint",
+        "durable_step",
+    }
