@@ -3,19 +3,28 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+DEMO   := $(VENV)/.installed-demo
 
 .PHONY: demo drill test test-fast bench gpu-check lint clean
 
+# Everything: the suite, benchmarks and lint (the dev servers, plots, torch, Hugging Face).
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,bench,torch,hf]'
-	@touch $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,bench,torch,hf,stack,report]'
+	@touch $(STAMP) $(DEMO)
 
-demo: $(STAMP)
+# What the demo and the drill need: the dev servers, plots, torch (the digits CNN).
+$(DEMO): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[stack,report,torch]'
+	@touch $(DEMO)
+
+demo: $(DEMO)
 	$(PY) -m workers.demo
 
-drill: $(STAMP)
+drill: $(DEMO)
 	$(PY) -m workers.cli drill --seed 1 --kills 5 --out cairn-report-drill
 
 test: $(STAMP)
@@ -25,14 +34,14 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -m "not drill"
 
 bench: $(STAMP)
-	$(PY) bench/run_all.py
+	$(PY) -m bench.run_all
 
 # On a machine with a CUDA GPU (and torch's CUDA build): the gpu-marked tests, then the
 # save/restore-from-device benchmark (bench/results/gpu.json, section 12 of BENCHMARKS.md).
 gpu-check: $(STAMP)
 	$(PY) -m pytest -m gpu tests/gpu -rs -p no:cacheprovider
-	$(PY) bench/bench_gpu.py
-	$(PY) bench/report.py
+	$(PY) -m bench.suites.gpu
+	$(PY) -m bench.report
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check cairn workflows activities workers tests bench

@@ -51,6 +51,7 @@ from typing import Any, ClassVar
 __all__ = [
     "CairnError",
     "ConfigError",
+    "MissingExtraError",
     "StorageError",
     "ObjectNotFoundError",
     "CheckpointError",
@@ -140,6 +141,18 @@ class CairnError(Exception):
 
 class ConfigError(CairnError):
     """A configuration file or value is malformed or unusable."""
+
+
+class MissingExtraError(ConfigError):
+    """What a command needs is in an optional part of Cairn that is not installed here (the dev
+    servers: ``cairn-train[stack]``; plots: ``cairn-train[report]``); the message names the extra."""
+
+    def __init__(self, what: str, extra: str, needed_by: str) -> None:
+        super().__init__(
+            f"{needed_by} needs {what}, which is not installed in this Python environment: "
+            f"pip install 'cairn-train[{extra}]'"
+        )
+        self.extra = extra
 
 
 class ReferenceSyntaxError(ConfigError):

@@ -605,7 +605,7 @@ def _copy_problems(instructions: list[tuple[str, str]]) -> list[str]:
             copied.add(str(PurePosixPath(source)))
     if missing := sorted(_packages_installed() - copied):
         problems.append(f"packages pyproject.toml installs are not copied: {missing}")
-    for needed in ("pyproject.toml", PYPROJECT["project"]["readme"]):
+    for needed in ("pyproject.toml", PYPROJECT["project"]["readme"], *PYPROJECT["project"].get("license-files", [])):
         if needed not in copied:
             problems.append(f"{needed} is not copied (pip install . needs it)")
     return problems
@@ -667,7 +667,16 @@ def _replace(old: str, new: str) -> Callable[[str], str]:
 DOCKERFILE_BREAKS: list[tuple[str, Callable[[str], str], str]] = [
     ("missing source", _replace("COPY workers/ workers/", "COPY workerz/ workers/"), "workerz/"),
     ("package not copied", _replace("COPY activities/ activities/\n", ""), "['activities']"),
-    ("readme not copied", _replace("COPY pyproject.toml README.md ./", "COPY pyproject.toml ./"), "README.md"),
+    (
+        "readme not copied",
+        _replace("COPY pyproject.toml README.md LICENSE ./", "COPY pyproject.toml LICENSE ./"),
+        "README.md",
+    ),  # fmt: skip
+    (
+        "license not copied",
+        _replace("COPY pyproject.toml README.md LICENSE ./", "COPY pyproject.toml README.md ./"),
+        "LICENSE",
+    ),  # fmt: skip
     ("other entrypoint", _replace('ENTRYPOINT ["cairn", "worker"]', 'ENTRYPOINT ["cairn-worker"]'), "ENTRYPOINT"),
     ("shell entrypoint", _replace('ENTRYPOINT ["cairn", "worker"]', "ENTRYPOINT cairn worker"), "shell form"),
     ("root", _replace("USER 10001:10001", "USER root"), "root"),

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from cairn.errors import CairnError, ConfigError
+from workers.reports.plots import require_plots
 
 __all__ = [
     "CommandFailed",
@@ -185,7 +186,9 @@ def report_usage_error(usage: str, words: Sequence[str], exc: CairnError) -> int
 
 
 def report_dir(out: str | None, run_id: str) -> Path:
-    """Where a report goes: an existing or creatable directory, checked before any work."""
+    """Where a report goes: an existing or creatable directory, checked before any work, as is
+    matplotlib (the ``report`` extra), which draws it."""
+    require_plots("writing a report (its PNG plots)")
     path = Path(out or f"cairn-report-{run_id}")
     try:
         path.mkdir(parents=True, exist_ok=True)

@@ -16,10 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cairn.errors import MissingExtraError
+
 if TYPE_CHECKING:
     import matplotlib.figure
 
 __all__ = [
+    "require_plots",
     "Series",
     "Span",
     "Marker",
@@ -208,8 +211,17 @@ def _wrapped(lines: Sequence[str], width_in: float, size: float) -> list[str]:
     return out
 
 
+def require_plots(needed_by: str = "drawing PNG plots") -> None:
+    """Refuse at once, in one line naming the ``report`` extra, where matplotlib is missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise MissingExtraError("matplotlib", "report", needed_by) from None
+
+
 def render(figure: Figure) -> matplotlib.figure.Figure:
     """``figure`` laid out by matplotlib (Agg): one axes per panel, then the notes, wrapped."""
+    require_plots()
     import matplotlib
 
     matplotlib.use("Agg")
@@ -241,6 +253,7 @@ def render(figure: Figure) -> matplotlib.figure.Figure:
 
 def draw(figure: Figure, path: Path, dpi: int = 110) -> Path:
     """Draw ``figure`` into a PNG at ``path``."""
+    require_plots()
     import matplotlib.pyplot as plt
 
     fig = render(figure)
