@@ -27,9 +27,8 @@ from activities.inputs import TrainSegmentResult
 from activities.log_context import attempt_number
 from cairn.errors import CairnError, CheckpointConflictError, NumericsProfileError, one_line
 from cairn.numerics import process_numerics
-from cairn.runs.ownership import require_store_identity
-from cairn.stores import open_store
-from cairn.stores.base import Store
+from cairn.runs import require_store_identity
+from cairn.stores import Store, open_store
 
 __all__ = [
     "as_application_error",

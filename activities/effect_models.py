@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from cairn.runs.ownership import store_url_problem
+from cairn.runs import store_url_problem
 
 __all__ = ["Model", "EffectsSpec", "EffectInput", "EffectReceipt", "DecisionInput"]
 

@@ -17,7 +17,7 @@ import builtins
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from cairn.stores.base import Chunk, ObjectInfo, Store
+from cairn.stores import Chunk, ObjectInfo, Store
 
 __all__ = ["AttemptSuperseded", "FencedStore", "SUPERSEDED"]
 

@@ -38,10 +38,8 @@ from activities.edge import (
 from activities.inputs import GangEndpointInput, GangNodeInput, TrainSegmentResult
 from activities.log_context import run_context, set_step
 from cairn.errors import CairnError, ConfigError
-from cairn.gang.job import GangJob
-from cairn.gang.launch import Gang, GangSpec, free_endpoint
-from cairn.runs.outcome import SegmentOutcome
-from cairn.runs.ownership import require_run_owner
+from cairn.gang import Gang, GangJob, GangSpec, free_endpoint
+from cairn.runs import SegmentOutcome, require_run_owner
 
 __all__ = ["train_gang_node", "gang_endpoint", "GANG_ACTIVITIES", "ADVERTISE_ENV"]
 

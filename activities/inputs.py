@@ -15,12 +15,11 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from activities.effect_models import DecisionInput, EffectInput, EffectReceipt, EffectsSpec, Model
-from cairn.checkpoint.layout import RUN_ID_PATTERN
+from cairn.checkpoint import RUN_ID_PATTERN
 from cairn.checkpoint_interval import AutoInterval, IntervalChoice, IntervalState
 from cairn.config import TrainConfig
 from cairn.numerics import DEFAULT_PROFILE, ProfileName
-from cairn.runs.outcome import SegmentOutcome
-from cairn.runs.ownership import store_url_problem
+from cairn.runs import SegmentOutcome, store_url_problem
 
 __all__ = [
     "DEFAULT_TASK_QUEUE",

@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from activities import metrics as m
-from cairn.checkpoint.tier import NodeTier, TieredStore
+from cairn.checkpoint import NodeTier, TieredStore
 from cairn.errors import ConfigError
 
 __all__ = ["TIER_ENV", "TIER_BYTES_ENV", "parse_bytes", "node_tier", "tiered_store", "resume_uploads", "flush_all"]

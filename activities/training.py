@@ -55,22 +55,31 @@ from activities.inputs import (
 from activities.log_context import run_context, set_step
 from activities.tier import tiered_store
 from cairn import faults
-from cairn.checkpoint.commit import CommitResult
-from cairn.checkpoint.latest import latest_committed, latest_cursor
-from cairn.checkpoint.options import CheckpointOptions
-from cairn.checkpoint.retention import RetentionPolicy, collect_garbage
-from cairn.checkpoint.tier import TieredStore
-from cairn.checkpoint.validate import manifest_config
+from cairn.checkpoint import (
+    CheckpointOptions,
+    CommitResult,
+    RetentionPolicy,
+    TieredStore,
+    collect_garbage,
+    latest_committed,
+    latest_cursor,
+    manifest_config,
+)
 from cairn.numerics import profile_id
-from cairn.runs.ownership import claim_run, require_run_owner, require_store_identity
-from cairn.runs.restore import RestoreSource, choose_restore, require_not_past
-from cairn.runs.warm import WarmRuns, warm_key
+from cairn.runs import (
+    RestoreSource,
+    WarmRuns,
+    choose_restore,
+    claim_run,
+    require_not_past,
+    require_run_owner,
+    require_store_identity,
+    warm_key,
+)
 from cairn.session import TrainingSession
 from cairn.state import TrainState
-from cairn.stores import open_store
-from cairn.stores.base import Store
-from cairn.stores.identity import store_identity
-from cairn.trainers.loading import check_checkpoint_config, load_trainer
+from cairn.stores import Store, open_store, store_identity
+from cairn.trainers import check_checkpoint_config, load_trainer
 
 __all__ = ["train_segment", "open_run", "latest_checkpoint", "collect_checkpoints", "TRAINING_ACTIVITIES"]
 

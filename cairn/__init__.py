@@ -17,6 +17,11 @@ lower one, never in a cycle (``tests/unit/test_architecture.py`` holds the same 
     7  training        a training state saved and loaded through its trainer
     8  session, models
     9  runs, gang
+
+What is public: the names each package exports (its ``__all__``, pinned by
+``tests/unit/test_public_api.py``); the modules inside a package are its internals. The app layers
+(``activities``, ``workflows``, ``workers``) import ``cairn`` through those names only. The map of
+the code: ``docs/architecture.md``.
 """
 
 from __future__ import annotations

@@ -107,8 +107,7 @@ async def temporal_drill() -> tuple[bool, str]:
 
     from activities.inputs import TrainingRunInput
     from activities.views import RunSummary
-    from cairn.checkpoint import CheckpointRef, latest_committed
-    from cairn.checkpoint.compare import compare_states
+    from cairn.checkpoint import CheckpointRef, compare_states, latest_committed
     from cairn.config import load_config
     from cairn.session import TrainingSession
     from cairn.stores import LocalStore, MemoryStore
@@ -207,8 +206,7 @@ async def digits_on_temporal(web_ui: str) -> bool:
 
     from activities.inputs import TrainingRunInput
     from activities.views import RunSummary
-    from cairn.checkpoint import CheckpointRef, latest_committed
-    from cairn.checkpoint.compare import compare_states
+    from cairn.checkpoint import CheckpointRef, compare_states, latest_committed
     from cairn.config import load_config
     from cairn.session import TrainingSession
     from cairn.stores import LocalStore, MemoryStore
@@ -291,8 +289,7 @@ async def distributed_on_temporal(web_ui: str) -> bool:
     """Part 4: one run over several workers: W=4 ranks on two nodes, then resumed at W=2."""
     from activities.inputs import TrainingRunInput
     from activities.views import RunSummary
-    from cairn.checkpoint import CheckpointRef, read_manifest
-    from cairn.checkpoint.compare import compare_states
+    from cairn.checkpoint import CheckpointRef, compare_states, read_manifest
     from cairn.config import load_config
     from cairn.session import TrainingSession
     from cairn.stores import LocalStore, MemoryStore

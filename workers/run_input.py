@@ -12,8 +12,8 @@ from activities.inputs import TrainingRunInput
 from cairn.config import config_error_from
 from cairn.config_files import apply_overrides, load_document
 from cairn.errors import ConfigError
-from cairn.runs.ownership import resolve_store_url
-from cairn.trainers.loading import check_trainer_options
+from cairn.runs import resolve_store_url
+from cairn.trainers import check_trainer_options
 
 __all__ = ["load_run_input", "sent_input"]
 

@@ -218,7 +218,7 @@ async def serving(
 def _warm_up() -> None:
     """Build one S3 client now, so the first segment this worker runs (often the retry of a
     crashed one) does not pay for loading botocore's S3 model (~0.5 s): recovery time."""
-    from cairn.stores.s3 import S3Store
+    from cairn.stores import S3Store
 
     with contextlib.suppress(Exception):  # only an optimisation: the first real store reports errors
         S3Store("cairn-warm-up").close()

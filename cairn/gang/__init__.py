@@ -3,3 +3,8 @@ field does it (torchrun).
 
 Modules: ``launch`` (the supervisor side), ``agent`` (torchrun, dying with its parent), ``rank``
 (one rank process), ``job`` (the typed job and result between them)."""
+
+from cairn.gang.job import GangJob, RankResult
+from cairn.gang.launch import Gang, GangSpec, free_endpoint
+
+__all__ = ["Gang", "GangJob", "GangSpec", "RankResult", "free_endpoint"]

@@ -11,11 +11,10 @@ from collections.abc import Callable
 from importlib import metadata
 from typing import NoReturn
 
-from cairn.checkpoint.layout import RUN_ID_PATTERN
+from cairn.checkpoint import RUN_ID_PATTERN
 from cairn.errors import ConfigError, StoreNotFoundError
 from cairn.numerics import DEFAULT_PROFILE, ENV, NAMES
-from cairn.stores import open_store
-from cairn.stores.base import Store
+from cairn.stores import Store, open_store
 
 __all__ = [
     "CairnArgumentParser",

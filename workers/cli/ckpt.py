@@ -16,25 +16,29 @@ from cairn.checkpoint import (
     CheckpointOptions,
     CheckpointRef,
     Manifest,
+    RetentionPolicy,
+    Verdict,
+    collect_garbage,
+    compare_states,
+    exposure_count,
+    judge_all,
+    manifest_candidates,
+    manifest_config,
+    pin,
+    pinned_steps,
     read_manifest,
+    referenced_of,
+    unpin,
+    verify_history,
     verify_tensors,
 )
-from cairn.checkpoint.committed import Verdict, judge_all, manifest_candidates
-from cairn.checkpoint.compare import compare_states
-from cairn.checkpoint.exposures import exposure_count
-from cairn.checkpoint.history import verify_history
-from cairn.checkpoint.retention import RetentionPolicy, collect_garbage, pin, pinned_steps, unpin
-from cairn.checkpoint.reuse import referenced_of
-from cairn.checkpoint.validate import manifest_config
 from cairn.config import BUILTIN_TRAINER, TrainConfig, load_config
 from cairn.errors import ConfigError
 from cairn.models import load_checkpoint
 from cairn.numerics import NumericsRecord
 from cairn.state import TrainState
 from cairn.stores import LocalStore, MemoryStore, open_store
-from cairn.trainers.base import Trainer, check_finite
-from cairn.trainers.loading import trainer_for_checkpoint
-from cairn.trainers.validate import check_training_manifest
+from cairn.trainers import Trainer, check_finite, check_training_manifest, trainer_for_checkpoint
 from workers.cli.args import Common, run_id_arg, store_arg
 from workers.cli.ckpt_copy import add_copy_parser
 from workers.cli.ckpt_export import add_export_parser

@@ -7,8 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from cairn.checkpoint import CheckpointOptions, CheckpointRef
-from cairn.checkpoint.copy import copy_checkpoint
+from cairn.checkpoint import CheckpointOptions, CheckpointRef, copy_checkpoint
 from cairn.stores import open_store
 from workers.cli.args import store_arg
 from workers.cli.output import emit

@@ -9,14 +9,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-from cairn.checkpoint import CheckpointKind, CheckpointRef, read_manifest
-from cairn.checkpoint.validate import manifest_config
+from cairn.checkpoint import CheckpointKind, CheckpointRef, manifest_config, read_manifest
 from cairn.config import load_config
 from cairn.errors import ConfigError
-from cairn.interop.export import DEFAULT_MAX_FILE_BYTES, export_checkpoint
+from cairn.interop import DEFAULT_MAX_FILE_BYTES, export_checkpoint
 from cairn.stores import open_store
-from cairn.trainers.loading import trainer_for_checkpoint
-from cairn.trainers.validate import check_training_manifest
+from cairn.trainers import check_training_manifest, trainer_for_checkpoint
 from workers.cli.output import emit
 
 __all__ = ["add_export_parser", "cmd_ckpt_export", "file_size"]

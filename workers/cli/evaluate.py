@@ -7,8 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from cairn.checkpoint import CheckpointRef
-from cairn.checkpoint.exposures import record_test_exposure
+from cairn.checkpoint import CheckpointRef, record_test_exposure
 from cairn.config import load_config
 from cairn.errors import ConfigError
 from cairn.models import load_checkpoint

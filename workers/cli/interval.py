@@ -11,7 +11,7 @@ from cairn.checkpoint_interval import advise
 from cairn.config import load_config
 from cairn.errors import ConfigError
 from cairn.jsonio import load_json_file
-from cairn.runs.record import run_record
+from cairn.runs import run_record
 from workers.cli.args import Common, count, store_arg
 from workers.cli.output import emit
 

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from cairn.config import load_config
-from cairn.runs.record import run_record
+from cairn.runs import run_record
 from workers.cli.args import Common, run_id_arg, store_arg
 from workers.cli.output import emit, report_dir
 from workers.reports.run import write_report

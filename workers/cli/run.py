@@ -17,7 +17,7 @@ from cairn.config import TrainConfig, load_config, parse_config
 from cairn.effects import load_journal
 from cairn.errors import ConfigError
 from cairn.numerics import DEFAULT_PROFILE, NAMES
-from cairn.runs.record import run_record
+from cairn.runs import run_record
 from cairn.stores import open_store
 from workers.cli.args import Common, add_set_arg
 from workers.cli.output import emit, report_dir

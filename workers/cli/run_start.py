@@ -26,7 +26,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.inputs import WORKFLOW_TYPE, TrainingRunInput
 from activities.views import RunSummary
 from cairn.errors import RunOwnershipError, TemporalRefusedError
-from cairn.runs.ownership import OwnerRecord, read_owner
+from cairn.runs import OwnerRecord, read_owner
 from cairn.stores import open_store
 from workers.cli.output import emit
 from workers.cli.run_status import off_loop

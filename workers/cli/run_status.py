@@ -33,7 +33,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from temporalio.service import RPCError
 
 from activities.views import RunProgress
-from cairn.checkpoint.latest import latest_committed
+from cairn.checkpoint import latest_committed
 from cairn.errors import TemporalRefusedError
 from cairn.stores import open_store
 from workers.cli.output import emit, to_json

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from activities.inputs import TrainingRunInput
 from cairn.config import TrainConfig
-from cairn.trainers.loading import trainer_options_model
+from cairn.trainers import trainer_options_model
 from workers.cli.args import Common
 
 __all__ = ["KINDS", "register", "schema"]

@@ -18,16 +18,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cairn.checkpoint import CheckpointOptions, CheckpointRef, latest_committed, read_manifest
-from cairn.checkpoint.validate import manifest_config
+from cairn.checkpoint import CheckpointOptions, CheckpointRef, latest_committed, manifest_config, read_manifest
 from cairn.config import TrainConfig, load_config, parse_config
 from cairn.errors import CommandInterrupted, ConfigError
-from cairn.gang.job import GangJob
-from cairn.runs.preflight import require_same_config, require_writable
+from cairn.gang import GangJob
+from cairn.runs import require_same_config, require_writable
 from cairn.session import MAX_STEPS, TrainingSession, default_run_id
-from cairn.stores.base import Store
-from cairn.trainers.base import Trainer
-from cairn.trainers.loading import load_trainer, normalized_config, require_trusted
+from cairn.stores import Store
+from cairn.trainers import Trainer, load_trainer, normalized_config, require_trusted
 from workers.cli.args import Common, add_numerics_arg, add_set_arg, count, run_id_arg, store_arg
 from workers.cli.output import emit
 
@@ -204,8 +202,8 @@ def _train_gang(args: argparse.Namespace, store: Store, config: TrainConfig | No
     resuming the run's latest committed checkpoint (or ``--resume``), to ``--steps`` more."""
     from tqdm import tqdm
 
-    from cairn.distributed.partition import check_world_size  # here: only a gang pays for these imports
-    from cairn.gang.launch import Gang, GangSpec
+    from cairn.distributed import check_world_size  # here: only a gang pays for these imports
+    from cairn.gang import Gang, GangSpec
 
     if args.weights_only:
         raise ConfigError("--weights-only", expected="a single-process run (no --world-size)", found=True)

@@ -27,7 +27,7 @@ from cairn.config import load_config
 from cairn.errors import ConfigError
 from cairn.numerics import process_profile_name
 from cairn.stores import open_store
-from cairn.trainers.loading import load_trainer
+from cairn.trainers import load_trainer
 from workers.client import WORKFLOW_TASK_TIMEOUT, connect
 from workers.drills.faultproxy import FaultProxy
 from workers.drills.faults import FAULT_SERVER, FaultInjector, FaultRecord, check_targets

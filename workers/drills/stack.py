@@ -176,7 +176,7 @@ class EmbeddedStack(DrillStack):
         return stack
 
     def _ensure_bucket(self) -> None:
-        from cairn.stores.s3 import S3Store
+        from cairn.stores import S3Store
 
         deadline = time.monotonic() + 30
         while True:

@@ -16,15 +16,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cairn.checkpoint import CheckpointKind, CheckpointRef, list_checkpoints
-from cairn.checkpoint.compare import compare_states
-from cairn.checkpoint.retention import RetentionPolicy, collect_garbage, plan_gc
+from cairn.checkpoint import (
+    CheckpointKind,
+    CheckpointRef,
+    RetentionPolicy,
+    collect_garbage,
+    compare_states,
+    list_checkpoints,
+    plan_gc,
+)
 from cairn.config import TrainConfig
 from cairn.effects import ReservationClient, published_entries
 from cairn.session import TrainingSession
 from cairn.stores import MemoryStore, open_store
-from cairn.trainers.base import Trainer
-from cairn.trainers.loading import load_trainer
+from cairn.trainers import Trainer, load_trainer
 from cairn.training import load_training
 
 __all__ = ["Check", "judge"]

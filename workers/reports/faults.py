@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from cairn.runs.record import CommitPoint, SegmentAttempt, TimelineEvent
+from cairn.runs import CommitPoint, SegmentAttempt, TimelineEvent
 
 __all__ = [
     "DETECTORS",

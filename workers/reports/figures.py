@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from cairn.runs.record import RunRecord, SegmentAttempt
+from cairn.runs import RunRecord, SegmentAttempt
 from workers.reports.faults import DETECTORS, Fault, fault_of
 from workers.reports.plots import GAP, Figure, Marker, Panel, Series, Span, VLine, moving_mean, spans_decades
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from cairn.checkpoint_interval import IntervalChoice
-from cairn.runs.record import RunRecord
+from cairn.runs import RunRecord
 from workers.reports.faults import Fault
 from workers.reports.figures import faults, loss_figure, origin, rates, stalls, throughput_figure, timeline_figure
 from workers.reports.plots import draw

@@ -21,7 +21,7 @@ from temporalio.api.enums.v1 import EventType, TimeoutType
 
 from activities.edge import INTERRUPTED, WORKER_CRASHED
 from cairn.errors import TemporalRefusedError
-from cairn.runs.record import CommitPoint, RunRecord, SegmentAttempt, TimelineEvent
+from cairn.runs import CommitPoint, RunRecord, SegmentAttempt, TimelineEvent
 from workers.reports.faults import Lost, Pace, Trained, place
 
 if TYPE_CHECKING:

@@ -286,7 +286,7 @@ def _worker_command(cfg: StackConfig) -> str:
 
 
 def _ensure_bucket(cfg: StackConfig) -> None:
-    from cairn.stores.s3 import S3Store
+    from cairn.stores import S3Store
 
     env = stack_env(cfg)
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):

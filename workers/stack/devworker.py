@@ -17,7 +17,7 @@ from pathlib import Path
 from cairn.config import parse_config
 from cairn.errors import ConfigError
 from cairn.jsonio import load_json_file
-from cairn.trainers.base import Trainer
+from cairn.trainers import Trainer
 
 __all__ = ["DevWorker", "dev_worker"]
 
