@@ -381,6 +381,7 @@ def load_config(path: str | Path, sets: Sequence[str] = ()) -> TrainConfig:
     """
     doc = load_document(path, what="config file")
     data = apply_overrides(doc.data, sets, TrainConfig)
+    doc = doc.with_sets(sets)
     try:
         return TrainConfig.model_validate(data)
     except ValidationError as exc:

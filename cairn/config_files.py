@@ -34,13 +34,14 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel
 
-from cairn.errors import CairnError, ConfigError
+from cairn.errors import CairnError, ConfigError, one_line
 from cairn.jsonio import JsonLimits, parse_json, read_regular_file
 
 __all__ = ["MAX_MARKUP_BYTES", "Document", "apply_overrides", "file_format", "load_document"]
 
-MAX_MARKUP_BYTES = 4 << 20
-"""The largest YAML or TOML file read (JSON files keep ``JsonLimits.max_bytes``)."""
+MAX_MARKUP_BYTES = 256 << 10
+"""The largest YAML or TOML file read (JSON files keep ``JsonLimits.max_bytes``): configs are
+kilobytes, and the pure-Python YAML reader costs ~250 bytes of memory per byte it reads."""
 
 Format = Literal["json", "yaml", "toml"]
 _SUFFIXES: dict[str, Format] = {".yaml": "yaml", ".yml": "yaml", ".toml": "toml"}
@@ -51,7 +52,8 @@ def file_format(path: str | Path) -> Format:
 
 
 class _Loader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no types
-    """YAML's safe subset without aliases, YAML 1.1's extra booleans, or timestamps."""
+    """YAML's safe subset without aliases, timestamps, or YAML 1.1's extra booleans and numbers
+    (``010`` is ten, not octal eight; ``12:30`` is a string, not base 60): YAML 1.2's core schema."""
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
@@ -60,17 +62,35 @@ class _Loader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no types
         return super().compose_node(parent, index)
 
 
+_YAML_11_ONLY = tuple(f"tag:yaml.org,2002:{t}" for t in ("timestamp", "bool", "int", "float"))
 _Loader.yaml_implicit_resolvers = {
-    first: [
-        (tag, regexp)
-        for tag, regexp in resolvers
-        if tag not in ("tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:bool")
-    ]
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in _YAML_11_ONLY]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
 )
+_INT = re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$")
+_FLOAT = re.compile(
+    r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+)
+_Loader.add_implicit_resolver("tag:yaml.org,2002:int", _INT, list("-+0123456789"))
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+.0123456789"))
+
+
+def _construct_int(loader: Any, node: Any) -> int:
+    text = loader.construct_scalar(node)
+    if text.startswith(("0o", "0x")):
+        return int(text[2:], 8 if text[1] == "o" else 16)
+    return int(text, 10)  # a leading zero is decimal (YAML 1.2), not octal
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+
+
+MAX_LINE_MAP_BYTES = 256 << 10
+"""Above this size a JSON file's error names the field but not its line (finding lines re-reads
+the file with the pure-Python YAML reader: done only for an error, and only for a config-sized file)."""
 
 
 @dataclass(frozen=True)
@@ -79,21 +99,40 @@ class Document:
 
     data: Any
     path: str
-    lines: dict[tuple[str, ...], int]
-    """``(section, ..., field)`` -> 1-based line, where the format tells (YAML, JSON)."""
+    source: str | None = None
+    """The file's text, kept to find lines when an error needs one (YAML and JSON)."""
+    sets: tuple[str, ...] = ()
+    """The ``--set`` paths applied: an error in one of them names ``--set``, not a line."""
+
+    def lines(self) -> dict[tuple[str, ...], int]:
+        """``(section, ..., field)`` -> 1-based line (computed on demand: for an error)."""
+        if self.source is None or len(self.source) > MAX_LINE_MAP_BYTES:
+            return {}
+        try:
+            node = _compose(self.source)
+        except (yaml.YAMLError, RecursionError, ValueError):
+            return {}  # JSON the YAML reader cannot follow: no lines
+        return _lines(node) if node is not None else {}
 
     def line(self, field: str | None) -> int | None:
         """The line of ``field`` (``a.b.c``), or of its closest enclosing section that has one."""
         parts = tuple((field or "").split(".")) if field else ()
+        lines = self.lines() if parts else {}
         while parts:
-            if parts in self.lines:
-                return self.lines[parts]
+            if parts in lines:
+                return lines[parts]
             parts = parts[:-1]
         return None
 
     def where(self, field: str | None) -> str:
+        """``FILE:LINE`` of ``field``, or ``--set`` when a ``--set`` wrote it (or a section above it)."""
+        if field and any(field == s or field.startswith(f"{s}.") for s in self.sets):
+            return "--set"
         line = self.line(field)
         return self.path if line is None else f"{self.path}:{line}"
+
+    def with_sets(self, sets: Sequence[str]) -> Document:
+        return replace(self, sets=self.sets + tuple(item.partition("=")[0].strip() for item in sets))
 
 
 def _lines(node: Any, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], int]:
@@ -139,6 +178,8 @@ def _decode_markup(raw: bytes, fmt: Format, where: str, error: type[CairnError])
         raise error(f"{where}: not valid YAML ({' '.join(str(exc).split())})") from None
     except RecursionError:
         raise error(f"{where}: nested too deep") from None
+    except ValueError as exc:  # e.g. an integer past Python's 4300-digit conversion limit
+        raise error(f"{where}: a value that cannot be read ({one_line(str(exc), 200)})") from None
 
 
 def load_document(
@@ -150,7 +191,7 @@ def load_document(
     if fmt == "json":
         raw = read_regular_file(path, what=what, max_bytes=limits.max_bytes, error=error)
         data = parse_json(raw, where=where, error=error, limits=limits)
-        return Document(data, where, _json_lines(raw))
+        return Document(data, where, raw.decode("utf-8"))
     raw = read_regular_file(path, what=what, max_bytes=min(limits.max_bytes, MAX_MARKUP_BYTES), error=error)
     decoded, node = _decode_markup(raw, fmt, where, error)
     try:
@@ -159,17 +200,7 @@ def load_document(
         raise error(f"{where}: a value JSON cannot hold ({exc})") from None
     # the same checks as a JSON file (its size bound doubled: the JSON spelling may be longer)
     data = parse_json(as_json, where=where, error=error, limits=replace(limits, max_bytes=2 * limits.max_bytes))
-    return Document(data, where, _lines(node) if node is not None else {})
-
-
-def _json_lines(raw: bytes) -> dict[tuple[str, ...], int]:
-    """Where each field of a JSON file is (JSON is YAML's flow style): only for error messages,
-    so a file the YAML reader cannot follow simply has no lines."""
-    try:
-        node = _compose(raw.decode("utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError, RecursionError):
-        return {}
-    return _lines(node) if node is not None else {}
+    return Document(data, where, raw.decode("utf-8") if fmt == "yaml" else None)
 
 
 def _field_type(model: object, parts: Sequence[str]) -> object:
@@ -208,13 +239,23 @@ def _takes_only_strings(annotation: object) -> bool:
     return False
 
 
-def _value(text: str, annotation: object) -> Any:
+def _value(text: str, annotation: object, name: str) -> Any:
+    if text == "null" and _allows_none(annotation):
+        return None
     if _takes_only_strings(annotation):
         return text
     try:
-        return json.loads(text)
-    except ValueError:
-        return text
+        return parse_json(text.encode(), where=f"--set {name}")  # JSON's bounds (depth, NaN, length)
+    except ConfigError as exc:
+        if "not valid JSON" in str(exc):
+            return text  # a word: the model decides whether the field takes it
+        raise
+
+
+def _allows_none(annotation: object) -> bool:
+    if get_origin(annotation) is Annotated:
+        return _allows_none(get_args(annotation)[0])
+    return get_origin(annotation) in (Union, UnionType) and type(None) in get_args(annotation)
 
 
 def apply_overrides(data: Any, sets: Sequence[str], model: object = None, flag: str = "--set") -> Any:
@@ -232,7 +273,7 @@ def apply_overrides(data: Any, sets: Sequence[str], model: object = None, flag: 
         for depth, part in enumerate(parts[:-1]):
             here = ".".join(parts[: depth + 1])
             if isinstance(node, list):
-                if not part.isdigit() or int(part) >= len(node):
+                if not (part.isascii() and part.isdigit()) or int(part) >= len(node):
                     raise ConfigError(f"{flag} {name}", expected=f"an index below {len(node)} at {here}", found=part)
                 node = node[int(part)]
                 continue
@@ -240,10 +281,10 @@ def apply_overrides(data: Any, sets: Sequence[str], model: object = None, flag: 
             if not isinstance(child, dict | list):
                 raise ConfigError(f"{flag} {name}", expected=f"a section at {here}", found=json.dumps(child)[:80])
             node = child
-        value = _value(text, _field_type(model, parts))
+        value = _value(text, _field_type(model, parts), name)
         last = parts[-1]
         if isinstance(node, list):
-            if not last.isdigit() or int(last) >= len(node):
+            if not (last.isascii() and last.isdigit()) or int(last) >= len(node):
                 raise ConfigError(f"{flag} {name}", expected=f"an index below {len(node)}", found=last)
             node[int(last)] = value
         else:

@@ -30,6 +30,7 @@ def load_run_input(
     if isinstance(data, dict) and overrides:
         data.update(overrides)
     data = apply_overrides(data, sets, TrainingRunInput)
+    doc = doc.with_sets(sets)
     if isinstance(data, dict) and isinstance(data.get("store"), str):
         data["store"] = resolve_store_url(data["store"], cwd)
     effects = data.get("effects") if isinstance(data, dict) else None

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
 from cairn.config import load_config
 from cairn.config_files import MAX_MARKUP_BYTES, apply_overrides, load_document
@@ -148,3 +149,49 @@ def test_a_malformed_override_is_refused(sets: list[str], message: str) -> None:
 def test_overrides_walk_lists_and_create_sections() -> None:
     data = apply_overrides({"nodes": ["a", "b"]}, ["nodes.1=c", "checkpoint.every=auto", "checkpoint.keep_last=3"])
     assert data == {"nodes": ["a", "c"], "checkpoint": {"every": "auto", "keep_last": 3}}
+
+
+def test_yaml_numbers_are_yaml_1_2s(tmp_path: Path) -> None:
+    """No YAML 1.1 octal or base-60: ``010`` is ten and ``12:30`` a string (YAML 1.1 read them as
+    8 and 750, and base-60 costs quadratic time in the reader)."""
+    path = tmp_path / "r.yaml"
+    path.write_text("a: 010\nb: 12:30\nc: 0x1f\nd: 0o17\ne: 1e3\nf: -7\ng: .5\n")
+    assert load_document(path, what="run file").data == {
+        "a": 10, "b": "12:30", "c": 31, "d": 15, "e": 1000.0, "f": -7, "g": 0.5,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "text"), [("c.yaml", "seed: {}\n"), ("c.toml", "seed = {}\n")])
+def test_an_integer_past_pythons_conversion_limit_is_one_line(tmp_path: Path, name: str, text: str) -> None:
+    path = tmp_path / name
+    path.write_text(text.format("1" * 5000))
+    with pytest.raises(ConfigError) as refused:
+        load_config(path)
+    assert str(refused.value).startswith(f"{path}: ") and "\n" not in str(refused.value), refused.value
+
+
+def test_an_error_in_an_override_names_the_override_not_a_line_of_the_file() -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_config(EXAMPLE, ["model.hidden=wide"])
+    assert str(refused.value).startswith("--set: model.hidden: Input should be a valid integer"), refused.value
+    with pytest.raises(ConfigError) as in_file:
+        load_config(EXAMPLE, ["model.hidden=8", "optimizer.lr=fast"])
+    assert str(in_file.value).startswith("--set: optimizer.lr"), in_file.value
+
+
+def test_override_values_are_bounded_and_null_clears_an_optional_field() -> None:
+    with pytest.raises(ConfigError) as deep:
+        apply_overrides({}, ["a=" + "[" * 100_000])
+    assert "nested too deep" in str(deep.value), deep.value
+    with pytest.raises(ConfigError):
+        apply_overrides({"a": [1, 2]}, ["a.\u00b2=3"])  # a superscript two is no index
+    assert apply_overrides({"x": "y"}, ["x=null"], _Optional) == {"x": None}
+    assert apply_overrides({"x": "y"}, ["x=null"], _Required) == {"x": "null"}
+
+
+class _Optional(BaseModel):
+    x: str | None = None
+
+
+class _Required(BaseModel):
+    x: str

@@ -209,6 +209,13 @@ def internal_imports(path: Path, root: Path = REPO) -> list[str]:
 
     found = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):  # import cairn.checkpoint.layout: a module inside a package
+            found += [
+                f"{a.name}: a module inside a package"
+                for a in node.names
+                if a.name.split(".")[0] == "cairn" and a.name.count(".") > 1 and not is_package(a.name)
+            ]
+            continue
         if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module):
             continue
         if node.module.split(".")[0] != "cairn":
@@ -242,5 +249,10 @@ def test_the_check_sees_an_internal_import(tmp_path: Path) -> None:
         "from cairn.stores import _MEMORY\n"  # not in cairn.stores.__all__
         "from cairn.checkpoint import read_manifest\n"  # public: fine
         "from cairn import faults\n"  # a module itself: fine
+        "import cairn.stores.base\n"  # a module inside a package, imported whole
     )
-    assert internal_imports(app) == ["cairn.checkpoint.layout: a module inside a package", "cairn.stores: _MEMORY"]
+    assert internal_imports(app) == [
+        "cairn.checkpoint.layout: a module inside a package",
+        "cairn.stores: _MEMORY",
+        "cairn.stores.base: a module inside a package",
+    ]

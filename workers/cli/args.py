@@ -41,7 +41,7 @@ class CairnArgumentParser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}{did_you_mean(message)}")
 
 
-_INVALID_CHOICE = re.compile(r"invalid choice: '(?P<word>[^']*)' \(choose from (?P<choices>.*)\)")
+_INVALID_CHOICE = re.compile(r"invalid choice: '?(?P<word>[^',]*)'? \(choose from (?P<choices>.*)\)")
 
 
 def did_you_mean(message: str) -> str:
@@ -49,7 +49,7 @@ def did_you_mean(message: str) -> str:
     found = _INVALID_CHOICE.search(message)
     if found is None:
         return ""
-    choices = re.findall(r"'([^']*)'", found["choices"])
+    choices = [c.strip().strip("'") for c in found["choices"].split(",")]  # quoted (3.11) or not (3.12+)
     close = difflib.get_close_matches(found["word"], choices, n=2, cutoff=0.6)
     if not close:
         return ""

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cairn.config import parse_config
+from cairn.config_files import load_document
 from cairn.errors import ConfigError
-from cairn.jsonio import load_json_file
 from cairn.trainers import Trainer
 
 __all__ = ["DevWorker", "dev_worker"]
@@ -50,7 +50,7 @@ def dev_worker(config_file: str | None) -> DevWorker:
         return DevWorker()
     if not Path(config_file).is_file():
         raise ConfigError("--config", expected="an existing file", found=config_file)
-    body = load_json_file(config_file, what="config file")
+    body = load_document(config_file, what="config file").data  # JSON, YAML or TOML, as everywhere
     if isinstance(body, dict) and "config" in body:  # a run file: the trainer config is its section
         body = body["config"]
     config = parse_config(body, config_file)

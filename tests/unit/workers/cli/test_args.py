@@ -81,3 +81,12 @@ def test_bad_inputs_found_in_review(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert code == 2 and "grace_seconds" in err
     code, _, err = run(capsys, "train", "--config", CONFIG, "--steps", "1", "--store", "http://x/y")
     assert code == 2 and "unsupported scheme" in err and not (tmp_path / "http:").exists()
+
+
+def test_did_you_mean_reads_both_forms_of_argparses_choice_list() -> None:
+    from workers.cli.args import did_you_mean
+
+    quoted = "argument command: invalid choice: 'trian' (choose from 'train', 'eval', 'ckpt')"  # 3.11
+    bare = "argument command: invalid choice: 'trian' (choose from train, eval, ckpt)"  # later releases
+    assert did_you_mean(quoted) == did_you_mean(bare) == "; did you mean 'train'?"
+    assert did_you_mean("argument --steps: expected one argument") == ""

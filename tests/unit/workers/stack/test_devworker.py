@@ -69,3 +69,12 @@ def test_the_dev_workers_command_line_carries_the_settings(tmp_path: Path) -> No
     assert plain[1:4] == ["-m", "workers.cli", "worker"] and "--preload" not in plain
     torch = worker_argv(StackConfig(state_dir=tmp_path, dev_worker=dev_worker(str(EXAMPLES / "digits.json"))))
     assert torch[: len(plain)] == plain and torch[len(plain) :] == TORCH
+
+
+def test_a_yaml_config_is_read_as_everywhere_else(tmp_path: Path) -> None:
+    import yaml
+
+    config = tmp_path / "digits.yaml"
+    config.write_text(yaml.safe_dump(json.loads((REPO / "examples" / "digits.json").read_text())))
+    assert dev_worker(str(config)) == dev_worker(str(REPO / "examples" / "digits.json"))
+    assert dev_worker(str(config)).torch
