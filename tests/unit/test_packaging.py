@@ -22,6 +22,7 @@ from tests.conftest import REPO
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel pip would build from this checkout (no network: this environment's setuptools),
     built from a copy so that the build's own folders never land in the checkout."""
+    pytest.importorskip("setuptools", minversion="77")  # pyproject's build requirement (torch pulls it in here)
     src = tmp_path_factory.mktemp("src")
     listed = subprocess.run(
         ["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
