@@ -5,13 +5,13 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DEMO   := $(VENV)/.installed-demo
 
-.PHONY: demo drill test test-fast bench gpu-check lint clean
+.PHONY: demo drill test test-fast bench docs docs-serve gpu-check lint clean
 
 # Everything: the suite, benchmarks and lint (the dev servers, plots, torch, Hugging Face).
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,bench,torch,hf,stack,report]'
+	$(PY) -m pip install --quiet -e '.[dev,bench,torch,hf,stack,report,docs]'
 	@touch $(STAMP) $(DEMO)
 
 # What the demo and the drill need: the dev servers, plots, torch (the digits CNN).
@@ -36,6 +36,14 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench.run_all
 
+# The documentation site, into site/ (the Reference pages are generated from the code).
+DOCS_ENV := NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true
+docs: $(STAMP)
+	$(DOCS_ENV) $(VENV)/bin/mkdocs build --strict --site-dir site
+
+docs-serve: $(STAMP)
+	$(DOCS_ENV) $(VENV)/bin/mkdocs serve
+
 # On a machine with a CUDA GPU (and torch's CUDA build): the gpu-marked tests, then the
 # save/restore-from-device benchmark (bench/results/gpu.json, section 12 of BENCHMARKS.md).
 gpu-check: $(STAMP)
@@ -48,4 +56,4 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy cairn
 
 clean:
-	rm -rf $(VENV) .cairn .pytest_cache .hypothesis cairn-report-drill
+	rm -rf $(VENV) .cairn .pytest_cache .hypothesis cairn-report-drill site

@@ -15,15 +15,18 @@ __all__ = ["Model", "EffectsSpec", "EffectInput", "EffectReceipt", "DecisionInpu
 class Model(BaseModel):
     """The base of every workflow and activity payload: unknown fields are refused."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
 class EffectsSpec(Model):
     """External side effects of the run (reserve before, publish on success, release at end)."""
 
     service_url: str
+    """Base URL of the reservation service (``cairn dev up`` starts one and sets ``CAIRN_RESERVATION_URL`` to it)."""
     resource: str = "FILTER-A"
+    """The service's resource whose capacity the run reserves."""
     units: Annotated[int, Field(gt=0)] = 2
+    """Units of ``resource`` reserved before training and released at the end."""
     registry: str | None = None
     """Store URL of the model registry that ``publish`` writes to (default: the run's store);
     absolute or ``s3://``, like ``store``."""

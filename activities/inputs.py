@@ -61,26 +61,35 @@ _Model = Model
 
 
 class CheckpointPolicy(_Model):
+    """When and how a run commits its checkpoints (every segment also commits at its end)."""
+
     every: Annotated[int, Field(gt=0)] | Literal["auto"] = 10
     """Commit a full-state checkpoint every K steps (absolute step numbers, so every attempt
     of a segment commits under the same idempotency keys); ``"auto"``: K chosen before each
     segment from the save cost and failure rate the run measured (``cairn.checkpoint_interval``)."""
     mode: Literal["sync", "async"] = "sync"
+    """``sync``: training waits for each save; ``async``: the state is snapshotted and persisted in the background."""
     auto: AutoInterval = AutoInterval()
     """How ``every: "auto"`` chooses, and its bounds."""
     incremental: bool | None = None
-    """Reference the blocks the run already holds durably instead of rewriting them (README,
-    "Incremental checkpoints"); None: as the worker's ``CAIRN_INCREMENTAL`` says."""
+    """Reference the unchanged blocks the run already holds durably instead of rewriting them (gangs too);
+    null: as the worker's ``CAIRN_INCREMENTAL`` says."""
 
 
 class RetentionSpec(_Model):
+    """Which committed checkpoints a run keeps; a retention pass deletes the rest, never the latest."""
+
     keep_last: Annotated[int, Field(ge=1)] = 3
+    """The newest committed checkpoints kept."""
     keep_every: Annotated[int, Field(ge=1)] | None = None
+    """Also keep every checkpoint whose step is a multiple of this; null: none besides pins."""
     grace_seconds: Annotated[float, Field(ge=0)] = 3600.0
+    """Nothing younger than this is deleted (a save may still be writing it); at least the segment timeout lets
+    passes run beside the segments."""
     every_seconds: Annotated[float, Field(ge=0)] | None = None
     """At most one retention pass per this many seconds, and never two at once, when passes
     run beside the segments (``grace_seconds`` >= the segment timeout): a pass can delete
-    nothing younger than the grace period anyway. None: ``min(60, grace_seconds)``."""
+    nothing younger than the grace period anyway. null: ``min(60, grace_seconds)``."""
 
 
 ATTEMPTS_WINDOW = 32
@@ -154,8 +163,11 @@ class SegmentSpec(_Model):
     (a segment ends at the first step boundary past that many seconds, with a checkpoint)."""
 
     steps: Annotated[int, Field(gt=0)] | None = None
+    """Updates per segment."""
     epochs: Annotated[int, Field(gt=0, le=10**6)] | None = None
+    """Whole epochs per segment (segments end on epoch boundaries)."""
     seconds: Annotated[float, Field(gt=0, le=86_400)] | None = None
+    """Seconds of training per segment, ended at the next step boundary (in-process runs only, not gangs)."""
 
     @model_validator(mode="after")
     def _one_unit(self) -> SegmentSpec:
@@ -192,37 +204,47 @@ def own_queue(task_queue: str, worker_id: str = WORKER_ID) -> str:
 
 
 class TrainingRunInput(_Model):
+    """A run file: the TrainingRun workflow's input. Exactly one of ``total_steps`` and ``total_epochs``."""
+
     run_id: Annotated[str, Field(pattern=RUN_ID_PATTERN.pattern)]
+    """Names the run and its checkpoints; a run whose id already has checkpoints continues from the latest."""
     config: TrainConfig
+    """The trainer config: everything that defines the run's arithmetic."""
     total_steps: Annotated[int, Field(ge=0, le=10**12)] | None = None
     """Updates to train in all; or give ``total_epochs`` instead."""
     total_epochs: Annotated[int, Field(ge=0, le=10**6)] | None = None
     """Epochs to train in all (the trainer says how many updates an epoch is)."""
     store: str
-    """Absolute path or ``s3://bucket/prefix`` (``cairn run start`` resolves relative paths)."""
+    """An absolute directory every worker sees, or ``s3://bucket/prefix`` (``cairn run start`` resolves a
+    relative path against its working directory)."""
     steps_per_segment: Annotated[int, Field(gt=0)] | None = None
     """Segment size in steps (the same as ``"segment": {"steps": N}``)."""
     segment: SegmentSpec | None = None
     """Segment size in steps, epochs or seconds (``{"epochs": 1}``); overrides
-    ``steps_per_segment``. Neither: ``DEFAULT_SEGMENT_SECONDS`` seconds (a gang: 50 steps)."""
+    ``steps_per_segment``. Neither: 30-second segments (a gang: 50 steps)."""
     checkpoint: CheckpointPolicy = CheckpointPolicy()
+    """When and how checkpoints are committed."""
     retention: RetentionSpec | None = RetentionSpec()
+    """Which checkpoints are kept; null: every checkpoint is kept."""
     segments_per_run: Annotated[int, Field(gt=0)] = 20
     """Continue-as-new after this many segments, so each run's history stays bounded."""
     heartbeat_timeout_seconds: Annotated[float, Field(ge=1, le=300)] = 10.0
+    """Heartbeat timeout of the run's activities: how soon a dead or frozen worker is detected."""
     segment_timeout_seconds: Annotated[float, Field(gt=0)] = 3600.0
+    """Start-to-close timeout of each segment activity; ``checkpoint.every: "auto"`` never picks an interval
+    longer than half of it."""
     throttle_seconds_per_step: Annotated[float, Field(ge=0, le=10)] = 0.0
     """Sleep after each step: pacing for demos and drills (simulates a heavier model)."""
     effects: EffectsSpec | None = None
+    """External side effects (reserve before, publish on success, release at the end); null: none."""
     world_size: Annotated[int, Field(ge=1, le=1024)] = 1
     """Ranks of a data-parallel run (``config.distributed``): each segment runs as a gang of
     this many rank processes under torchrun. Any divisor of ``distributed.microbatches`` gives
     the same bits, so a run may continue at another world size (start it again with the same
     ``run_id``)."""
     min_world_size: Annotated[int, Field(ge=1, le=1024)] | None = None
-    """Elastic: after ``workflows.gang_policy.ELASTIC_AFTER_FAILURES`` failed gang attempts in a
-    row, the run goes on at half the world size (on the first half of ``nodes``), down to this;
-    the bits do not change. None: the world size is fixed."""
+    """Elastic: after 2 failed gang attempts in a row, the run goes on at half the world size (on
+    the first half of ``nodes``), down to this; the bits do not change. null: the world size is fixed."""
     nodes: list[Annotated[str, Field(pattern=NODE_NAME)]] = Field(default_factory=list, max_length=256)
     """Hosts of the gang, by the name their worker polls (``cairn worker --node NAME``): one
     gang activity per node, ``world_size / len(nodes)`` ranks each. Empty: one node, any

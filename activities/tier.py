@@ -12,7 +12,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -75,29 +75,56 @@ def flush_all(timeout: float) -> bool:
     return True if tier is None else tier.flush_all(timeout)
 
 
+_GAUGES: tuple[tuple[str, str, Callable[[NodeTier], float]], ...] = (
+    ("cairn_tier_pending_checkpoints", "Local-tier checkpoints not uploaded yet.", lambda t: t.pending()[0]),
+    ("cairn_tier_pending_bytes", "Bytes of local-tier checkpoints not uploaded yet.", lambda t: t.pending()[1]),
+    ("cairn_tier_used_bytes", "Bytes the local tier holds (its bound counts these).", lambda t: t.used_bytes()),
+)
+_COUNTERS: tuple[tuple[str, str, Callable[[NodeTier], float]], ...] = (
+    (
+        "cairn_tier_uploaded_checkpoints",
+        "Checkpoints uploaded from the local tier.",
+        lambda t: t.stats.uploaded_checkpoints,
+    ),
+    (
+        "cairn_tier_uploaded_bytes",
+        "Bytes sent from the local tier to the durable store.",
+        lambda t: t.stats.uploaded_bytes,
+    ),
+    (
+        "cairn_tier_upload_failures",
+        "Failed upload tries (transient ones are retried).",
+        lambda t: t.stats.upload_failures,
+    ),
+    (
+        "cairn_tier_upload_seconds",
+        "Seconds spent uploading checkpoints that were uploaded.",
+        lambda t: t.stats.upload_seconds,
+    ),
+    (
+        "cairn_tier_fallbacks",
+        "Saves written to the durable store synchronously: the tier was full.",
+        lambda t: t.stats.fallbacks,
+    ),
+    ("cairn_tier_evictions", "Uploaded checkpoints evicted from the local tier.", lambda t: t.stats.evictions),
+    ("cairn_tier_discarded", "Local copies discarded (failed verification or upload).", lambda t: t.stats.discarded),
+)
+
+
 class _TierCollector(Collector):
+    """The local tier's gauges and counters, read from the tier when scraped (none without a tier)."""
+
+    def describe(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        """Every family this collector can yield (what the registry and the metrics reference list)."""
+        yield from (GaugeMetricFamily(name, doc) for name, doc, _ in _GAUGES)
+        yield from (CounterMetricFamily(name, doc) for name, doc, _ in _COUNTERS)
+
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         tier = _tier
         if tier is None:
             return
-        count, nbytes = tier.pending()
-        s = tier.stats
-        yield GaugeMetricFamily("cairn_tier_pending_checkpoints", "Local-tier checkpoints not uploaded yet.", count)
-        yield GaugeMetricFamily("cairn_tier_pending_bytes", "Bytes of local-tier checkpoints not uploaded yet.", nbytes)
-        yield GaugeMetricFamily("cairn_tier_used_bytes", "Bytes the local tier holds (its bound counts these).",
-                                tier.used_bytes())  # fmt: skip
-        counters = [
-            ("cairn_tier_uploaded_checkpoints", "Checkpoints uploaded from the local tier.", s.uploaded_checkpoints),
-            ("cairn_tier_uploaded_bytes", "Bytes sent from the local tier to the durable store.", s.uploaded_bytes),
-            ("cairn_tier_upload_failures", "Failed upload tries (transient ones are retried).", s.upload_failures),
-            ("cairn_tier_upload_seconds", "Seconds spent uploading checkpoints that were uploaded.", s.upload_seconds),
-            ("cairn_tier_fallbacks", "Saves written to the durable store synchronously: the tier was full.",
-             s.fallbacks),
-            ("cairn_tier_evictions", "Uploaded checkpoints evicted from the local tier.", s.evictions),
-            ("cairn_tier_discarded", "Local copies discarded (failed verification or upload).", s.discarded),
-        ]  # fmt: skip
-        for name, doc, value in counters:
-            yield CounterMetricFamily(name, doc, value=value)
+        yield from (GaugeMetricFamily(name, doc, value=read(tier)) for name, doc, read in _GAUGES)
+        yield from (CounterMetricFamily(name, doc, value=read(tier)) for name, doc, read in _COUNTERS)
 
 
 m.REGISTRY.register(_TierCollector())

@@ -161,12 +161,14 @@ CHOICES_WINDOW = 32
 class AutoInterval(BaseModel):
     """How ``checkpoint.every: "auto"`` picks the interval, and the user's bounds on it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     start_every: Annotated[int, Field(ge=1)] = 10
     """Steps between checkpoints until a segment has measured a save and a step."""
     min_steps: Annotated[int, Field(ge=1)] = 1
+    """Never fewer than this many steps between checkpoints."""
     max_steps: Annotated[int, Field(ge=1)] | None = None
+    """Never more than this many steps between checkpoints (at least ``min_steps``); null: no bound in steps."""
     max_seconds: Annotated[float, Field(gt=0)] | None = 1800.0
     """Never more than this many seconds of training between checkpoints (the most a failure
     can cost), whatever the estimate says."""

@@ -59,16 +59,20 @@ Seed = Annotated[int, Field(ge=0, lt=1 << 63)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class ModelConfig(_Strict):
     """A one-hidden-layer tanh MLP with a softmax head (``hidden=0``: softmax regression)."""
 
     kind: Literal["mlp"] = "mlp"
+    """The model family: only ``mlp``."""
     hidden: Annotated[int, Field(ge=0, le=65536)] = 32
+    """Hidden units of the tanh layer; ``0``: no hidden layer (softmax regression)."""
     init_scale: Annotated[float, Field(gt=0.0, le=1000.0, allow_inf_nan=False)] = 1.0
+    """Initial weight matrices are normal with standard deviation ``init_scale / sqrt(fan_in)``; biases start at 0."""
     version: str = "mlp-v1"
+    """A label for the model's version, carried into the lineage (``model_version``)."""
 
 
 class DatasetConfig(_Strict):
@@ -79,13 +83,22 @@ class DatasetConfig(_Strict):
     """
 
     source: Literal["synthetic", "file"] = "synthetic"
+    """``synthetic``: Gaussian blobs generated from ``seed``, ``n_examples``, ``n_features``, ``n_classes`` and
+    ``noise``; ``file``: the examples in ``path``."""
     path: str | None = None
+    """The ``.npz`` or ``.npy`` file (loaded without pickle); required with ``source: file``, refused otherwise."""
     seed: Seed = 0
+    """Seeds the synthetic data and the permutation that picks the held-out splits."""
     n_examples: Annotated[int, Field(gt=1, le=10_000_000)] = 512
+    """Examples generated (``synthetic``; a file holds its own number)."""
     n_features: Annotated[int, Field(gt=0, le=65536)] = 8
+    """Features per example; a file's ``x`` must have exactly this many columns."""
     n_classes: Annotated[int, Field(gt=1, le=4096)] = 3
+    """Classes; a file's labels must lie in ``[0, n_classes)``."""
     noise: Annotated[float, Field(ge=0.0, le=1e6, allow_inf_nan=False)] = 0.5
+    """Standard deviation of the Gaussian noise around each class centre (``synthetic``)."""
     version: str = "synthetic-v1"
+    """A label for the dataset's version, carried into the lineage (``dataset_version``)."""
     sampling: Literal["replacement", "epoch"] = "replacement"
     """``replacement``: each batch draws indices from the training RNG (the v1 behaviour);
     ``epoch``: a seeded permutation per epoch, without replacement (``cairn.sampler``)."""
@@ -114,15 +127,26 @@ class OptimizerConfig(_Strict):
     """Adam with bias correction, decoupled weight decay and a warmup + decay schedule."""
 
     kind: Literal["adam"] = "adam"
+    """The optimizer: only ``adam``."""
     lr: Annotated[float, Field(gt=0.0, le=10.0, allow_inf_nan=False)] = 0.01
+    """Peak learning rate: reached at the end of warmup, then decayed by ``decay``."""
     beta1: Annotated[float, Field(ge=0.0, lt=1.0, allow_inf_nan=False)] = 0.9
+    """Decay rate of Adam's first-moment (mean) estimate."""
     beta2: Annotated[float, Field(ge=0.0, lt=1.0, allow_inf_nan=False)] = 0.999
+    """Decay rate of Adam's second-moment (uncentred variance) estimate."""
     eps: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)] = 1e-8
+    """Added to the denominator of Adam's update for numerical stability."""
     weight_decay: Annotated[float, Field(ge=0.0, le=10.0, allow_inf_nan=False)] = 0.0
+    """Decoupled weight decay: ``weight_decay x theta`` is added to every parameter's Adam update (then scaled
+    by the learning rate)."""
     warmup_steps: Annotated[int, Field(ge=0)] = 0
+    """Updates of linear warmup from 0 to ``lr``; ``0``: none."""
     decay: Literal["constant", "linear", "cosine"] = "cosine"
+    """The schedule after warmup: ``constant`` keeps ``lr``; ``linear``, ``cosine``: down to ``min_lr_ratio x lr``."""
     decay_steps: PositiveInt = 1000
+    """Updates after warmup over which the rate decays; it stays at the floor after them."""
     min_lr_ratio: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] = 0.1
+    """The floor of the decay, as a fraction of ``lr``."""
 
 
 class DistributedConfig(_Strict):
@@ -137,7 +161,9 @@ class DistributedConfig(_Strict):
     """
 
     microbatches: Annotated[int, Field(ge=1, le=1024)] = 1
+    """Equal microbatches per update: a power of two dividing ``batch_size``, and a multiple of the world size."""
     block_bytes: Annotated[int, Field(ge=64, le=1 << 30)] = 1 << 20
+    """Checkpoint block size in bytes (a multiple of 8), the same whatever the world size."""
 
     @model_validator(mode="after")
     def _power_of_two(self) -> DistributedConfig:
@@ -164,6 +190,7 @@ class TrainerSpec(_Strict):
     factory: Annotated[str, Field(pattern=TRAINER_PATH, max_length=256)]
     """``package.module:Factory`` (a ``cairn.trainers.Trainer`` subclass or a function returning one)."""
     options: dict[str, Any] = Field(default_factory=dict)
+    """The trainer's own settings, validated by its ``Options`` model (``cairn schema config --trainer FACTORY``)."""
 
 
 class InitFrom(_Strict):
@@ -178,11 +205,15 @@ class InitFrom(_Strict):
     """
 
     checkpoint: Annotated[str, Field(min_length=1, max_length=2048)] | None = None
+    """Another run's checkpoint, ``STORE/RUN_ID/KIND/STEP`` (e.g. ``runs/demo/training/000000000040``)."""
     safetensors: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+    """A safetensors file or a Hugging Face directory holding exactly the model's weights."""
     may_change: list[Literal["seed", "batch_size", "data", "optimizer", "trainer", "tokenizer_version"]] = [
         "optimizer",
         "data",
     ]
+    """Top-level config fields the new stage may change from the ``checkpoint``'s config (``stage`` and
+    ``init_from`` always may); unused with ``safetensors``."""
 
     @model_validator(mode="after")
     def _one_source(self) -> InitFrom:
@@ -202,20 +233,32 @@ class InitFrom(_Strict):
 
 
 class TrainConfig(_Strict):
-    """Everything that defines a training run's arithmetic."""
+    """Everything that defines a training run's arithmetic.
+
+    Resuming with a different ``trainer``, ``seed``, ``batch_size``, ``model``, ``data``,
+    ``tokenizer_version``, ``init_from`` or ``distributed`` is refused; ``optimizer`` and ``stage`` may change.
+    """
 
     seed: Seed = 0
+    """Seeds the initial weights and the training RNG (PCG64)."""
     batch_size: Annotated[int, Field(gt=0, le=1_000_000)] = 2
+    """Examples drawn per update; the data cursor advances by this much per step."""
     model: ModelConfig = ModelConfig()
+    """The built-in MLP's model (another trainer takes its settings in ``trainer.options``)."""
     data: DatasetConfig = DatasetConfig()
+    """The built-in MLP's dataset and its held-out splits."""
     optimizer: OptimizerConfig = OptimizerConfig()
+    """The built-in MLP's optimizer and learning-rate schedule."""
     tokenizer_version: str = "none"
+    """A label for the tokenizer's version, carried into the lineage."""
     stage: str = "train"
+    """The stage's name (``train``, ``finetune``, ...), carried into the lineage as its stage contract."""
     trainer: TrainerSpec | None = None
-    """None: the built-in numpy MLP (``cairn.trainers.mlp:MLPTrainer``)."""
+    """The trainer and its options; null: the built-in numpy MLP (``cairn.trainers.mlp:MLPTrainer``)."""
     init_from: InitFrom | None = None
+    """Start a new stage from existing weights; null: from the seeded random initialisation."""
     distributed: DistributedConfig | None = None
-    """Data-parallel training over any world size dividing ``microbatches`` (None: single process)."""
+    """Data-parallel training over any world size dividing ``microbatches``; null: a single process."""
 
     @property
     def trainer_path(self) -> str:

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import REPO
 
-PAGES = sorted([REPO / "README.md", REPO / "BENCHMARKS.md", *(REPO / "docs").glob("*.md")])
+PAGES = sorted([REPO / "README.md", REPO / "BENCHMARKS.md", REPO / "CHANGELOG.md", *(REPO / "docs").rglob("*.md")])
 _PATH = re.compile(r"`((?:cairn|workers|activities|workflows|bench|tests|deploy|examples|docs)/[A-Za-z0-9_./-]+)`")
 
 
@@ -19,7 +19,7 @@ def named_paths(text: str) -> set[str]:
     return {p for p in _PATH.findall(text) if not re.search(r"(^|/)[A-Z]+(\.|/|$)", p)}
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
 def test_every_path_a_page_names_exists(page: Path) -> None:
     assert sorted(p for p in named_paths(page.read_text()) if not (REPO / p).exists()) == []
 

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, TypeVar
@@ -53,7 +54,16 @@ from workers.cli.temporal import (
 )
 from workflows.training_run import TrainingRun
 
-__all__ = ["WATCH_INTERRUPTED_EXIT", "LiveView", "live_view", "off_loop", "status", "stopped_watching", "watch"]
+__all__ = [
+    "WATCH_INTERRUPTED_EXIT",
+    "LiveView",
+    "ProgressLines",
+    "live_view",
+    "off_loop",
+    "status",
+    "stopped_watching",
+    "watch",
+]
 
 WATCH_INTERRUPTED_EXIT = 130
 """Exit status of ``cairn run watch`` stopped by Ctrl-C (the run goes on): the CLI's SIGINT code."""
@@ -239,13 +249,44 @@ def _running_lines(desc: Any, pollers: list[QueuePollers], payload: dict[str, An
     return lines
 
 
+def _fields(progress: RunProgress | None, view: LiveView | None) -> dict[str, Any]:
+    return {
+        "phase": progress.phase if progress else "no worker",
+        "loss": "-" if view is None or view.loss is None else f"{view.loss:.4f}",
+        "val_acc": "-" if progress is None or progress.val_accuracy is None else f"{progress.val_accuracy:.3f}",
+        "retried": progress.retried_segments if progress else "-",
+    }
+
+
+class ProgressLines:
+    """``watch`` where stderr is no terminal (a pipe, a file, CI): a line when the phase or the
+    retries change, else at most one every ``every`` seconds while the step moves, never a
+    redrawn bar (``\\r`` frames fill a log)."""
+
+    def __init__(self, workflow_id: str, every: float = 10.0) -> None:
+        self.workflow_id, self.every = workflow_id, every
+        self._last: tuple[Any, ...] | None = None
+        self._at = float("-inf")
+
+    def line(self, step: int, total: int, fields: dict[str, Any], now: float) -> str | None:
+        key = (fields["phase"], fields["retried"])
+        moved = self._last is not None and self._last[0] != step
+        if self._last is not None and key == self._last[1:] and not (moved and now - self._at >= self.every):
+            return None
+        self._last, self._at = (step, *key), now
+        shown = " ".join(f"{name}={value}" for name, value in fields.items())
+        return f"{self.workflow_id}: step {step}/{total} {shown}"
+
+
 async def watch(args: argparse.Namespace, client: Client) -> int:
-    """A progress bar (stderr) until the run closes, then its result; Ctrl-C stops watching only."""
+    """Progress on stderr until the run closes (a bar on a terminal, else a line now and then),
+    then its result; Ctrl-C stops watching only."""
     from tqdm import tqdm
 
     wf = args.workflow_id
     handle = client.get_workflow_handle_for(TrainingRun.run, wf)
     bar: tqdm[Any] | None = None
+    lines = None if sys.stderr.isatty() else ProgressLines(wf)
     try:
         while True:
             desc = await handle.describe()
@@ -256,23 +297,21 @@ async def watch(args: argparse.Namespace, client: Client) -> int:
             except (RPCError, TemporalRefusedError):
                 progress = None  # no worker right now (or no answer yet): show the last heartbeat, keep watching
             view = live_view(progress, desc)
-            if bar is None and progress is not None:
-                bar = tqdm(total=progress.total, desc=wf, unit="step", initial=view.step if view else 0)
-            if bar is not None:
-                if progress is not None and progress.total != bar.total:
-                    bar.total = progress.total  # a length in epochs resolves once the trainer said
-                if view is not None:
-                    bar.n = view.step  # back to the resume step after a retry: that is where the run is
-                bar.set_postfix(
-                    phase=progress.phase if progress else "no worker",
-                    loss="-" if view is None or view.loss is None else f"{view.loss:.4f}",
-                    val_acc="-"
-                    if progress is None or progress.val_accuracy is None
-                    else f"{progress.val_accuracy:.3f}",
-                    retried=progress.retried_segments if progress else "-",
-                    refresh=False,
-                )
-                bar.refresh()
+            if lines is not None:
+                if progress is not None and view is not None:
+                    line = lines.line(view.step, progress.total, _fields(progress, view), time.monotonic())
+                    if line is not None:
+                        print(line, file=sys.stderr, flush=True)
+            else:
+                if bar is None and progress is not None:
+                    bar = tqdm(total=progress.total, desc=wf, unit="step", initial=view.step if view else 0)
+                if bar is not None:
+                    if progress is not None and progress.total != bar.total:
+                        bar.total = progress.total  # a length in epochs resolves once the trainer said
+                    if view is not None:
+                        bar.n = view.step  # back to the resume step after a retry: that is where the run is
+                    bar.set_postfix(**_fields(progress, view), refresh=False)
+                    bar.refresh()
             await asyncio.sleep(args.interval)
     except (asyncio.CancelledError, KeyboardInterrupt):  # Ctrl-C (asyncio.run cancels the command)
         if bar is not None:

@@ -31,28 +31,39 @@ RESERVED = ("vocab_size", "bos_token_id", "eos_token_id", "use_cache")
 
 
 class HFOptions(TorchOptions):
+    """``HFCausalLM``'s options: the model's ``transformers`` config, the tokenizer, the corpus and AdamW, beside
+    every option of the PyTorch adapter."""
+
     model: dict[str, Any]
     """The model's Hugging Face config: ``model_type`` (``gpt2``, ``llama``, ...) and any fields of
-    that type's config (``n_layer``, ``hidden_size``, ...); ``vocab_size`` comes from the tokenizer."""
+    that type's config (``n_layer``, ``hidden_size``, ...); ``vocab_size``, ``bos_token_id``, ``eos_token_id``
+    and ``use_cache`` are Cairn's (setting them is refused)."""
     vocab_size: int = Field(default=512, ge=258, le=1 << 18)
     """Tokens of the byte-level BPE tokenizer (256 bytes, end-of-text, merges)."""
     corpus: list[str] = Field(default_factory=list, max_length=10_000)
     """Text files to train on, in order (empty: the Python standard library's own sources)."""
     corpus_bytes: int = Field(default=120_000, ge=1024, le=1 << 30)
+    """Bytes of the corpus read (at most)."""
     context: int = Field(default=64, ge=2, le=1 << 16)
-    """Tokens per training window."""
+    """Tokens per training window (at most the model's ``max_position_embeddings``)."""
     val_fraction: float = Field(default=0.1, gt=0.0, lt=1.0)
+    """Share of the windows held out for validation (at least one)."""
     lr: float = Field(default=1e-3, gt=0)
+    """AdamW's peak learning rate."""
     weight_decay: float = Field(default=0.1, ge=0)
     """AdamW weight decay, on matrices only (not biases, norms or embeddings)."""
     betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW's ``(beta1, beta2)``."""
     warmup: int = Field(default=20, ge=0)
     """Updates of linear warmup; then a cosine decay to ``min_lr_ratio`` x ``lr`` over ``decay_steps``."""
     decay_steps: int = Field(default=1000, ge=1)
+    """Updates of the cosine decay after warmup; the rate stays at its floor after them."""
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
+    """The floor of the decay, as a fraction of ``lr``."""
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     """Keep the parameters (and so AdamW's moments) in this dtype."""
     attn_implementation: Literal["eager", "sdpa"] = "eager"
+    """Attention kernel, written into the exported ``config.json`` so ``from_pretrained`` gives the same logits."""
 
     @field_validator("model")
     @classmethod

@@ -218,7 +218,7 @@ def check_setup(trainer: TorchParts) -> None:
     if getattr(train, "stream", False) and options.epoch_steps is None and train.batches_per_pass is None:  # type: ignore[union-attr]
         raise ConfigError(
             "trainer.options.epoch_steps: the training stream has no len()",
-            expected="the updates an epoch means (or total_steps and segments in steps)",
+            expected="the updates an epoch means (a stream without len() needs it, however the run is measured)",
             found=None,
         )
     if trainer.plateau and "val" not in trainer.splits:

@@ -22,7 +22,7 @@ __all__ = ["TorchOptions", "TorchSetup"]
 class TorchOptions(BaseModel):
     """The adapter's own options; subclass it to add your model's (it is your config section)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     threads: int = Field(default=1, ge=1, le=256)
     """Intra-op threads (``torch.set_num_threads``): part of the bit-exact contract."""
@@ -34,11 +34,11 @@ class TorchOptions(BaseModel):
     eval_batch_size: int = Field(default=1024, ge=1, le=1 << 20)
     """Examples per forward pass when evaluating (a stream evaluates in its loader's batches)."""
     eval_every: int | None = Field(default=None, ge=1)
-    """Evaluate on ``val`` every this many updates; default: at every epoch end."""
+    """Evaluate on ``val`` every this many updates; null: at every epoch end."""
     epoch_steps: int | None = Field(default=None, ge=1)
     """The updates an epoch means for a training stream that has no ``len()``."""
     clip_grad_norm: float | None = Field(default=None, gt=0)
-    """Clip the gradient's total L2 norm to this (``torch.nn.utils.clip_grad_norm_``)."""
+    """Clip the total L2 norm of the final, unscaled gradient to this (``torch.nn.utils.clip_grad_norm_``)."""
     clip_grad_value: float | None = Field(default=None, gt=0)
     """Clip every gradient element to [-v, v] (``clip_grad_value_``; before the norm clip)."""
     accumulation: int = Field(default=1, ge=1, le=1024)
@@ -47,12 +47,12 @@ class TorchOptions(BaseModel):
     ``distributed.microbatches``: accumulation K in one process and K microbatches over any world
     size give the same bits."""
     autocast: Literal["bfloat16", "float16"] | None = None
-    """Run forward and loss under ``torch.autocast`` in this dtype (CPU)."""
+    """Run forward and loss under ``torch.autocast`` in this dtype, in training and evaluation."""
     grad_scaler: bool = False
-    """Loss scaling for float16 autocast (``torch.amp.GradScaler``; its state is checkpointed)."""
+    """Loss scaling for float16 autocast (``torch.amp.GradScaler``, float32 parameters); its state is checkpointed."""
     device: str = Field(default="cpu", pattern=DEVICE_PATTERN)
     """``cpu``, ``cuda`` (the current GPU; in a gang, the rank's ``LOCAL_RANK``) or ``cuda:N``:
-    where the model, its optimizer state and its RNG live (``cairn.trainers.pytorch.device``)."""
+    where the model, its optimizer state, batches and RNG live; a machine without CUDA refuses it at once."""
 
     @model_serializer(mode="wrap")
     def _cpu_is_implied(self, handler: Any) -> Any:

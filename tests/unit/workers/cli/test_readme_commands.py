@@ -1,8 +1,9 @@
-"""The README's commands work as printed. Every command line of its fenced shell blocks is either
-run here, from the README's own words (placeholders such as ``CKPT`` filled in, optional
-``[--flag X]`` groups taken or left out), or listed in ``NOT_RUN_HERE`` with the reason; a command
-added to the README fails ``test_every_readme_command_is_run_here_or_listed`` until it is one or
-the other."""
+"""The docs' commands work as printed: the README's and every page of the documentation site
+(``docs/``). Every command line of their fenced shell blocks is either run here, from the docs'
+own words (placeholders such as ``CKPT`` filled in, optional ``[--flag X]`` groups taken or left
+out), run by another test that says so (the tutorial's, by ``tests/integration/test_tutorial.py``),
+or listed in ``NOT_RUN_HERE`` with the reason; a command added to a page fails
+``test_every_readme_command_is_run_here_or_listed`` until it is one or the other."""
 
 from __future__ import annotations
 
@@ -22,6 +23,16 @@ from tests.conftest import REPO
 from workers.cli.main import main
 
 README = REPO / "README.md"
+PAGES = (README, *sorted((REPO / "docs").rglob("*.md")))
+"""The pages whose commands count: the README and the site's (the Reference is generated and
+prints usage lines, not commands)."""
+
+
+def docs_text() -> str:
+    """Every page's text, one after another."""
+    return "\n\n".join(page.read_text() for page in PAGES)
+
+
 PROGRAMS = ("cairn", "jq", "make", "temporal")
 """The programs whose command lines count as the README's commands."""
 _BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
@@ -51,7 +62,7 @@ def readme_words(command: str, fill: Mapping[str, str] = {}, take: Collection[st
     optional ``[...]`` group whose first flag is in ``take`` included (with the first of ``a|b``
     alternatives), the others left out; a word, or a path segment of one, named in ``fill``
     replaced (``...`` by several words: ``fill["..."]`` split)."""
-    assert command in readme_commands(README.read_text()), f"not a command of the README: {command}"
+    assert command in readme_commands(docs_text()), f"not a command of the docs: {command}"
     tokens, words = shlex.split(command), []
     while tokens:
         token = tokens.pop(0)
@@ -166,6 +177,8 @@ _NONE = "not run by any test: "
 NOT_RUN_HERE = {
     "make demo": _NONE + "the demo itself (about 2 minutes; its parts are the integration tests' scenarios)",
     "make test": "the suite itself",
+    "make docs": "tests/unit/docs/test_site.py builds the site as it does (mkdocs build --strict, into a temporary "
+    "directory)",
     "make drill": _NONE + "as printed (tests/integration/test_drill.py runs `cairn drill` with other settings)",
     "cairn train --config examples/lm.json --store ./lm-ckpt --steps 400 --checkpoint-every 100": _NONE
     + "400 updates take 87 s (tests/unit/trainers/pytorch/test_models.py trains the same config briefly; "
@@ -234,16 +247,21 @@ NOT_RUN_HERE = {
 """Each README command no test of this module runs, and where (if anywhere) it is tested."""
 
 
+TUTORIAL = REPO / "docs" / "tutorial.md"
+"""Its every command is run, in order and as printed, by ``tests/integration/test_tutorial.py``."""
+
+
 def test_every_readme_command_is_run_here_or_listed() -> None:
-    commands = set(readme_commands(README.read_text()))
+    commands = set(readme_commands(docs_text()))
+    tutorial = set(readme_commands(TUTORIAL.read_text()))
     assert not set(RUN_HERE) & set(NOT_RUN_HERE)
-    assert sorted(commands - set(RUN_HERE) - set(NOT_RUN_HERE)) == []
+    assert sorted(commands - set(RUN_HERE) - set(NOT_RUN_HERE) - tutorial) == []
     assert sorted((set(RUN_HERE) | set(NOT_RUN_HERE)) - commands) == []
 
 
 def _readme_json_after(marker: str) -> dict[str, object]:
-    """The first ``json`` block of the README after ``marker``."""
-    text = README.read_text()
+    """The first ``json`` block of the docs after ``marker``."""
+    text = docs_text()
     lang_body = next((lang, b) for lang, b in _BLOCK.findall(text[text.index(marker) :]) if lang == "json")
     body: dict[str, object] = json.loads(lang_body[1])
     return body
@@ -373,9 +391,9 @@ def test_a_checkpoint_loads_as_a_model_as_printed(here: Path, capsys: pytest.Cap
     pytest.importorskip("transformers")
     cairn(capsys, readme_words(GPT2_TRAIN))
     cairn(capsys, readme_words(GPT2_EXPORT))
-    text = README.read_text()
+    text = docs_text()
     example = next(
-        b for lang, b in _BLOCK.findall(text[text.index("**From a checkpoint to a model") :]) if lang == "python"
+        b for lang, b in _BLOCK.findall(text[text.index("From a checkpoint to a model") :]) if lang == "python"
     )
     assert "cairn.load_model(" in example and "torch.equal(" in example
     exec(compile(example, "README.md", "exec"), {})  # its assert: the exported directory's logits, bit for bit

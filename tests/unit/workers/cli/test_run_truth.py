@@ -165,7 +165,19 @@ def test_watch_shows_the_heartbeats_loss_and_ctrl_c_only_stops_watching(
     frames = [m.groups() for f in re.split(r"[\r\n]", err) if (m := re.search(r"(\d+)/200 .*loss=([-\d.]+)", f))]
     assert frames and all(frame == ("147", "0.2500") for frame in frames), frames
     assert "3.5315" not in err and out == ""
+    assert "\r" not in err and err.count("wf-1: step 147/200 ") == 1, err  # stderr is no terminal: one line
     assert signal.getsignal(signal.SIGINT) is before  # the handler is back: nothing else was touched
+
+
+def test_watch_to_a_pipe_prints_a_line_per_change_not_a_bar() -> None:
+    lines = run_status.ProgressLines("wf", every=10.0)
+    fields = {"phase": "training", "loss": "0.5000", "val_acc": "-", "retried": 0}
+    assert lines.line(10, 100, fields, now=0.0) == "wf: step 10/100 phase=training loss=0.5000 val_acc=- retried=0"
+    assert lines.line(10, 100, fields, now=50.0) is None  # nothing moved
+    assert lines.line(12, 100, fields, now=5.0) is None  # moved, but within 10 s of the last line
+    assert lines.line(14, 100, fields, now=10.0) is not None  # moved, 10 s on
+    assert lines.line(14, 100, {**fields, "retried": 1}, now=10.5) is not None  # a retry: at once
+    assert lines.line(14, 100, {**fields, "retried": 1, "phase": "paused"}, now=10.6) is not None
 
 
 def test_watch_ctrl_c_with_json_is_one_json_object(connect_to: Any, capsys: pytest.CaptureFixture[str]) -> None:
