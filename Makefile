@@ -11,7 +11,7 @@ DEMO   := $(VENV)/.installed-demo
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,bench,torch,hf,stack,report,docs]'
+	$(PY) -m pip install --quiet -e '.[dev,bench,torch,hf,stack,report,docs,trackers]'
 	@touch $(STAMP) $(DEMO)
 
 # What the demo and the drill need: the dev servers, plots, torch (the digits CNN).
