@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from activities.effect_models import DecisionInput, EffectInput, EffectReceipt, EffectsSpec, Model
+from activities.tracker_models import MAX_TRACKERS, TrackerSpec
 from cairn.checkpoint import RUN_ID_PATTERN
 from cairn.checkpoint_interval import AutoInterval, IntervalChoice, IntervalState
 from cairn.config import TrainConfig
@@ -237,6 +238,9 @@ class TrainingRunInput(_Model):
     """Sleep after each step: pacing for demos and drills (simulates a heavier model)."""
     effects: EffectsSpec | None = None
     """External side effects (reserve before, publish on success, release at the end); null: none."""
+    trackers: list[TrackerSpec] = Field(default_factory=list, max_length=MAX_TRACKERS)
+    """Experiment trackers (TensorBoard, MLflow, W&B) fed from the committed history beside each
+    segment and at the end, each committed step exactly once; empty: none."""
     world_size: Annotated[int, Field(ge=1, le=1024)] = 1
     """Ranks of a data-parallel run (``config.distributed``): each segment runs as a gang of
     this many rank processes under torchrun. Any divisor of ``distributed.microbatches`` gives

@@ -12,7 +12,7 @@ lower one, never in a cycle (``tests/unit/test_architecture.py`` holds the same 
     2  config, config_files, state, data
     3  stores
     4  checkpoint      the format: bytes, manifests, blocks, tensor specs, commit; no trainer
-    5  distributed, effects, interop
+    5  distributed, effects, interop, trackers
     6  trainers        the trainer interface, its trust rule and checks, the built-in trainers
     7  training        a training state saved and loaded through its trainer
     8  session, models

@@ -30,6 +30,7 @@ from activities.effects import EFFECT_ACTIVITIES
 from activities.gang import ADVERTISE_ENV, GANG_ACTIVITIES
 from activities.inputs import DEFAULT_TASK_QUEUE, NODE_NAME, node_queue, own_queue
 from activities.tier import TIER_BYTES_ENV, TIER_ENV, flush_all, parse_bytes, resume_uploads
+from activities.trackers import TRACKER_ACTIVITIES
 from activities.training import TRAINING_ACTIVITIES
 from cairn.errors import ConfigError, TemporalUnavailableError
 from cairn.numerics import enter_profile, native_level, process_numerics, profile_id, profile_queue
@@ -86,7 +87,7 @@ TIER_FLUSH_SECONDS = 60.0
 
 
 def all_activities() -> list[Any]:
-    return [*TRAINING_ACTIVITIES, *EFFECT_ACTIVITIES, *GANG_ACTIVITIES]
+    return [*TRAINING_ACTIVITIES, *EFFECT_ACTIVITIES, *GANG_ACTIVITIES, *TRACKER_ACTIVITIES]
 
 
 def build_worker(

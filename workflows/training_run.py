@@ -47,6 +47,8 @@ with workflow.unsafe.imports_passed_through():  # the workflow's pure policy mod
         TrainSegmentInput,
         TrainSegmentResult,
     )
+    from activities.tracker_models import TrackInput, TrackResult
+    from activities.trackers import export_trackers
     from activities.training import collect_checkpoints, latest_checkpoint, open_run, train_segment
     from activities.views import RunProgress, RunSummary
     from workflows import run_state, segments
@@ -66,6 +68,8 @@ COLLECT_PACED = "collect-checkpoints-paced-beside-the-segments"
 WARM_NOT_RETRIED = "a-warm-segment-is-not-retried-on-its-own-queue"
 """The patch marker under which a segment lost on the warm worker's own queue is offered to every
 worker at once (``segments.WARM_RETRY``), not retried on that queue first."""
+EXPORT_TRACKERS = "export-trackers-beside-the-segments"
+"""The patch marker under which a run's trackers are fed beside its segments and at its end."""
 
 
 @workflow.defn(name="TrainingRun")
@@ -77,6 +81,7 @@ class TrainingRun(GangSegments):
         self._checkpoint_now = False
         self._rollback_to: int | None = None
         self._collect_started: datetime | None = None  # the last retention pass beside the segments
+        self._tracking: workflow.ActivityHandle[TrackResult] | None = None  # the export beside the segments
 
     # -- control ------------------------------------------------------------------------------
     @workflow.query
@@ -172,15 +177,49 @@ class TrainingRun(GangSegments):
                 continue
             if segments_this_run >= inp.segments_per_run or workflow.info().is_continue_as_new_suggested():
                 collecting = await self._collected(collecting)
+                self._leave_tracking()
                 self._continue_as_new(inp)
             self._phase = "training"
             await self._run_segment(inp)
             segments_this_run += 1
             if inp.retention is not None:  # it never deletes the latest commit nor a save in flight
                 collecting = await self._collect(inp, collecting)
+            await self._track(inp)
         await self._collected(collecting)
         if self._carry.checkpoint is None:  # total_steps == 0: the origin is the result
             await self._run_segment(inp, target=0)
+        await self._track(inp, final=True)
+
+    def _tracking_on(self, inp: TrainingRunInput) -> bool:
+        return bool(inp.trackers) and workflow.patched(EXPORT_TRACKERS)
+
+    async def _track(self, inp: TrainingRunInput, final: bool = False) -> None:
+        """Feed the trackers what is committed: beside the next segment, one export at a time
+        (a boundary never waits for one; the next export catches up), and at the end, awaited.
+        An export that failed for good fails the run here; a sink that is down only delays."""
+        if not self._tracking_on(inp):
+            return
+        running = self._tracking
+        if running is not None and (final or running.done()):
+            self._tracking = None
+            await running
+        elif running is not None:
+            return
+        track = TrackInput(
+            run_id=inp.run_id, store=inp.store, store_id=self._carry.store_id, trackers=inp.trackers, final=final
+        )
+        handle = workflow.start_activity(export_trackers, track, **segments.bookkeeping(inp))
+        if final:
+            await handle
+        else:
+            self._tracking = handle
+
+    def _leave_tracking(self) -> None:
+        """Before continue-as-new: an export still running is cancelled, not awaited (the next
+        run's first export takes over from the sinks' cursors)."""
+        if self._tracking is not None and not self._tracking.done():
+            self._tracking.cancel()
+        self._tracking = None
 
     async def _collect(
         self, inp: TrainingRunInput, collecting: workflow.ActivityHandle[int] | None

@@ -10,6 +10,7 @@ the store's own identity, kept by the store: ``cairn.stores.identity``).
       RUN/pins/NAME.json                    named pins                      (cairn.checkpoint.retention)
       RUN/history/KEY/START-END-HASH.bin    history segments, shared by checkpoints (cairn.checkpoint.history)
       RUN/lifecycle/SEQ.json                the run's lifecycle log: final-test exposures (cairn.checkpoint.exposures)
+      RUN/trackers/SINK/SEQ.json            an experiment tracker's cursor: what it confirmed (cairn.trackers.cursor)
       RUN/.preflight-NONCE.{object,commit}  a write probe, deleted at once   (cairn.runs.preflight)
       RUN/KIND/STEP/manifest.json           a committed checkpoint: the commit marker
       RUN/KIND/STEP/NONCE/rankRRR-NNNN.bin  its shards, named per save attempt and rank
@@ -55,6 +56,7 @@ __all__ = [
     "owners_prefix",
     "registry_prefix",
     "lifecycle_prefix",
+    "trackers_prefix",
     "lifecycle_key",
     "registry_entry_key",
     "HISTORY_NAME_PATTERN",
@@ -211,6 +213,11 @@ def owner_key(run_id: str, seq: int) -> str:
 
 def lifecycle_prefix(run_id: str) -> str:
     return f"{run_id}/lifecycle/"
+
+
+def trackers_prefix(run_id: str, sink: str) -> str:
+    """Where an experiment tracker's cursor log of ``run_id`` lives (``sink``: its kind and a digest)."""
+    return f"{run_prefix(run_id)}trackers/{sink}/"
 
 
 def lifecycle_key(run_id: str, seq: int) -> str:

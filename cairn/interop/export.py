@@ -5,9 +5,11 @@ parameters under the names ``Trainer.exchange_names`` gives.
 
 The export streams: each tensor is read block by block through one reusable buffer and written
 at once, so memory stays at that buffer whatever the checkpoint's size, and every block's
-checksum is verified on the way. The files are written into a hidden sibling directory that is
-renamed into place only when every byte is written and verified; a failure (a corrupt block, a
-full disk) removes it and leaves nothing at the destination."""
+checksum is verified on the way. Weights computed from a state (``export_arrays``: LoRA
+adapters merged into their base, or the adapters alone) go through the same writer. The files
+are written into a hidden sibling directory that is renamed into place only when every byte is
+written and verified; a failure (a corrupt block, a full disk) removes it and leaves nothing at
+the destination."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import json
 import os
 import secrets
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,12 +27,13 @@ from cairn.checkpoint.blocks import logical_specs
 from cairn.checkpoint.manifest import Manifest
 from cairn.checkpoint.reader import check_shards_present, stream_logical
 from cairn.checkpoint.ref import CheckpointRef
+from cairn.checkpoint.tensors import byte_view, dtype_tag
 from cairn.errors import ConfigError, TensorSpecError
-from cairn.interop.exchange import WeightExchange
+from cairn.interop.exchange import ComputedWeights, WeightExchange
 from cairn.interop.safetensors import INDEX_SUFFIX, header_bytes, plan_files
 from cairn.stores.base import Store
 
-__all__ = ["DEFAULT_MAX_FILE_BYTES", "ExportResult", "export_checkpoint"]
+__all__ = ["DEFAULT_MAX_FILE_BYTES", "ExportResult", "export_arrays", "export_checkpoint"]
 
 DEFAULT_MAX_FILE_BYTES = 5_000_000_000
 """Data bytes per safetensors file before the export is sharded (``save_pretrained``'s 5 GB)."""
@@ -42,7 +45,8 @@ Progress = Callable[[int, int], None]
 class ExportResult:
     directory: Path
     kind: str
-    """``huggingface`` (a directory ``from_pretrained`` loads) or ``weights-only``."""
+    """``huggingface`` (a directory ``from_pretrained`` loads), ``peft`` (an adapter directory
+    ``PeftModel.from_pretrained`` loads) or ``weights-only``."""
     files: list[str] = field(default_factory=list)
     tensors: int = 0
     bytes: int = 0
@@ -115,18 +119,67 @@ def export_checkpoint(
         for name, data in (extra or {}).items():
             (tmp / name).write_bytes(data)
             result.files.append(name)
-        for name in result.files:  # every file durable before the directory is named DIR
-            _fsync(tmp / name)
-        _fsync(tmp)
-        _destination(out_dir)  # nothing appeared there meanwhile
-        if out_dir.exists():
-            out_dir.rmdir()
-        os.rename(tmp, out_dir)
-        _fsync(out_dir.parent)
+        _publish(tmp, out_dir, result.files)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return result
+
+
+def export_arrays(
+    computed: ComputedWeights,
+    out_dir: Path,
+    metadata: Mapping[str, str],
+    *,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+) -> ExportResult:
+    """Write weights computed from a checkpoint's state (``ComputedExport``: LoRA adapters
+    merged into their base, or the adapters alone) and the files around them into ``out_dir``,
+    through the same writer and the same hidden-sibling rename as ``export_checkpoint``."""
+    _destination(out_dir)
+    specs = {key: (dtype_tag(arr.dtype), tuple(arr.shape)) for key, arr in computed.arrays.items()}
+    plans = plan_files(specs, stem=computed.stem, max_file_bytes=max_file_bytes)
+    result = ExportResult(out_dir, computed.kind)
+    tmp = out_dir.parent / f".{out_dir.name}.partial-{secrets.token_hex(4)}"
+    tmp.mkdir(parents=True)
+    try:
+        for plan in plans:
+            with open(tmp / plan.name, "wb") as f:
+                f.write(header_bytes(plan, {**metadata, "cairn_content": computed.kind}))
+                for key in plan.tensors:
+                    view = byte_view(np.ascontiguousarray(computed.arrays[key]))
+                    f.write(view)
+                    result.bytes += len(view)
+            result.files.append(plan.name)
+            result.tensors += len(plan.tensors)
+        if len(plans) > 1:
+            index = {
+                "metadata": {"total_size": result.bytes, **metadata},
+                "weight_map": {key: plan.name for plan in plans for key in plan.tensors},
+            }
+            name = f"{computed.stem}{INDEX_SUFFIX}"
+            (tmp / name).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+            result.files.append(name)
+        for name, body in computed.files.items():
+            (tmp / name).write_bytes(body)
+            result.files.append(name)
+        _publish(tmp, out_dir, result.files)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return result
+
+
+def _publish(tmp: Path, out_dir: Path, files: list[str]) -> None:
+    """Every file durable, then the hidden directory renamed to ``out_dir``."""
+    for name in files:
+        _fsync(tmp / name)
+    _fsync(tmp)
+    _destination(out_dir)  # nothing appeared there meanwhile
+    if out_dir.exists():
+        out_dir.rmdir()
+    os.rename(tmp, out_dir)
+    _fsync(out_dir.parent)
 
 
 def _fsync(path: Path) -> None:

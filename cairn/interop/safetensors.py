@@ -187,13 +187,14 @@ def read_header(
     return entries, metadata
 
 
-def safetensors_files(path: Path) -> list[Path]:
+def safetensors_files(path: Path, field: str = "init_from.safetensors") -> list[Path]:
     """The safetensors files of ``path``: the file itself; in a directory, the files its
-    ``*.safetensors.index.json`` maps, else its one ``*.safetensors`` file."""
+    ``*.safetensors.index.json`` maps, else its one ``*.safetensors`` file (``field``: the
+    option that named ``path``, for a refusal)."""
     if path.is_file():
         return [path]
     if not path.is_dir():
-        raise ConfigError("init_from.safetensors", expected="a safetensors file or a directory", found=str(path))
+        raise ConfigError(field, expected="a safetensors file or a directory", found=str(path))
     indexes = sorted(path.glob(f"*{INDEX_SUFFIX}"))
     if len(indexes) == 1:
         raw = indexes[0].read_bytes()
@@ -211,7 +212,7 @@ def safetensors_files(path: Path) -> list[Path]:
     files = sorted(p for p in path.glob("*.safetensors") if p.is_file())
     if len(files) != 1 or len(indexes) > 1:
         raise ConfigError(
-            "init_from.safetensors",
+            field,
             expected="one .safetensors file, or an index.json and its files",
             found=f"{len(files)} files, {len(indexes)} indexes in {path}",
         )

@@ -11,7 +11,7 @@ lineage. A refusal is a typed error naming the key, expected vs found."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,7 +57,7 @@ def content_hash(files: list[Path]) -> str:
     return _combined({p.name: _read_file(p, [], {}) for p in files})
 
 
-def _read_file(path: Path, entries: list[FileEntry], arrays: dict[str, np.ndarray]) -> str:
+def _read_file(path: Path, entries: list[FileEntry], arrays: dict[str, np.ndarray], field: str = FIELD) -> str:
     """Read ``path`` once, front to back: each entry's bytes land in its array of ``arrays``,
     and every byte of the file is hashed on the way (so the hash names exactly what was read)."""
     inner = hashlib.sha256()
@@ -67,12 +67,12 @@ def _read_file(path: Path, entries: list[FileEntry], arrays: dict[str, np.ndarra
             while pos < entry.start:
                 gap = f.read(min(8 << 20, entry.start - pos))
                 if not gap:
-                    raise TensorSpecError("file shorter than its header says", field=f"{FIELD}: {path.name}")
+                    raise TensorSpecError("file shorter than its header says", field=f"{field}: {path.name}")
                 inner.update(gap)
                 pos += len(gap)
             view = byte_view(arrays[entry.key])
             if f.readinto(view) != entry.length:
-                raise TensorSpecError("file shorter than its header says", field=f"{FIELD}: {entry.key}")
+                raise TensorSpecError("file shorter than its header says", field=f"{field}: {entry.key}")
             inner.update(view)
             pos = entry.stop
         while chunk := f.read(8 << 20):
@@ -81,7 +81,7 @@ def _read_file(path: Path, entries: list[FileEntry], arrays: dict[str, np.ndarra
     return _digest_line(path, pos, inner.hexdigest())
 
 
-def _headers(files: list[Path], expected: int) -> dict[str, tuple[Path, FileEntry]]:
+def _headers(files: list[Path], expected: int, field: str) -> dict[str, tuple[Path, FileEntry]]:
     """Every file's tensors; no file may list more than the ``expected`` (the model's own)."""
     found: dict[str, tuple[Path, FileEntry]] = {}
     for path in files:
@@ -89,7 +89,7 @@ def _headers(files: list[Path], expected: int) -> dict[str, tuple[Path, FileEntr
             entries, _ = read_header(f, str(path), max_entries=expected)
         for key, entry in entries.items():
             if key in found:
-                raise TensorSpecError("a tensor is in two files", field=f"{FIELD}: {key}", found=str(path))
+                raise TensorSpecError("a tensor is in two files", field=f"{field}: {key}", found=str(path))
             found[key] = (path, entry)
     return found
 
@@ -98,18 +98,27 @@ def _spec(dtype: str, shape: tuple[int, ...]) -> str:
     return f"{dtype}{list(shape)}"
 
 
-def read_weights(path: Path, trainer: WeightExchange, fresh: Mapping[str, np.ndarray]) -> ImportedWeights:
+def read_weights(
+    path: Path,
+    trainer: WeightExchange,
+    fresh: Mapping[str, np.ndarray],
+    *,
+    field: str = FIELD,
+    side_files: Sequence[str] = SIDE_FILES,
+) -> ImportedWeights:
     """The weights at ``path`` under their checkpoint names, checked against ``fresh`` (the
-    model's step-0 state); see the module docstring."""
-    files = safetensors_files(path)
+    model's step-0 state); see the module docstring. ``field`` names the option that named
+    ``path`` in a refusal; ``side_files``: the files of a directory the content hash covers
+    besides the weights and their index (those present)."""
+    files = safetensors_files(path, field)
     names, aliases = trainer.exchange_names()
-    found = _headers(files, len(names) + len(aliases) + _SLACK)
+    found = _headers(files, len(names) + len(aliases) + _SLACK, field)
     unknown = sorted(set(found) - set(names) - set(aliases))
     missing = sorted(set(names) - set(found))
     if unknown or missing:
         raise TensorSpecError(
             "the file's tensors are not this model's weights",
-            field=FIELD,
+            field=field,
             expected=f"{len(names)} weights" + (f", missing {missing[:5]}" if missing else ""),
             found=f"{len(found)} tensors" + (f", unknown {unknown[:5]}" if unknown else ""),
         )
@@ -117,12 +126,12 @@ def read_weights(path: Path, trainer: WeightExchange, fresh: Mapping[str, np.nda
         want = fresh[names.get(key) or aliases[key]]
         if (entry.dtype, entry.shape) != (dtype_tag(want.dtype), want.shape):
             raise TensorSpecError(
-                field=f"{FIELD}: {key}",
+                field=f"{field}: {key}",
                 expected=_spec(dtype_tag(want.dtype), want.shape),
                 found=_spec(entry.dtype, entry.shape),
             )
     by_key = {key: np.empty(entry.shape, dtype=dtype_from_tag(entry.dtype)) for key, (_, entry) in found.items()}
-    lines = {file.name: _read_file(file, [e for p, e in found.values() if p == file], by_key) for file in files}
+    lines = {file.name: _read_file(file, [e for p, e in found.values() if p == file], by_key, field) for file in files}
     arrays: dict[str, np.ndarray] = {}
     for key, arr in by_key.items():
         if key in names:
@@ -133,11 +142,11 @@ def read_weights(path: Path, trainer: WeightExchange, fresh: Mapping[str, np.nda
         if name is not None and byte_view(arr) != byte_view(arrays[name]):
             raise TensorSpecError(
                 "a tied weight differs from the tensor it is tied to",
-                field=f"{FIELD}: {key}",
+                field=f"{field}: {key}",
                 expected=f"equal to {name}",
                 found="other values",
             )
     if path.is_dir():
-        side = [path / n for n in SIDE_FILES if (path / n).is_file()] + sorted(path.glob(f"*{INDEX_SUFFIX}"))
+        side = [path / n for n in side_files if (path / n).is_file()] + sorted(path.glob(f"*{INDEX_SUFFIX}"))
         lines.update({p.name: _read_file(p, [], {}) for p in side})
     return ImportedWeights(arrays, _combined(lines))

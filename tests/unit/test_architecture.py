@@ -22,7 +22,7 @@ LAYERS = (
     ("config", "config_files", "state", "data"),
     ("stores",),
     ("checkpoint",),
-    ("distributed", "effects", "interop"),
+    ("distributed", "effects", "interop", "trackers"),
     ("trainers",),
     ("training",),
     ("session", "models"),

@@ -1,6 +1,8 @@
 """``cairn ckpt export``: a checkpoint's weights as safetensors, streamed and verified
 (``cairn.interop.export``): a Hugging Face directory for a model that has one, else a
-weights-only file."""
+weights-only file; for a LoRA run, the adapters merged into the base (``--format safetensors``)
+or the adapters alone as a PEFT directory (``--format peft``), computed from the checkpoint's
+state read with every check."""
 
 from __future__ import annotations
 
@@ -9,12 +11,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-from cairn.checkpoint import CheckpointKind, CheckpointRef, manifest_config, read_manifest
+from cairn.checkpoint import CheckpointKind, CheckpointOptions, CheckpointRef, manifest_config, read_manifest
 from cairn.config import load_config
 from cairn.errors import ConfigError
-from cairn.interop import DEFAULT_MAX_FILE_BYTES, export_checkpoint
+from cairn.interop import DEFAULT_MAX_FILE_BYTES, ComputedExport, ExportResult, export_arrays, export_checkpoint
 from cairn.stores import open_store
 from cairn.trainers import check_training_manifest, trainer_for_checkpoint
+from cairn.training import load_training_with_trainer
 from workers.cli.output import emit
 
 __all__ = ["add_export_parser", "cmd_ckpt_export", "file_size"]
@@ -35,12 +38,19 @@ def add_export_parser(ckpt_sub: Any, common: Any) -> None:
     p = ckpt_sub.add_parser(
         "export",
         help="write a checkpoint's weights as safetensors: a Hugging Face directory (config, weights, tokenizer) "
-        "for a Hugging Face model, a weights-only file for any other",
+        "for a Hugging Face model (a LoRA run's adapters merged in), a weights-only file for any other; "
+        "--format peft: a LoRA run's adapters as a PEFT adapter directory",
     )
     common(p)
     p.add_argument("checkpoint")
     p.add_argument("directory", help="a new or empty directory")
-    p.add_argument("--format", choices=["safetensors"], required=True)
+    p.add_argument(
+        "--format",
+        choices=["safetensors", "peft"],
+        required=True,
+        help="safetensors: the model's weights; peft: a LoRA run's adapters (adapter_config.json, "
+        "adapter_model.safetensors)",
+    )
     p.add_argument("--weights-only", action="store_true", help="only the weights file, even for a Hugging Face model")
     p.add_argument(
         "--max-file-size",
@@ -65,6 +75,29 @@ def cmd_ckpt_export(args: argparse.Namespace) -> int:
     # on the host: a GPU run's too, GPU or not.
     trainer = trainer_for_checkpoint(manifest_config(manifest), given, on_host=True)
     check_training_manifest(manifest, trainer=trainer)  # the tensors are this model's
+    computed = trainer.computed_formats() if isinstance(trainer, ComputedExport) else frozenset()
+    if args.format == "peft" and args.weights_only:
+        raise ConfigError("--weights-only", expected="--format safetensors (an adapter directory is one)", found="peft")
+    if args.format == "peft" and "peft" not in computed:
+        raise ConfigError(
+            "--format peft", expected="a run with LoRA adapters (trainer.options.lora)", found="a run without"
+        )
+    if args.format in computed and not args.weights_only:
+        assert isinstance(trainer, ComputedExport)
+        state, _, _ = load_training_with_trainer(store, ref, trainer=trainer, options=CheckpointOptions.from_env())
+        metadata = {
+            "format": "pt",
+            "cairn_checkpoint": str(ref),
+            "cairn_fingerprint": manifest.fingerprint,
+            "cairn_step": str(manifest.step),
+        }
+        result = export_arrays(
+            trainer.computed_export(args.format, state),
+            Path(args.directory),
+            metadata,
+            max_file_bytes=args.max_file_size,
+        )
+        return _report(args, ref, manifest.fingerprint, result)
     with tqdm(desc=f"export {ref.run_id}@{ref.step}", unit="B", unit_scale=True, disable=None, leave=False) as bar:
 
         def progress(done: int, total: int) -> None:
@@ -81,11 +114,18 @@ def cmd_ckpt_export(args: argparse.Namespace) -> int:
             max_file_bytes=args.max_file_size,
             progress=progress,
         )
-    what = (
-        "a Hugging Face directory (AutoModelForCausalLM.from_pretrained loads it)"
-        if result.kind == "huggingface"
-        else "WEIGHTS ONLY (parameters and buffers; not a checkpoint: no optimizer, step, RNG or data cursor)"
-    )
+    return _report(args, ref, manifest.fingerprint, result)
+
+
+WHAT = {
+    "huggingface": "a Hugging Face directory (AutoModelForCausalLM.from_pretrained loads it)",
+    "peft": "a PEFT adapter directory (peft.PeftModel.from_pretrained(base, DIR) loads it)",
+    "weights-only": "WEIGHTS ONLY (parameters and buffers; not a checkpoint: no optimizer, step, RNG or data cursor)",
+}
+
+
+def _report(args: argparse.Namespace, ref: CheckpointRef, fingerprint: str, result: ExportResult) -> int:
+    what = WHAT[result.kind]
     emit(
         args,
         {
@@ -95,7 +135,7 @@ def cmd_ckpt_export(args: argparse.Namespace) -> int:
             "files": result.files,
             "tensors": result.tensors,
             "bytes": result.bytes,
-            "fingerprint": manifest.fingerprint,
+            "fingerprint": fingerprint,
         },
         f"exported {ref} to {result.directory}: {what}; {result.tensors} tensors, {result.bytes} bytes in "
         f"{', '.join(result.files)}; every block's checksum verified",

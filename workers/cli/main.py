@@ -25,7 +25,7 @@ import argcomplete
 
 from cairn.errors import CairnError, CommandInterrupted
 from cairn.numerics import enter_profile
-from workers.cli import ckpt, drill, evaluate, interval, report, run, schema, train, worker
+from workers.cli import ckpt, drill, evaluate, interval, report, run, schema, trackers, train, worker
 from workers.cli.args import CairnArgumentParser, Common, UsageError, common_options, global_options
 from workers.cli.output import CommandFailed, json_stdout, report_error, report_usage_error
 from workers.stack import devstack
@@ -45,6 +45,7 @@ COMMANDS: dict[str, CommandGroup] = {
     "eval": evaluate,
     "ckpt": ckpt,
     "report": report,
+    "trackers": trackers,
     "worker": worker,
     "run": run,
     "dev": devstack,

@@ -149,9 +149,22 @@ VARIABLES: tuple[Variable, ...] = (
         "the base of the dev stack's state when `CAIRN_STATE_DIR` is unset",
     ),
     Variable(
+        "XDG_CACHE_HOME",
+        "trainers that read data files (`DataFiles`)",
+        "the base of the data files' content-hash cache (`$XDG_CACHE_HOME/cairn/data-hashes`, "
+        "else `~/.cache/cairn/data-hashes`) when `hash_cache` is unset",
+    ),
+    Variable(
         "CAIRN_RESERVATION_URL",
         "set by `cairn dev up`",
         "the local reservation service, for run files' `effects.service_url`",
+    ),
+    Variable(
+        "MLFLOW_ALLOW_FILE_STORE",
+        "the MLflow tracker (`trackers`, `cairn trackers --mlflow file:...`)",
+        "set to `true` (unless already set) when a tracker names a `file:` MLflow store, which MLflow 3 "
+        "refuses without it",
+        "mlflow",
     ),
     Variable("CAIRN_FAULT", "workers, gang ranks", "drill fault hook: crash at a named point (`cairn/faults.py`)"),
     Variable(

@@ -19,14 +19,14 @@ EOS = "<|endoftext|>"
 """The one special token: end of text (also the model's bos/eos id)."""
 
 
-def read_corpus(files: list[str], limit: int) -> str:
+def read_corpus(files: list[str], limit: int, separator: str = EOS) -> str:
     """At most ``limit`` bytes of text: the files in order (the standard library's sources when
-    ``files`` is empty), joined by ``EOS``."""
+    ``files`` is empty), joined by ``separator`` (a pretrained tokenizer's own end of text)."""
     paths = [Path(f) for f in files] or stdlib_paths()
     for i, path in enumerate(paths if files else []):
         if not path.is_file():
             raise ConfigError(f"trainer.options.corpus[{i}]", expected="a readable text file", found=str(path))
-    return EOS.join(data.decode("utf-8", errors="replace") for data in read_texts(paths, limit))
+    return separator.join(data.decode("utf-8", errors="replace") for data in read_texts(paths, limit))
 
 
 def train_tokenizer(text: str, vocab_size: int) -> Tokenizer:

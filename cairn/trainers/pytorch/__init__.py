@@ -4,11 +4,12 @@ Needs the torch extra.
 
 Modules: ``trainer`` (the adapter behind the trainer interface), ``parts`` (what the other
 modules see of it), ``setup`` (its options and what the user's build returns), ``data`` (splits and
-loaders), ``streams`` (resumable streams), ``update`` (one optimizer update), ``evaluation``
-(loss and metrics for any model), ``scoring`` (a batch scored by default), ``probe`` (the
-optimizer's state, learnt), ``state_io`` (its state in checkpoint form), ``checks`` (what a
-checkpoint must hold to fit this setup), ``device`` (placement and host staging), ``schedules``
-(learning-rate schedules), ``data_parallel`` (its engine over any world size)."""
+loaders), ``streams`` (resumable streams), ``records`` (files larger than memory, as a stream),
+``update`` (one optimizer update), ``evaluation`` (loss and metrics for any model), ``scoring`` (a
+batch scored by default), ``probe`` (the optimizer's state, learnt), ``state_io`` (its state in
+checkpoint form), ``checks`` (what a checkpoint must hold to fit this setup), ``device`` (placement
+and host staging), ``schedules`` (learning-rate schedules), ``data_parallel`` (its engine over any
+world size)."""
 
 from cairn.trainers.pytorch.setup import TorchOptions, TorchSetup
 from cairn.trainers.pytorch.trainer import TorchTrainer

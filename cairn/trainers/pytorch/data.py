@@ -74,7 +74,8 @@ def make_split(data: Any, name: str, batch_size: int) -> Split | Stream:
     """What the user's ``TorchSetup`` split is, as the adapter reads it: a map-style split (an
     ``(x, y)`` pair, a dataset, or a ``DataLoader`` over one: its dataset and collate function,
     Cairn's seeded sampler in place of its own), or a stream (an ``IterableDataset`` or loader
-    with ``state_dict``/``load_state_dict``, whose state rides in the checkpoint's cursor)."""
+    with ``state_dict``/``load_state_dict``, whose state rides in the checkpoint's cursor; an
+    iterable loader of batches with them, such as ``records.RecordLoader``)."""
     if isinstance(data, tuple):
         return Split(data, name)
     if isinstance(data, DataLoader):
@@ -104,6 +105,8 @@ def make_split(data: Any, name: str, batch_size: int) -> Split | Stream:
         return Stream(loader, name, batch_size, train=name == "train")
     if hasattr(data, "__getitem__") and hasattr(data, "__len__"):
         return Split(data, name)
+    if is_stateful(data) and hasattr(data, "__iter__"):  # a loader of its own (``records.RecordLoader``)
+        return Stream(data, name, batch_size, train=name == "train")
     raise ConfigError(
         f"{name} data",
         expected="an (x, y) pair, a map-style dataset, a DataLoader or a stateful stream",

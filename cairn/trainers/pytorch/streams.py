@@ -76,6 +76,9 @@ class Stream:
                 found=data["batches"],
             )
         _same_form(data["stream"], self.fresh, "meta.data.stream")
+        check = getattr(self.loader, "check_state", None)
+        if callable(check):  # a loader that knows its data refuses a state of other data, naming it
+            check(data["stream"])
 
     # -- batches -------------------------------------------------------------------------------
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,10 +121,14 @@ class Stream:
 
     def content_hash(self, h: Any) -> None:
         """A stream may be unbounded: its identity is its types and its starting state (plus the
-        setup's ``data_version``), not its content."""
+        setup's ``data_version``), not its content — and the loader's ``fingerprint()`` when it
+        has one (``RecordLoader``: its files' content hashes, at O(files) cost)."""
         dataset = getattr(self.loader, "dataset", self.loader)
         h.update(f"stream:{self.name}:{type(self.loader).__qualname__}:{type(dataset).__qualname__}".encode())
         h.update(repr(self.fresh).encode())
+        fingerprint = getattr(self.loader, "fingerprint", None)
+        if callable(fingerprint):
+            h.update(f"fingerprint:{fingerprint()}".encode())
 
 
 def _same_form(saved: Any, fresh: Any, field: str) -> None:

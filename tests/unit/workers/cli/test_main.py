@@ -109,7 +109,7 @@ def test_shell_completion_completes_commands_and_options(tmp_path: Path) -> None
     assert {"--checkpoint-every", "--config"} <= complete("cairn train --c")
 
 
-def test_the_readmes_completion_line_registers_cairn_in_bash() -> None:
+def test_the_docs_completion_line_registers_cairn_in_bash() -> None:
     import os
     import shutil
     import subprocess
@@ -119,7 +119,7 @@ def test_the_readmes_completion_line_registers_cairn_in_bash() -> None:
     if bash is None:
         pytest.skip("no bash here")
     line = 'eval "$(register-python-argcomplete cairn)"'
-    assert line in (REPO / "README.md").read_text()
+    assert line in (REPO / "docs" / "how-to" / "train-and-checkpoints.md").read_text()
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     done = subprocess.run([bash, "-c", f"{line} && complete -p cairn"], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

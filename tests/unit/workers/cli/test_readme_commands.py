@@ -238,6 +238,9 @@ NOT_RUN_HERE = {
     + "tests/integration/test_drill.py",
     "cairn plan-interval [--report DRILL.json | --store S --run R [--config C]] [--save-seconds C] "
     "[--mtbf-seconds M]": "tests/unit/workers/cli/test_interval.py",
+    "cairn trackers ./store my-run --tensorboard ./tb --mlflow file:$PWD/mlruns --wandb my-project "
+    "--wandb-dir ./wandb": "tests/unit/trackers/test_core.py runs it with --tensorboard; each sink's export in "
+    "tests/unit/trackers/test_sinks.py",
     "temporal workflow start --type TrainingRun --task-queue cairn-training --workflow-id example-run "
     "--input-file examples/run.json": _NONE + "the temporal CLI's (tests/integration/test_web_ui.py starts a "
     "TrainingRun from the Web UI's form instead)",

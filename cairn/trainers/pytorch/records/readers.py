@@ -1,0 +1,169 @@
+"""Records read from local files without loading a file whole: JSON lines and text paragraphs
+from a byte offset, Parquet one bounded row group at a time. A file's shards (a JSONL or text
+file is one; a Parquet file has one per row group) are the units an epoch's order permutes.
+Malformed input is refused with one ``ConfigError`` line naming the file and the line or row
+group."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cairn.errors import ConfigError
+from cairn.trainers.pytorch.records.options import DataFiles
+
+__all__ = ["Record", "Shard", "file_format", "list_shards", "read_records"]
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A unit of an epoch's order: a whole JSONL/text file, or one row group of a Parquet file."""
+
+    path: Path
+    format: str
+    group: int = 0
+
+
+@dataclass(frozen=True)
+class Record:
+    """One record and where it is: its index in the shard (a line, a paragraph's first line, a
+    row), its byte offset (0 for Parquet), and the index and offset of the record after it."""
+
+    value: Any
+    index: int
+    offset: int
+    next_index: int
+    next_offset: int
+
+
+def file_format(path: Path, declared: str) -> str:
+    if declared != "auto":
+        return declared
+    suffix = path.suffix.lower()
+    return {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}.get(suffix, "text")
+
+
+def _parquet(path: Path) -> Any:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path)
+    except Exception as exc:  # a truncated or foreign file: pyarrow's ArrowInvalid, OSError
+        raise ConfigError(f"data file {path}", expected="a Parquet file", found=_short(exc)) from None
+
+
+def list_shards(paths: list[Path], options: DataFiles) -> list[Shard]:
+    """Every file's shards, in the files' order (a Parquet file's footer is read, nothing else)."""
+    shards: list[Shard] = []
+    for path in paths:
+        fmt = file_format(path, options.format)
+        if fmt != "parquet":
+            shards.append(Shard(path, fmt))
+            continue
+        groups = _parquet(path).metadata.num_row_groups
+        shards.extend(Shard(path, fmt, g) for g in range(groups))
+    return shards
+
+
+def read_records(shard: Shard, index: int, offset: int, options: DataFiles) -> Iterator[Record]:
+    """The shard's records from record ``index`` (at byte ``offset`` for JSONL and text)."""
+    if shard.format == "parquet":
+        yield from _parquet_rows(shard, index, options)
+    elif shard.format == "jsonl":
+        for line, (raw, at, after) in _lines(shard.path, index, offset, options.max_record_bytes):
+            if raw.strip():
+                yield Record(_json(raw, shard.path, line), line, at, line + 1, after)
+    else:
+        yield from _paragraphs(shard.path, index, offset, options.max_record_bytes)
+
+
+def _lines(path: Path, line: int, offset: int, limit: int) -> Iterator[tuple[int, tuple[bytes, int, int]]]:
+    """``(line number, (bytes, offset, next offset))`` from ``offset``; a line over ``limit``
+    bytes is refused after reading ``limit + 1`` of them."""
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            while True:
+                raw = f.readline(limit + 2)
+                if not raw:
+                    return
+                if len(raw.rstrip(b"\r\n")) > limit:
+                    raise ConfigError(
+                        f"data file {path}, line {line + 1}", expected=f"<= {limit} bytes", found="a longer line"
+                    )
+                yield line, (raw, offset, offset + len(raw))
+                line, offset = line + 1, offset + len(raw)
+    except OSError as exc:
+        raise ConfigError(f"data file {path}", expected="a readable file", found=_short(exc)) from None
+
+
+def _json(raw: bytes, path: Path, line: int) -> Any:
+    try:
+        value = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"data file {path}, line {line + 1}", expected="a JSON object", found=_short(exc)) from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"data file {path}, line {line + 1}", expected="a JSON object", found=type(value).__name__)
+    return value
+
+
+def _paragraphs(path: Path, index: int, offset: int, limit: int) -> Iterator[Record]:
+    """Runs of non-blank lines; a paragraph over ``limit`` bytes is refused."""
+    parts: list[bytes] = []
+    first, start, size = index, offset, 0
+    for line, (raw, at, after) in _lines(path, index, offset, limit):
+        if raw.strip():
+            if not parts:
+                first, start = line, at
+            parts.append(raw)
+            size += len(raw)
+            if size > limit:
+                raise ConfigError(
+                    f"data file {path}, line {first + 1}", expected=f"a paragraph of <= {limit} bytes", found=size
+                )
+            continue
+        if parts:
+            yield Record(_text(parts, path, first), first, start, line + 1, after)
+            parts, size = [], 0
+    if parts:
+        yield Record(_text(parts, path, first), first, start, first + len(parts), start + size)
+
+
+def _text(parts: list[bytes], path: Path, line: int) -> str:
+    try:
+        return b"".join(parts).decode("utf-8").strip("\r\n")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"data file {path}, line {line + 1}", expected="UTF-8 text", found=_short(exc)) from None
+
+
+def _parquet_rows(shard: Shard, row: int, options: DataFiles) -> Iterator[Record]:
+    where = f"data file {shard.path}, row group {shard.group}"
+    pf = _parquet(shard.path)
+    size = pf.metadata.row_group(shard.group).total_byte_size
+    if size > options.max_row_group_bytes:
+        raise ConfigError(where, expected=f"<= {options.max_row_group_bytes} bytes (max_row_group_bytes)", found=size)
+    columns = _columns(options)
+    missing = sorted(set(columns) - set(pf.schema_arrow.names))
+    if missing:
+        raise ConfigError(where, expected=f"columns {columns}", found=f"no column {missing[0]!r}")
+    try:
+        table = pf.read_row_group(shard.group, columns=columns)
+    except Exception as exc:  # corrupt pages: pyarrow's ArrowInvalid, OSError
+        raise ConfigError(where, expected="a readable row group", found=_short(exc)) from None
+    for i, value in enumerate(table.slice(row).to_pylist(), start=row):
+        yield Record(value, i, 0, i + 1, 0)
+
+
+def _columns(options: DataFiles) -> list[str]:
+    if options.records == "chat":
+        return [options.messages_field]
+    if options.records == "instruction":
+        return [options.prompt_field, options.response_field]
+    return [options.text_field]
+
+
+def _short(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:200]
