@@ -232,8 +232,9 @@ def _running_lines(desc: Any, pollers: list[QueuePollers], payload: dict[str, An
     if segment is not None:
         payload["segment"] = segment
         seen = f" (last heartbeat {segment['last_heartbeat']})" if "last_heartbeat" in segment else ""
+        step = "-" if segment.get("step") is None else segment["step"]  # no heartbeat yet: no step to show
         lines.append(
-            f"  segment     attempt {segment['attempt']}, step {segment.get('step', '-')}{seen}"
+            f"  segment     attempt {segment['attempt']}, step {step}{seen}"
             + (f"; last failure: {segment['last_failure']}" if segment.get("last_failure") else "")
         )
     for p in pollers:

@@ -169,6 +169,12 @@ def test_watch_shows_the_heartbeats_loss_and_ctrl_c_only_stops_watching(
     assert signal.getsignal(signal.SIGINT) is before  # the handler is back: nothing else was touched
 
 
+def test_a_segment_without_a_heartbeat_yet_shows_no_step_not_none() -> None:
+    lines = run_status._running_lines(described(RUNNING, {}), [], {})
+    assert lines[0].startswith("  segment     attempt 1, step -"), lines
+    assert "None" not in lines[0]
+
+
 def test_watch_to_a_pipe_prints_a_line_per_change_not_a_bar() -> None:
     lines = run_status.ProgressLines("wf", every=10.0)
     fields = {"phase": "training", "loss": "0.5000", "val_acc": "-", "retried": 0}
