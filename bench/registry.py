@@ -79,6 +79,12 @@ BENCHMARKS = (
     ),
     Benchmark("incremental", 17, "Incremental checkpoints: writing what changed", plot="incremental checkpoints"),
     Benchmark("tier", 18, "A fast local tier in front of S3"),
+    Benchmark(
+        "finetune",
+        19,
+        "Fine-tuning: data that outgrows memory, LoRA, the loader",
+        plot="build and verify time vs dataset size",
+    ),
 )
 
 

@@ -35,7 +35,7 @@ def docs_text() -> str:
 
 PROGRAMS = ("cairn", "jq", "make", "temporal")
 """The programs whose command lines count as the README's commands."""
-_BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+_BLOCK = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 _COMMENT = re.compile(r"\s+#\s.*$")
 
 
@@ -177,6 +177,18 @@ _NONE = "not run by any test: "
 NOT_RUN_HERE = {
     "make demo": _NONE + "the demo itself (about 2 minutes; its parts are the integration tests' scenarios)",
     "make test": "the suite itself",
+    "cairn train --config examples/finetune-lora.json --steps 40 --store runs --run-id lora": _NONE
+    + "its paths are the example's /tmp/cairn-finetune (tests/unit/trainers/hf/test_fine_tune_files.py trains "
+    "this config's shape; tests/integration/test_finetune.py runs it on Temporal with the paths in its temp dir)",
+    "cairn run start examples/finetune-run.json": _TEMPORAL + "tests/integration/test_finetune.py starts this run "
+    "file (its paths moved into its temp dir) from Python, LoRA and full, with a worker SIGKILLed",
+    "cairn run watch finetune-lora": _TEMPORAL + "follows the run above (test_run_truth.py covers watch)",
+    "cairn ckpt export s3://cairn/runs/finetune-lora/training/000000000060 adapter --format peft --config "
+    "examples/finetune-lora.json": _NONE + "follows the run above (tests/integration/test_finetune.py exports its "
+    "final checkpoint --format peft and loads it with PeftModel)",
+    "cairn ckpt export s3://cairn/runs/finetune-lora/training/000000000060 merged --format safetensors --config "
+    "examples/finetune-lora.json": _NONE + "follows the run above (tests/integration/test_finetune.py exports and "
+    "loads it with from_pretrained)",
     "make docs": "tests/unit/docs/test_site.py builds the site as it does (mkdocs build --strict, into a temporary "
     "directory)",
     "make drill": _NONE + "as printed (tests/integration/test_drill.py runs `cairn drill` with other settings)",
