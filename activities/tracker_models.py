@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 
 from activities.effect_models import Model
+from cairn.checkpoint import RUN_ID_PATTERN
 from cairn.trackers import tracking_uri_problem
 
 __all__ = ["TensorBoardSpec", "MLflowSpec", "WandbSpec", "TrackerSpec", "TrackInput", "TrackResult", "MAX_TRACKERS"]
@@ -78,7 +79,7 @@ TrackerSpec = Annotated[TensorBoardSpec | MLflowSpec | WandbSpec, Field(discrimi
 
 
 class TrackInput(Model):
-    run_id: str
+    run_id: Annotated[str, Field(pattern=RUN_ID_PATTERN, max_length=128)]
     store: str
     store_id: str | None = None
     trackers: list[TrackerSpec]

@@ -11,6 +11,7 @@ order, sees each step once. What the sink holds is read back from the files them
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import struct
 import uuid
@@ -18,7 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cairn.errors import ConfigError, EffectUnavailableError
+from cairn.errors import ConfigError, EffectError, EffectUnavailableError
 from cairn.trackers.export import PointBatch
 from cairn.trackers.libraries import import_extra
 from cairn.trackers.points import StepPoints
@@ -150,4 +151,10 @@ def _unavailable(log_dir: Path) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
+        if exc.errno in _PERMANENT:  # a retry meets the same answer: the run fails, it does not hang
+            raise EffectError(f"TensorBoard log dir: {exc}", field=str(log_dir)) from exc
         raise EffectUnavailableError(f"TensorBoard log dir: {exc}", field=str(log_dir)) from exc
+
+
+_PERMANENT = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG})
+"""Errors of the log dir itself (no permission, read-only, a file where a directory should be)."""

@@ -201,8 +201,9 @@ class HFCausalLM(TorchTrainer):
         optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=o.lr, betas=o.betas)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(o.warmup, o.decay_steps, o.min_lr_ratio))
         described = self.hf_config.to_dict()
-        for volatile in ("transformers_version", "_name_or_path"):  # the architecture, not the library or the path
-            described.pop(volatile, None)
+        described.pop("transformers_version", None)  # the architecture, not the library's release
+        if o.pretrained is not None:  # not where the directory is (a config built here has "": kept, as before)
+            described.pop("_name_or_path", None)
         digest = hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:12]
         return TorchSetup(
             model=model,

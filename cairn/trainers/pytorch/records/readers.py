@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cairn.errors import ConfigError
+from cairn.errors import ConfigError, MissingExtraError
 from cairn.trainers.pytorch.records.options import DataFiles
 
 __all__ = ["Record", "Shard", "file_format", "list_shards", "read_records"]
@@ -47,7 +47,10 @@ def file_format(path: Path, declared: str) -> str:
 
 
 def _parquet(path: Path) -> Any:
-    import pyarrow.parquet as pq
+    try:
+        import pyarrow.parquet as pq
+    except ModuleNotFoundError:
+        raise MissingExtraError("pyarrow", "hf", f"reading the Parquet file {path}") from None
 
     try:
         return pq.ParquetFile(path)

@@ -65,3 +65,15 @@ def test_data_without_epoch_steps_or_val_data_alone_is_one_line(tmp_path: Path) 
         with pytest.raises(E.ConfigError) as refused:
             load_trainer(pretrained_config(directory, **options))
         assert needle in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_model_built_from_a_config_keeps_the_version_its_checkpoints_were_written_with() -> None:
+    """The model version is in every checkpoint's lineage: a change refuses every older checkpoint."""
+    from tests.conftest import hf_config
+
+    trainer: Any = load_trainer(hf_config("gpt2"))
+    assert trainer.init_state().lineage.model_version == PINNED_GPT2_VERSION
+
+
+PINNED_GPT2_VERSION = "hf-gpt2-4420afb4b7dd-float32"
+"""``hf_config("gpt2")``'s model version as Cairn 0.1.0 wrote it (before pretrained directories)."""
