@@ -259,6 +259,11 @@ def _fields(progress: RunProgress | None, view: LiveView | None) -> dict[str, An
     }
 
 
+LINE_QUERIES = 4
+"""Without a terminal, a line at most every this many progress queries (2 s at ``--interval 0.5``)
+while only the step moves."""
+
+
 class ProgressLines:
     """``watch`` where stderr is no terminal (a pipe, a file, CI): a line when the phase or the
     retries change, else at most one every ``every`` seconds while the step moves, never a
@@ -287,7 +292,7 @@ async def watch(args: argparse.Namespace, client: Client) -> int:
     wf = args.workflow_id
     handle = client.get_workflow_handle_for(TrainingRun.run, wf)
     bar: tqdm[Any] | None = None
-    lines = None if sys.stderr.isatty() else ProgressLines(wf)
+    lines = None if sys.stderr.isatty() else ProgressLines(wf, every=LINE_QUERIES * args.interval)
     try:
         while True:
             desc = await handle.describe()

@@ -34,7 +34,7 @@ def test_the_same_committed_range_exported_twice_is_there_once(kind: str, run: R
     once(steps_of(kind, sink, run.run_id), NAMES, 10)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", [k for k in KINDS if k != "wandb"])  # W&B: see trackers.md, not covered
 def test_a_write_cut_short_is_completed_by_the_retry_each_step_once(kind: str, run: Run, sinks: dict[str, Any]) -> None:
     sink = sinks[kind]
     run.train(10)
