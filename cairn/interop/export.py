@@ -30,7 +30,7 @@ from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.tensors import byte_view, dtype_tag
 from cairn.errors import ConfigError, TensorSpecError
 from cairn.interop.exchange import ComputedWeights, WeightExchange
-from cairn.interop.safetensors import INDEX_SUFFIX, header_bytes, plan_files
+from cairn.interop.safetensors import INDEX_SUFFIX, FilePlan, header_bytes, plan_files
 from cairn.stores.base import Store
 
 __all__ = ["DEFAULT_MAX_FILE_BYTES", "ExportResult", "export_arrays", "export_checkpoint"]
@@ -108,17 +108,7 @@ def export_checkpoint(
                             progress(result.bytes, total)
             result.files.append(plan.name)
             result.tensors += len(plan.tensors)
-        if len(plans) > 1:
-            index = {
-                "metadata": {"total_size": total, **metadata},
-                "weight_map": {key: plan.name for plan in plans for key in plan.tensors},
-            }
-            name = f"{_stem(extra)}{INDEX_SUFFIX}"
-            (tmp / name).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-            result.files.append(name)
-        for name, data in (extra or {}).items():
-            (tmp / name).write_bytes(data)
-            result.files.append(name)
+        _index_and_files(tmp, plans, _stem(extra), total, metadata, extra or {}, result)
         _publish(tmp, out_dir, result.files)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -152,22 +142,35 @@ def export_arrays(
                     result.bytes += len(view)
             result.files.append(plan.name)
             result.tensors += len(plan.tensors)
-        if len(plans) > 1:
-            index = {
-                "metadata": {"total_size": result.bytes, **metadata},
-                "weight_map": {key: plan.name for plan in plans for key in plan.tensors},
-            }
-            name = f"{computed.stem}{INDEX_SUFFIX}"
-            (tmp / name).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-            result.files.append(name)
-        for name, body in computed.files.items():
-            (tmp / name).write_bytes(body)
-            result.files.append(name)
+        _index_and_files(tmp, plans, computed.stem, result.bytes, metadata, computed.files, result)
         _publish(tmp, out_dir, result.files)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return result
+
+
+def _index_and_files(
+    tmp: Path,
+    plans: list[FilePlan],
+    stem: str,
+    total: int,
+    metadata: Mapping[str, str],
+    files: Mapping[str, bytes],
+    result: ExportResult,
+) -> None:
+    """Beside the weight files in ``tmp``: the index of a sharded export, and the other files."""
+    if len(plans) > 1:
+        index = {
+            "metadata": {"total_size": total, **metadata},
+            "weight_map": {key: plan.name for plan in plans for key in plan.tensors},
+        }
+        name = f"{stem}{INDEX_SUFFIX}"
+        (tmp / name).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        result.files.append(name)
+    for name, body in files.items():
+        (tmp / name).write_bytes(body)
+        result.files.append(name)
 
 
 def _publish(tmp: Path, out_dir: Path, files: list[str]) -> None:
