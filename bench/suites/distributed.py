@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -56,12 +55,7 @@ from bench.harness.machine import machine
 from bench.harness.measure import MiB, stats
 from bench.harness.ranks import BLOCK_BYTES, SAVE_CASES, bench_config, rank_main
 from bench.harness.results import write_result
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from cairn.gang import free_port
 
 
 def run_gang(world: int, job: dict[str, Any], tmp: Path) -> dict[str, Any]:

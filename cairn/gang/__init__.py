@@ -5,6 +5,6 @@ Modules: ``launch`` (the supervisor side), ``agent`` (torchrun, dying with its p
 (one rank process), ``job`` (the typed job and result between them)."""
 
 from cairn.gang.job import GangJob, RankResult
-from cairn.gang.launch import Gang, GangSpec, free_endpoint
+from cairn.gang.launch import Gang, GangSpec, free_endpoint, free_port
 
-__all__ = ["Gang", "GangJob", "GangSpec", "RankResult", "free_endpoint"]
+__all__ = ["Gang", "GangJob", "GangSpec", "RankResult", "free_endpoint", "free_port"]

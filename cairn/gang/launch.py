@@ -33,7 +33,7 @@ from cairn.errors import GangFailedError, error_named
 from cairn.gang.agent import PARENT_ENV
 from cairn.gang.job import GangJob, RankResult
 
-__all__ = ["GangSpec", "Gang", "free_endpoint", "reap", "gang_processes"]
+__all__ = ["GangSpec", "Gang", "free_endpoint", "free_port", "reap", "gang_processes"]
 
 
 @dataclass(frozen=True)
@@ -50,11 +50,56 @@ class GangSpec:
     as the process group's master address when this node becomes rank 0."""
 
 
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LISTEN_PORTS = (10000, 32768)
+"""Where ``free_port`` looks when the kernel's ephemeral range cannot be read (Linux's default
+range starts at 32768)."""
+_handed_out: set[int] = set()
+
+
+def _listen_port_range() -> tuple[int, int]:
+    """Ports below the kernel's ephemeral range: ``[low, high)``."""
+    try:
+        ephemeral_low = int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return LISTEN_PORTS
+    high = min(ephemeral_low, 65536)
+    low = max(1024, min(LISTEN_PORTS[0], high - 4096))
+    return (low, high) if high - low >= 1024 else LISTEN_PORTS
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now, for a server to be started on it.
+
+    Chosen **below the kernel's ephemeral range** (``ip_local_port_range``): a port the kernel
+    hands out for ``bind(0)`` is one it also gives the next outgoing connection, so a server
+    started a moment later (Temporal's Web UI after its frontend opened its own connections, a
+    rendezvous store after the ranks dialled out) could find it taken. Never the same port twice
+    in one process."""
+    import random
+
+    low, high = _listen_port_range()
+    bind_host = "" if host not in ("127.0.0.1", "localhost") else host
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(low, high)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((bind_host, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    with socket.socket() as s:  # a crowded range: the kernel's choice, as before
+        s.bind((bind_host, 0))
+        return int(s.getsockname()[1])
+
+
 def free_endpoint(host: str = "127.0.0.1") -> str:
     """``HOST:PORT`` with a port free right now on this host, for node 0's rendezvous store."""
-    with socket.socket() as s:
-        s.bind(("" if host not in ("127.0.0.1", "localhost") else host, 0))
-        return f"{host}:{s.getsockname()[1]}"
+    return f"{host}:{free_port(host)}"
 
 
 def gang_processes(token: str) -> list[int]:

@@ -96,6 +96,7 @@ PUBLIC: dict[str, tuple[str, ...]] = {
         "GangSpec",
         "RankResult",
         "free_endpoint",
+        "free_port",
     ),
     "cairn.interop": (
         "DEFAULT_MAX_FILE_BYTES",

