@@ -164,6 +164,19 @@ class DistributedConfig(_Strict):
     """Equal microbatches per update: a power of two dividing ``batch_size``, and a multiple of the world size."""
     block_bytes: Annotated[int, Field(ge=64, le=1 << 30)] = 1 << 20
     """Checkpoint block size in bytes (a multiple of 8), the same whatever the world size."""
+    strategy: Literal["replicated", "fsdp"] = "replicated"
+    """``replicated`` (the whole state on every rank) or ``fsdp`` (PyTorch adapter, sharded by FSDP2)."""
+    param_dtype: Literal["bfloat16"] | None = None
+    """``fsdp`` only: the dtype FSDP2 computes in (gradients reduced in float32); None: the model's."""
+
+    @model_serializer(mode="wrap")
+    def _omit_defaults_added_later(self, handler: Any) -> Any:
+        """Left out at their defaults: a replicated run's config hashes as before FSDP existed."""
+        body = handler(self)
+        for name, default in (("strategy", "replicated"), ("param_dtype", None)):
+            if body.get(name, default) == default:
+                body.pop(name, None)
+        return body
 
     @model_validator(mode="after")
     def _power_of_two(self) -> DistributedConfig:
@@ -172,6 +185,8 @@ class DistributedConfig(_Strict):
             raise ValueError(f"microbatches must be a power of two (expected 1, 2, 4, 8, ..., found {m})")
         if self.block_bytes % 8:
             raise ValueError(f"block_bytes must be a multiple of 8 (found {self.block_bytes})")
+        if self.param_dtype is not None and self.strategy != "fsdp":
+            raise ValueError(f"param_dtype is an fsdp setting (strategy is {self.strategy!r})")
         return self
 
 
@@ -202,31 +217,34 @@ class InitFrom(_Strict):
     - ``safetensors``: a safetensors file or a Hugging Face directory (``save_pretrained``'s
       layout, sharded or not) holding exactly the model's weights under their ``state_dict``
       names. Its content hash is recorded in the lineage; ``may_change`` does not apply.
+    - ``dcp``: a PyTorch Distributed Checkpoint directory, the model's weights under ``model.`` or
+      at the top level (TorchTitan); weights only, as ``safetensors`` (its optimizer state unread).
     """
 
     checkpoint: Annotated[str, Field(min_length=1, max_length=2048)] | None = None
     """Another run's checkpoint, ``STORE/RUN_ID/KIND/STEP`` (e.g. ``runs/demo/training/000000000040``)."""
     safetensors: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
     """A safetensors file or a Hugging Face directory holding exactly the model's weights."""
+    dcp: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+    """A PyTorch Distributed Checkpoint directory holding the model's weights (its optimizer state is not read)."""
     may_change: list[Literal["seed", "batch_size", "data", "optimizer", "trainer", "tokenizer_version"]] = [
         "optimizer",
         "data",
     ]
     """Top-level config fields the new stage may change from the ``checkpoint``'s config (``stage`` and
-    ``init_from`` always may); unused with ``safetensors``."""
+    ``init_from`` always may); unused with ``safetensors`` and ``dcp``."""
 
     @model_validator(mode="after")
     def _one_source(self) -> InitFrom:
-        if (self.checkpoint is None) == (self.safetensors is None):
-            raise ValueError("init_from needs exactly one of checkpoint or safetensors")
+        if [self.checkpoint, self.safetensors, self.dcp].count(None) != 2:
+            raise ValueError("init_from needs exactly one of checkpoint, safetensors or dcp")
         return self
 
     @model_serializer(mode="wrap")
     def _omit_unset_source(self, handler: Any) -> Any:
-        """The unset source is left out: an ``init_from`` of a checkpoint dumps (and so hashes)
-        as it did before ``safetensors`` existed."""
+        """Unset sources are left out: an ``init_from`` dumps (and hashes) as before they existed."""
         body = handler(self)
-        for name in ("checkpoint", "safetensors"):
+        for name in ("checkpoint", "safetensors", "dcp"):
             if body.get(name) is None:
                 body.pop(name, None)
         return body

@@ -27,7 +27,7 @@ import asyncio
 from datetime import datetime, timedelta
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, CancelledError
+from temporalio.exceptions import ActivityError, CancelledError, RetryState
 from temporalio.workflow import ContinueAsNewError
 
 with workflow.unsafe.imports_passed_through():  # the workflow's pure policy modules too: imported once, not per run
@@ -70,6 +70,15 @@ WARM_NOT_RETRIED = "a-warm-segment-is-not-retried-on-its-own-queue"
 worker at once (``segments.WARM_RETRY``), not retried on that queue first."""
 EXPORT_TRACKERS = "export-trackers-beside-the-segments"
 """The patch marker under which a run's trackers are fed beside its segments and at its end."""
+AWAIT_LEFT_EXPORT = "await-the-cancelled-tracker-export-before-continue-as-new"
+"""The patch marker under which an export beside the segments is started to be waited for when
+cancelled, and continue-as-new waits for it (the next run's first export never meets it)."""
+
+
+def _ended_by_cancel(err: ActivityError) -> bool:
+    """The activity ended because it was cancelled: it stopped (``CancelledError``), or its last
+    attempt timed out or failed after the cancel was requested (it is not retried then)."""
+    return isinstance(err.cause, CancelledError) or err.retry_state == RetryState.CANCEL_REQUESTED
 
 
 @workflow.defn(name="TrainingRun")
@@ -82,6 +91,7 @@ class TrainingRun(GangSegments):
         self._rollback_to: int | None = None
         self._collect_started: datetime | None = None  # the last retention pass beside the segments
         self._tracking: workflow.ActivityHandle[TrackResult] | None = None  # the export beside the segments
+        self._tracking_awaited = False  # it was started under AWAIT_LEFT_EXPORT
 
     # -- control ------------------------------------------------------------------------------
     @workflow.query
@@ -177,7 +187,7 @@ class TrainingRun(GangSegments):
                 continue
             if segments_this_run >= inp.segments_per_run or workflow.info().is_continue_as_new_suggested():
                 collecting = await self._collected(collecting)
-                self._leave_tracking()
+                await self._leave_tracking()
                 self._continue_as_new(inp)
             self._phase = "training"
             await self._run_segment(inp)
@@ -208,18 +218,33 @@ class TrainingRun(GangSegments):
         track = TrackInput(
             run_id=inp.run_id, store=inp.store, store_id=self._carry.store_id, trackers=inp.trackers, final=final
         )
-        handle = workflow.start_activity(export_trackers, track, **segments.bookkeeping(inp))
         if final:
-            await handle
-        else:
-            self._tracking = handle
+            await workflow.start_activity(export_trackers, track, **segments.bookkeeping(inp))
+            return
+        options = segments.bookkeeping(inp)
+        self._tracking_awaited = workflow.patched(AWAIT_LEFT_EXPORT)
+        if self._tracking_awaited:  # cancelled, it resolves once the export has stopped
+            options["cancellation_type"] = workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
+        self._tracking = workflow.start_activity(export_trackers, track, **options)
 
-    def _leave_tracking(self) -> None:
-        """Before continue-as-new: an export still running is cancelled, not awaited (the next
-        run's first export takes over from the sinks' cursors)."""
-        if self._tracking is not None and not self._tracking.done():
-            self._tracking.cancel()
-        self._tracking = None
+    async def _leave_tracking(self) -> None:
+        """Before continue-as-new: an export still running is cancelled, and the run waits until
+        it has stopped (it stops before its next sink write): the next run's first export takes
+        over from the sinks' cursors and never meets it. An export that failed for good fails the
+        run here, as in ``_track``. (Histories from before ``AWAIT_LEFT_EXPORT``: not awaited.)"""
+        running, self._tracking = self._tracking, None
+        if running is None:
+            return
+        if not self._tracking_awaited:
+            if not running.done():
+                running.cancel()
+            return
+        running.cancel()
+        try:
+            await running
+        except ActivityError as err:
+            if not _ended_by_cancel(err):
+                raise
 
     async def _collect(
         self, inp: TrainingRunInput, collecting: workflow.ActivityHandle[int] | None

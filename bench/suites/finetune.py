@@ -11,7 +11,8 @@ checkpoint.
 - **LoRA vs a full fine-tune:** bytes written per checkpoint with incremental checkpoints (the
   frozen base's blocks written once, then referenced), rank 8.
 - **Loader throughput:** sequences per second of the streamed loader with 0 and 2 worker processes
-  (the same batches, bit for bit), interleaved.
+  (the same batches, bit for bit), and from the same records in Parquet (row groups of 10,000
+  records, 0 workers: a row group decoded once for all the shuffle blocks read from it), interleaved.
 
 Rendered by ``bench.sections.finetune``.
 Run: ``python -m bench.suites.finetune [--sizes-mib 1,16,128,1024] [--reps 3] [--quick]``.
@@ -120,7 +121,11 @@ def lora_bytes(work: Path, base: Path, data: Path) -> dict[str, Any]:
 
 
 def loader(work: Path, base: Path, mib: int, reps: int, batches: int) -> dict[str, Any]:
-    """Two JSONL files of ``mib`` MiB (two shards: a lane each, a worker each)."""
+    """Two JSONL files of ``mib`` MiB (two shards: a lane each, a worker each), and their records
+    as two Parquet files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     from cairn.trainers.hf.pretrained import read_pretrained
     from cairn.trainers.pytorch.records import DataFiles, RecordLoader
 
@@ -128,24 +133,28 @@ def loader(work: Path, base: Path, mib: int, reps: int, batches: int) -> dict[st
     files = [work / f"loader-{i}.jsonl" for i in range(2)]
     for path in files:
         write_jsonl(path, mib)
+    parquet = [path.with_suffix(".parquet") for path in files]
+    for path, out in zip(files, parquet, strict=True):
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        pq.write_table(pa.Table.from_pylist(rows), out, row_group_size=10_000)
     loaders = {}
-    for workers in (0, 2):
+    for name, paths, workers in (("workers_0", files, 0), ("workers_2", files, 2), ("parquet_workers_0", parquet, 0)):
         options = DataFiles(
-            files=[str(path) for path in files],
+            files=[str(path) for path in paths],
             records="instruction",
             context=64,
             lanes=2,
             num_workers=workers,
             hash_cache=str(work / "cache"),
         )
-        loaders[workers] = RecordLoader(options, tokenizer, 8, 7)
+        loaders[name] = RecordLoader(options, tokenizer, 8, 7)
 
-    def draw(workers: int) -> None:
-        it = iter(loaders[workers])
+    def draw(name: str) -> None:
+        it = iter(loaders[name])
         for _ in range(batches):
             next(it)
 
-    times = interleaved({f"workers_{w}": (lambda w=w: draw(w)) for w in loaders}, reps)
+    times = interleaved({name: (lambda n=name: draw(n)) for name in loaders}, reps)
     return {"batches": batches, "batch_size": 8, "files_mib": mib, **{name: stats(t) for name, t in times.items()}}
 
 
@@ -178,7 +187,8 @@ def main() -> int:
         )
         ld = loader(work, base, sizes[0], reps, 20 if args.quick else 200)
         print(
-            f"loader: 0 workers {ld['workers_0']['median']:.2f}s, 2 workers {ld['workers_2']['median']:.2f}s",
+            f"loader: 0 workers {ld['workers_0']['median']:.2f}s, 2 workers {ld['workers_2']['median']:.2f}s, "
+            f"Parquet (0 workers) {ld['parquet_workers_0']['median']:.2f}s",
             flush=True,
         )
     payload = {

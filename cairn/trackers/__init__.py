@@ -3,11 +3,13 @@ files, MLflow, Weights & Biases.
 
 Points come from the latest committed checkpoint's history, never from a training hook, so a
 step a killed segment recomputed appears once; each sink's progress is a cursor in the run's
-store, written after the sink confirmed the points, and an export that may have been cut short
-asks the sink what it holds before it writes again (``export``).
+store, written after the sink confirmed the points; one export at a time holds a sink (a lease
+on its cursor), and an export that may have been cut short asks the sink what it holds before
+it writes again (``export``).
 
 Modules: ``points`` (the committed history as points by step), ``cursor`` (a sink's durable
-progress), ``export`` (the one rule every sink follows; the ``TrackerSink`` protocol),
+progress), ``lease`` (which export may write to a sink now), ``export`` (the one rule every sink
+follows; the ``TrackerSink`` protocol),
 ``tensorboard_sink``, ``mlflow_sink``, ``wandb_sink`` (one per sink), ``libraries`` (their optional
 libraries: the extra ``cairn-train[trackers]``).
 """

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from cairn.checkpoint.tensors import TensorSpec
 from cairn.config import TrainConfig
-from cairn.errors import ConfigError, InvariantError, NonFiniteError
+from cairn.errors import CairnError, ConfigError, IncompatibleConfigError, InvariantError, NonFiniteError
 from cairn.state import HISTORY_KEYS, Lineage, StepCallback, TrainState
 
 if TYPE_CHECKING:
@@ -110,6 +110,17 @@ class Trainer(ABC):
     @abstractmethod
     def data_hash(self) -> str:
         """Content hash of the data this run trains on (checked against a checkpoint's lineage)."""
+
+    def other_data_error(self, found: str, meta: Mapping[str, Any]) -> CairnError:
+        """The refusal of a checkpoint whose lineage's dataset hash (``found``) is not this run's
+        ``data_hash``. A trainer that records more of its data in a state's ``meta`` (the PyTorch
+        adapter: a streamed file's digest) names what changed; this one says the data differs."""
+        return IncompatibleConfigError(
+            "checkpoint was trained on different data",
+            field="lineage.dataset_hash",
+            expected=self.data_hash,
+            found=found,
+        )
 
     @property
     @abstractmethod

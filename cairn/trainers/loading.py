@@ -49,6 +49,9 @@ TRUSTED_TRAINERS_ENV = "CAIRN_TRAINERS"
 IDENTITY_FIELDS = ("trainer", "seed", "batch_size", "model", "data", "tokenizer_version", "init_from", "distributed")
 """The config fields a checkpoint must share with the run that reads it (the optimizer and the
 stage may differ)."""
+LAYOUT_FIELDS = ("strategy", "param_dtype")
+"""``distributed`` settings a run may change between checkpoints, as it may change its world size:
+how the state is laid across ranks and computed (replicated or FSDP), not what the state is."""
 
 
 def _import_factory(path: str) -> type[Trainer]:
@@ -194,6 +197,9 @@ def first_difference(
     (``config.PATH``, expected value, found value); None where they agree. Compare normalized
     configs (``normalized_config``): ``{}`` and the defaults spelt out are then the same."""
     want, got = expected.model_dump(mode="json"), found.model_dump(mode="json")
+    for body in (want, got):
+        if isinstance(body.get("distributed"), dict):
+            body["distributed"] = {k: v for k, v in body["distributed"].items() if k not in LAYOUT_FIELDS}
     for name in fields:
         diff = _difference(want[name], got[name], f"config.{name}")
         if diff:

@@ -1,5 +1,5 @@
-"""Step 0 of a run: fresh, or a new stage on another run's weights or a safetensors file's
-(``config.init_from``).
+"""Step 0 of a run: fresh, or a new stage on another run's weights, a safetensors file's or a
+PyTorch Distributed Checkpoint's (``config.init_from``).
 
 The new stage's config decides, as ``--config`` does for ``ckpt verify``: the stage contract is
 enforced (the reference's config differs from it only in the fields ``init_from.may_change``
@@ -26,7 +26,8 @@ from cairn.checkpoint.tensors import dtype_tag
 from cairn.checkpoint.validate import manifest_config
 from cairn.config import TrainConfig
 from cairn.errors import IncompatibleConfigError, TensorSpecError
-from cairn.interop.weights import read_weights
+from cairn.interop.dcp import read_dcp_weights
+from cairn.interop.weights import ImportedWeights, read_weights
 from cairn.state import ReferenceSnapshot, TrainState
 from cairn.stores import Store, open_store
 from cairn.trainers.base import Trainer
@@ -39,6 +40,8 @@ __all__ = ["initial_state"]
 ALWAYS_MAY_CHANGE = ("stage", "init_from")
 SAFETENSORS_SOURCE = "safetensors:"
 """How a lineage's reference names weights read from a safetensors file or directory."""
+DCP_SOURCE = "dcp:"
+"""How a lineage's reference names weights read from a PyTorch Distributed Checkpoint directory."""
 
 
 def initial_state(trainer: Trainer, *, options: CheckpointOptions) -> TrainState:
@@ -48,7 +51,11 @@ def initial_state(trainer: Trainer, *, options: CheckpointOptions) -> TrainState
     if init is None:
         return state
     if init.safetensors is not None:
-        return _from_safetensors(trainer, state, Path(init.safetensors))
+        path = Path(init.safetensors)
+        return _from_file(state, SAFETENSORS_SOURCE, path, read_weights(path, trainer, state.tensors))
+    if init.dcp is not None:
+        path = Path(init.dcp)
+        return _from_file(state, DCP_SOURCE, path, read_dcp_weights(path, trainer, state.tensors))
     assert init.checkpoint is not None
     ref = CheckpointRef.parse(init.checkpoint)
     source = open_store(ref.store_url)
@@ -74,15 +81,15 @@ def initial_state(trainer: Trainer, *, options: CheckpointOptions) -> TrainState
     return state
 
 
-def _from_safetensors(trainer: Trainer, state: TrainState, path: Path) -> TrainState:
-    """Step 0 with the weights of a safetensors file or Hugging Face directory (validated
-    against this model before anything replaces a state; ``cairn.interop.weights``)."""
-    imported = read_weights(path, trainer, state.tensors)
+def _from_file(state: TrainState, source: str, path: Path, imported: ImportedWeights) -> TrainState:
+    """Step 0 with the weights read from ``path`` (a safetensors file or Hugging Face directory,
+    or a DCP directory: validated against this model before anything replaces a state;
+    ``cairn.interop``), its content hash in the lineage."""
     state.tensors.update(imported.arrays)
     state.lineage = state.lineage.model_copy(
         update={
             "reference": ReferenceSnapshot(
-                checkpoint=f"{SAFETENSORS_SOURCE}{path.resolve()}",
+                checkpoint=f"{source}{path.resolve()}",
                 fingerprint=imported.content_hash,
                 run_id="",
                 step=0,

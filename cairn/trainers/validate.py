@@ -6,7 +6,7 @@ asked of the run's trainer (the checks themselves, given its specs: ``cairn.chec
   ``init_from``); a checkpoint naming another trainer is refused before anything is imported;
 - lineage: agrees with what the trainer says of itself (model, tokenizer and dataset versions,
   model architecture hash, reproducibility contract), and its dataset content hash equals the
-  run's data;
+  run's data (refused in the trainer's words: ``other_data_error``, which may name a changed file);
 - tensor set: exactly the trainer's ``tensor_specs`` (names, dtypes, shapes — asked of the
   model, not a hard-coded list) plus the history: ``loss``/``lr`` with one value per step and,
   for trainers with a validation split, ``val_step``/``val_loss`` and one ``val_<metric>`` per
@@ -36,7 +36,7 @@ from cairn.checkpoint.validate import (
     manifest_config,
 )
 from cairn.config import TrainConfig
-from cairn.errors import CairnError, IncompatibleConfigError, InvariantError, ManifestError
+from cairn.errors import CairnError, InvariantError, ManifestError
 from cairn.trainers.base import STEP_HISTORY, Trainer
 from cairn.trainers.loading import check_config_compatible, normalized_config, require_trusted, trainer_for_checkpoint
 
@@ -113,12 +113,7 @@ def check_training_manifest(
     if lineage is None:
         raise ManifestError(field="lineage", expected="dataset and model versions", found=None)
     if lineage.dataset_hash != trainer.data_hash:
-        raise IncompatibleConfigError(
-            "checkpoint was trained on different data",
-            field="lineage.dataset_hash",
-            expected=trainer.data_hash,
-            found=lineage.dataset_hash,
-        )
+        raise trainer.other_data_error(lineage.dataset_hash, manifest.meta)
     own = trainer.lineage()
     for field in ("model_version", "tokenizer_version", "dataset_version", "trainer", "model_hash", "reproducibility"):
         want, got = getattr(own, field), getattr(lineage, field)

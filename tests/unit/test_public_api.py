@@ -105,6 +105,8 @@ PUBLIC: dict[str, tuple[str, ...]] = {
         "ExportResult",
         "export_arrays",
         "export_checkpoint",
+        "export_dcp",
+        "read_dcp_weights",
         "read_weights",
     ),
     "cairn.runs": (

@@ -2,7 +2,8 @@
 (``cairn.interop.export``): a Hugging Face directory for a model that has one, else a
 weights-only file; for a LoRA run, the adapters merged into the base (``--format safetensors``)
 or the adapters alone as a PEFT directory (``--format peft``), computed from the checkpoint's
-state read with every check."""
+state read with every check; or its model and optimizer state as a PyTorch Distributed
+Checkpoint (``--format dcp``), from that state too."""
 
 from __future__ import annotations
 
@@ -14,7 +15,14 @@ from typing import Any
 from cairn.checkpoint import CheckpointKind, CheckpointOptions, CheckpointRef, manifest_config, read_manifest
 from cairn.config import load_config
 from cairn.errors import ConfigError
-from cairn.interop import DEFAULT_MAX_FILE_BYTES, ComputedExport, ExportResult, export_arrays, export_checkpoint
+from cairn.interop import (
+    DEFAULT_MAX_FILE_BYTES,
+    ComputedExport,
+    ExportResult,
+    export_arrays,
+    export_checkpoint,
+    export_dcp,
+)
 from cairn.stores import open_store
 from cairn.trainers import check_training_manifest, trainer_for_checkpoint
 from cairn.training import load_training_with_trainer
@@ -39,24 +47,30 @@ def add_export_parser(ckpt_sub: Any, common: Any) -> None:
         "export",
         help="write a checkpoint's weights as safetensors: a Hugging Face directory (config, weights, tokenizer) "
         "for a Hugging Face model (a LoRA run's adapters merged in), a weights-only file for any other; "
-        "--format peft: a LoRA run's adapters as a PEFT adapter directory",
+        "--format peft: a LoRA run's adapters as a PEFT adapter directory; --format dcp: the model and "
+        "optimizer state as a PyTorch Distributed Checkpoint",
     )
     common(p)
     p.add_argument("checkpoint")
     p.add_argument("directory", help="a new or empty directory")
     p.add_argument(
         "--format",
-        choices=["safetensors", "peft"],
+        choices=["safetensors", "peft", "dcp"],
         required=True,
         help="safetensors: the model's weights; peft: a LoRA run's adapters (adapter_config.json, "
-        "adapter_model.safetensors)",
+        "adapter_model.safetensors); dcp: {'model': state dict, 'optimizer': FQN-keyed optimizer state dict} "
+        "as torch.distributed.checkpoint.save writes it (.metadata, .distcp)",
     )
-    p.add_argument("--weights-only", action="store_true", help="only the weights file, even for a Hugging Face model")
+    p.add_argument(
+        "--weights-only",
+        action="store_true",
+        help="only the weights file, even for a Hugging Face model; with dcp: the model, no optimizer",
+    )
     p.add_argument(
         "--max-file-size",
         type=file_size,
         default=DEFAULT_MAX_FILE_BYTES,
-        help="shard the weights into files of at most this size, with an index (default 5GB)",
+        help="shard the safetensors weights into files of at most this size, with an index (default 5GB)",
     )
     p.add_argument("--config", help="the run's config: builds the trainer; the checkpoint must match it")
     p.set_defaults(handler=cmd_ckpt_export)
@@ -82,6 +96,10 @@ def cmd_ckpt_export(args: argparse.Namespace) -> int:
         raise ConfigError(
             "--format peft", expected="a run with LoRA adapters (trainer.options.lora)", found="a run without"
         )
+    if args.format == "dcp":
+        state, _, _ = load_training_with_trainer(store, ref, trainer=trainer, options=CheckpointOptions.from_env())
+        result = export_dcp(state, trainer, Path(args.directory), weights_only=args.weights_only)
+        return _report(args, ref, manifest.fingerprint, result)
     if args.format in computed and not args.weights_only:
         assert isinstance(trainer, ComputedExport)
         state, _, _ = load_training_with_trainer(store, ref, trainer=trainer, options=CheckpointOptions.from_env())
@@ -121,6 +139,10 @@ WHAT = {
     "huggingface": "a Hugging Face directory (AutoModelForCausalLM.from_pretrained loads it)",
     "peft": "a PEFT adapter directory (peft.PeftModel.from_pretrained(base, DIR) loads it)",
     "weights-only": "WEIGHTS ONLY (parameters and buffers; not a checkpoint: no optimizer, step, RNG or data cursor)",
+    "dcp": "a PyTorch Distributed Checkpoint of the model and optimizer state dicts (torch.distributed.checkpoint"
+    ".load reads it into get_state_dict(model, optimizer); not the run's step, RNG or data cursor)",
+    "dcp-weights-only": "a PyTorch Distributed Checkpoint of the model's state dict: WEIGHTS ONLY (no optimizer, "
+    "step, RNG or data cursor)",
 }
 
 

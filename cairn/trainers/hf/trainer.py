@@ -223,11 +223,12 @@ class HFCausalLM(TorchTrainer):
             n_val = max(1, int(x.shape[0] * o.val_fraction))
             return (x[n_val:], y[n_val:]), (x[:n_val], y[:n_val])
         tokenizer = self.tokenizer if self.source is None else self.source.tokenizer
-        train = RecordLoader(o.data, tokenizer, self.config.batch_size, self.config.seed)
-        val = (
-            None
-            if o.val_data is None
-            else RecordLoader(o.val_data, tokenizer, o.eval_batch_size, self.config.seed, train=False)
+        seed = self.config.seed
+        train = RecordLoader(o.data, tokenizer, self.config.batch_size, seed, field="trainer.options.data")
+        if o.val_data is None:
+            return train, None
+        val = RecordLoader(
+            o.val_data, tokenizer, o.eval_batch_size, seed, train=False, field="trainer.options.val_data"
         )
         return train, val
 

@@ -9,7 +9,8 @@ loaders), ``streams`` (resumable streams), ``records`` (files larger than memory
 batch scored by default), ``probe`` (the optimizer's state, learnt), ``state_io`` (its state in
 checkpoint form), ``checks`` (what a checkpoint must hold to fit this setup), ``device`` (placement
 and host staging), ``schedules`` (learning-rate schedules), ``data_parallel`` (its engine over any
-world size)."""
+world size), ``fsdp`` (the model sharded with FSDP2: its update and its state as shards),
+``fsdp_engine`` (the sharded engine and its checkpoint layout)."""
 
 from cairn.trainers.pytorch.setup import TorchOptions, TorchSetup
 from cairn.trainers.pytorch.trainer import TorchTrainer

@@ -1,5 +1,6 @@
 """What a PyTorch adapter checkpoint's JSON must hold to fit this setup: the optimizer's groups
-and state, the scheduler's state and the runtime contract."""
+and state, the scheduler's state and the runtime contract; and what its streamed data's cursor
+says changed in the files when the checkpoint's data hash is not the run's."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 import torch
 
 from cairn.checkpoint.tensors import TensorSpec
-from cairn.errors import ConfigError, InvariantError
+from cairn.errors import CairnError, ConfigError, InvariantError
 from cairn.trainers.base import check_finite
 from cairn.trainers.pytorch.evaluation import MAX_METRICS, METRIC_NAME
 from cairn.trainers.pytorch.parts import TorchParts
@@ -29,6 +30,7 @@ from cairn.trainers.pytorch.streams import Stream
 __all__ = [
     "NON_NEGATIVE_STATE",
     "SCHEDULER_PROGRESS",
+    "changed_data_error",
     "check_eval_meta",
     "check_optimizer_meta",
     "check_runtime_meta",
@@ -337,3 +339,15 @@ def check_checkpoint_state(trainer: TorchParts, step: int, rng: Any, meta: Mappi
     check_scaler_meta(meta.get("scaler"), trainer.fresh_scaler)
     check_eval_meta(meta.get("eval", LEGACY_EVAL if trainer.eval_history else None), trainer.eval_history)
     check_runtime_meta(meta, trainer.options.threads, trainer.options.deterministic)
+
+
+def changed_data_error(train: object, meta: Mapping[str, Any]) -> CairnError | None:
+    """What changed in a streamed training split's data since the checkpoint whose JSON part is
+    ``meta``, as its loader says (``RecordLoader.data_change``: the file whose digest differs
+    from the one the cursor records); None when the loader cannot say."""
+    data = meta.get("data")
+    change = getattr(train.loader, "data_change", None) if isinstance(train, Stream) else None
+    if not callable(change) or not isinstance(data, Mapping):
+        return None
+    error = change(data.get("stream"))
+    return error if isinstance(error, CairnError) else None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -39,7 +39,12 @@ __all__ = [
     "reduce_microbatches",
     "gradient_dtype",
     "microbatch_seed",
+    "microbatch_source",
+    "rank_microbatches",
+    "microbatch_rngs",
     "byte_shares",
+    "install_buffer_means",
+    "microbatch_stats",
 ]
 
 SEED_DOMAIN = 0x7D0D
@@ -52,7 +57,7 @@ def microbatch_seed(seed: int, step: int, index: int) -> np.ndarray:
 
 
 @contextmanager
-def _microbatch_rngs(seed: int, step: int, index: int, device: torch.device) -> Iterator[None]:
+def microbatch_rngs(seed: int, step: int, index: int, device: torch.device) -> Iterator[None]:
     """Torch's (every device's), numpy's and Python's global generators seeded for one
     microbatch; the run's streams (installed by ``TorchTrainer.owned_rngs``) are put back
     afterwards, untouched."""
@@ -102,51 +107,65 @@ def _as_tensor_of(values: np.ndarray, like: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(values)).to(like.dtype).reshape(like.shape).to(like.device)
 
 
+def microbatch_source(trainer: TorchParts, step: int, size: int) -> Callable[[int], tuple[Any, Any]]:
+    """Microbatch ``i`` (of ``size`` examples) of update ``step + 1``, on the trainer's device:
+    the sampler's indices, or a slice of the training stream's next batch (every rank draws the
+    whole batch, so the streams stay in step)."""
+    split = trainer.splits["train"]
+    if isinstance(split, Stream):
+        with trainer.user_code(f"update {step + 1}: the training stream's next batch"):
+            whole = split.next_batch()
+
+        def from_stream(i: int) -> tuple[Any, Any]:
+            return place((whole[0][i * size : (i + 1) * size], whole[1][i * size : (i + 1) * size]), trainer.device)
+
+        return from_stream
+    idx = trainer.epoch_sampler.batch(step)
+
+    def from_sampler(i: int) -> tuple[Any, Any]:
+        return place(split.batch(idx[i * size : (i + 1) * size]), trainer.device)
+
+    return from_sampler
+
+
+def rank_microbatches(trainer: TorchParts, comm: Comm) -> tuple[range, int]:
+    """This rank's microbatches of every update (a contiguous, aligned block of ``M / W``: one
+    subtree of the canonical reduction) and their size in examples."""
+    microbatches = trainer.micro_steps
+    check_world_size(microbatches, comm.world)
+    per_rank = microbatches // comm.world
+    return range(comm.rank * per_rank, (comm.rank + 1) * per_rank), trainer.config.batch_size // microbatches
+
+
 def microbatched_update(trainer: TorchParts, step: int, comm: Comm) -> tuple[float, float]:
     """Update ``step + 1`` of ``trainer``'s live objects as this rank's share of the gang (see
     the module); returns the batch's loss (the tree mean of the microbatch losses) and the
     learning rate it used. Runs inside ``TorchTrainer.owned_rngs``."""
     config = trainer.config
     microbatches = trainer.micro_steps
-    check_world_size(microbatches, comm.world)
-    per_rank = microbatches // comm.world
-    first = comm.rank * per_rank
-    size = config.batch_size // microbatches
+    mine, size = rank_microbatches(trainer, comm)
     model, optimizer = trainer.model, trainer.optimizer
     trainable = [p for p in trainer.params.values() if p.requires_grad]
     buffers = list(trainer.buffers.values())
     acc = gradient_dtype(trainable)
-    f8 = np.dtype(np.float64)
-    split = trainer.splits["train"]
-    if isinstance(split, Stream):  # every rank draws the whole batch: the streams stay in step
-        with trainer.user_code(f"update {step + 1}: the training stream's next batch"):
-            whole = split.next_batch()
-
-        def micro(i: int) -> tuple[Any, Any]:
-            return place((whole[0][i * size : (i + 1) * size], whole[1][i * size : (i + 1) * size]), trainer.device)
-    else:
-        idx = trainer.epoch_sampler.batch(step)
-
-        def micro(i: int) -> tuple[Any, Any]:
-            return place(split.batch(idx[i * size : (i + 1) * size]), trainer.device)
-
+    micro = microbatch_source(trainer, step, size)
     grads: list[np.ndarray] = []
     stats: list[np.ndarray] = []
     with trainer.user_code(f"update {step + 1}"):
         model.train()
         start = [b.detach().clone() for b in buffers]
-        for i in range(first, first + per_rank):
+        for i in mine:
             xb, yb = micro(i)
             with torch.no_grad():
                 for b, s in zip(buffers, start, strict=True):
                     b.copy_(s)
             optimizer.zero_grad(set_to_none=True)
-            with _microbatch_rngs(config.seed, step, i, trainer.device):
+            with microbatch_rngs(config.seed, step, i, trainer.device):
                 with trainer.autocast():
                     loss = trainer.compute_loss(xb, yb)
                 backward(trainer, loss)
             grads.append(np.concatenate([np.empty(0, acc), *(_flat(p.grad, p, acc) for p in trainable)]))
-            stats.append(np.concatenate([*(_flat(b, b, f8) for b in buffers), [float(loss.detach())]]))
+            stats.append(microbatch_stats(buffers, loss))
     with np.errstate(over="ignore", invalid="ignore"):  # a diverged update is refused by its loss
         mean_grad = reduce_microbatches(comm, tree_sum(grads), microbatches)
         mean_stats = reduce_microbatches(comm, tree_sum(stats), microbatches)
@@ -157,20 +176,35 @@ def microbatched_update(trainer: TorchParts, step: int, comm: Comm) -> tuple[flo
                 n = p.numel()
                 p.grad = _as_tensor_of(mean_grad[offset : offset + n], p)
                 offset += n
-            offset = 0
-            for b in buffers:
-                n = b.numel()
-                mean = mean_stats[offset : offset + n]
-                if not b.is_floating_point():
-                    mean = np.rint(mean)
-                b.copy_(
-                    _as_tensor_of(mean, b)
-                    if b.is_floating_point()
-                    else torch.from_numpy(mean.astype(np_dtype(b))).reshape(b.shape).to(b.device)
-                )
-                offset += n
+        mean_loss = install_buffer_means(buffers, mean_stats)
         lr = apply_update(trainer, step)
-    return float(mean_stats[offset]), lr
+    return mean_loss, lr
+
+
+def microbatch_stats(buffers: Sequence[torch.Tensor], loss: torch.Tensor) -> np.ndarray:
+    """One microbatch's buffers after its forward (BatchNorm's running statistics) and its loss,
+    as one float64 vector (what ``install_buffer_means`` reads back once reduced)."""
+    f8 = np.dtype(np.float64)
+    return np.concatenate([*(_flat(b, b, f8) for b in buffers), [float(loss.detach())]])
+
+
+def install_buffer_means(buffers: Sequence[torch.Tensor], mean_stats: np.ndarray) -> float:
+    """Set every buffer to its mean over the microbatches (integer buffers rounded), from the
+    reduced ``microbatch_stats``; returns the mean loss (its last entry)."""
+    offset = 0
+    with torch.no_grad():
+        for b in buffers:
+            n = b.numel()
+            mean = mean_stats[offset : offset + n]
+            if not b.is_floating_point():
+                mean = np.rint(mean)
+            b.copy_(
+                _as_tensor_of(mean, b)
+                if b.is_floating_point()
+                else torch.from_numpy(mean.astype(np_dtype(b))).reshape(b.shape).to(b.device)
+            )
+            offset += n
+    return float(mean_stats[offset])
 
 
 def byte_shares(sizes: Sequence[int], world: int) -> list[range]:

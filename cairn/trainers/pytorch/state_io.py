@@ -23,7 +23,9 @@ __all__ = [
     "check_rng_json",
     "check_rng_tensor",
     "export_optimizer",
+    "group_param_names",
     "import_optimizer",
+    "import_whole",
     "from_json",
     "from_numpy",
     "json_kind",
@@ -380,3 +382,35 @@ def json_kind(value: Any) -> str:
     if isinstance(value, Mapping):
         return "object"
     return type(value).__name__
+
+
+def group_param_names(optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor]) -> list[list[str]]:
+    """Each param group's parameters by name; a tensor that is not the model's is refused."""
+    names = {id(p): n for n, p in params.items()}
+    out: list[list[str]] = []
+    for i, group in enumerate(optimizer.param_groups):
+        try:
+            out.append([names[id(p)] for p in group["params"]])
+        except KeyError:
+            raise ConfigError(
+                f"optimizer.param_groups[{i}]", expected="parameters of the model only", found="a foreign tensor"
+            ) from None
+    return out
+
+
+def import_whole(
+    optimizer: torch.optim.Optimizer,
+    params: Mapping[str, torch.Tensor],
+    buffers: Mapping[str, torch.Tensor],
+    tensors: Mapping[str, np.ndarray],
+    saved: Mapping[str, Any],
+    device: torch.device,
+) -> None:
+    """A whole (unsharded) state's weights and optimizer state into the live objects, in fresh
+    storage on ``device``."""
+    with torch.no_grad():
+        for name, p in params.items():
+            p.data = from_numpy(np.array(tensors[f"param/{name}"], copy=True)).to(device)
+        for name, b in buffers.items():
+            b.data = from_numpy(np.array(tensors[f"buffer/{name}"], copy=True)).to(device)
+    import_optimizer(optimizer, params, tensors, saved)

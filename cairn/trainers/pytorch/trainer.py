@@ -25,6 +25,7 @@ from cairn.stores.base import Store
 from cairn.trainers.base import ON_HOST, DataParallelEngine, model_hash
 from cairn.trainers.pytorch.checks import (
     LEGACY_EVAL,
+    changed_data_error,
     check_checkpoint_state,
     check_setup,
     check_values,
@@ -34,6 +35,8 @@ from cairn.trainers.pytorch.data import DataSplit, Split, make_split, splits_has
 from cairn.trainers.pytorch.data_parallel import TorchDP, microbatched_update
 from cairn.trainers.pytorch.device import HostStaging, device_record, resolve_device
 from cairn.trainers.pytorch.evaluation import evaluate_split, record_evaluation
+from cairn.trainers.pytorch.fsdp import ShardedTensors, default_fsdp_units, sharded_update
+from cairn.trainers.pytorch.fsdp_engine import TorchFSDP
 from cairn.trainers.pytorch.parts import LiveTrainer, OptimizerProbe
 from cairn.trainers.pytorch.probe import probe_optimizer
 from cairn.trainers.pytorch.scoring import default_metrics
@@ -42,8 +45,8 @@ from cairn.trainers.pytorch.state_io import (
     RngStates,
     export_optimizer,
     from_json,
-    from_numpy,
-    import_optimizer,
+    group_param_names,
+    import_whole,
     jsonable,
     scheduler_json,
     state_dict_names,
@@ -76,6 +79,8 @@ class TorchTrainer(LiveTrainer):
         self._metric_names: tuple[str, ...] | None = None
         self._live: TrainState | None = None  # what ``train`` returned last: views of the live objects
         self._live_step = -1
+        self.shards: ShardedTensors | None = None
+        """Set by an FSDP engine: export, import and update work on this rank's shards."""
         self.device = torch.device("cpu") if ON_HOST.get() else resolve_device(options.device)
         """Where the live objects are: the ``device`` option's, or the CPU for a trainer built on
         the host to read, verify or export (``load_trainer(on_host=True)``), which never trains."""
@@ -108,6 +113,11 @@ class TorchTrainer(LiveTrainer):
         """The training loss of one (micro)batch; runs under ``autocast``. Override it for a
         loss that is not ``loss_fn(forward(x), y)`` (auxiliary terms, a model that returns its loss)."""
         return self.setup.loss_fn(self.forward(x), y)
+
+    def fsdp_units(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        """Under ``distributed.strategy: fsdp``, the blocks ``fully_shard`` wraps one by one
+        before the whole model (default: a Hugging Face model's ``_no_split_modules``)."""
+        return default_fsdp_units(model)
 
     def after_backward(self, step: int) -> None:
         """Called with the update's final gradients in ``.grad`` (summed over micro-steps and
@@ -192,15 +202,7 @@ class TorchTrainer(LiveTrainer):
         }
         self.params = dict(self.model.named_parameters())
         self.buffers = dict(self.model.named_buffers())
-        names = {id(p): n for n, p in self.params.items()}
-        self.group_params: list[list[str]] = []
-        for i, group in enumerate(self.optimizer.param_groups):
-            try:
-                self.group_params.append([names[id(p)] for p in group["params"]])
-            except KeyError:
-                raise ConfigError(
-                    f"optimizer.param_groups[{i}]", expected="parameters of the model only", found="a foreign tensor"
-                ) from None
+        self.group_params = group_param_names(self.optimizer, self.params)
         check_setup(self)
         self.fresh_scheduler = scheduler_json(self.scheduler)
         self.fresh_scaler = None if self.scaler is None else jsonable(self.scaler.state_dict(), "scaler")
@@ -215,6 +217,10 @@ class TorchTrainer(LiveTrainer):
     @property
     def data_hash(self) -> str:
         return self._data_hash
+
+    def other_data_error(self, found: str, meta: Mapping[str, Any]) -> CairnError:
+        """A streamed split's changed file named, when its loader records digests in the cursor."""
+        return changed_data_error(self.splits["train"], meta) or super().other_data_error(found, meta)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -277,7 +283,7 @@ class TorchTrainer(LiveTrainer):
     def export_state(self, step: int, history: dict[str, list[float]], lineage: Lineage) -> TrainState:
         """The live state as a TrainState whose arrays are zero-copy views of the live tensors (on
         a device: of the host buffers they were staged into, ``cairn.trainers.pytorch.device``)."""
-        stage = self.staging.stage
+        stage = self.staging.stage if self.shards is None else self.shards.prepared().stage
         tensors = {f"param/{name}": stage(f"param/{name}", p) for name, p in self.params.items()}
         tensors.update({f"buffer/{name}": stage(f"buffer/{name}", b) for name, b in self.buffers.items()})
         optimizer = export_optimizer(self.optimizer, self.params, self.group_params, tensors, stage)
@@ -297,6 +303,7 @@ class TorchTrainer(LiveTrainer):
                 "deterministic": self.options.deterministic,
                 "torch": torch.__version__,
                 **self.device_record,
+                **({} if self.shards is None else {"sharding": self.shards.record()}),
             },
         }
         if self.scaler is not None:
@@ -319,12 +326,10 @@ class TorchTrainer(LiveTrainer):
         aliases what training will mutate (``state`` itself is never modified)."""
         t = state.tensors
         self.pristine, self._live = False, None
-        with torch.no_grad():
-            for name, p in self.params.items():
-                p.data = from_numpy(np.array(t[f"param/{name}"], copy=True)).to(self.device)
-            for name, b in self.buffers.items():
-                b.data = from_numpy(np.array(t[f"buffer/{name}"], copy=True)).to(self.device)
-        import_optimizer(self.optimizer, self.params, t, state.meta["optimizer"])
+        if self.shards is not None:  # this rank's shards into the sharded model
+            self.shards.install(t, state.meta["optimizer"])
+        else:
+            import_whole(self.optimizer, self.params, self.buffers, t, state.meta["optimizer"], self.device)
         if self.scheduler is not None:
             with self.user_code("scheduler.load_state_dict()"):
                 self.scheduler.load_state_dict(from_json(copy.deepcopy(state.meta["scheduler"]), "meta.scheduler"))
@@ -376,14 +381,15 @@ class TorchTrainer(LiveTrainer):
     def advance(self, step: int, history: dict[str, list[float]], comm: Comm | None = None) -> float:
         """Update ``step + 1`` of the live objects, then the scheduler and (every
         ``eval_interval`` updates) the evaluation, recorded in ``history``; returns the update's
-        loss. With micro-steps (``distributed.microbatches`` or ``accumulation``) the update is
-        the microbatched one (``cairn.trainers.pytorch.data_parallel``) over ``comm`` (this
-        process alone when None): ``cairn train`` and a gang of any size compute the same bits.
-        Its collectives run outside ``user_code`` (a peer's failure is the gang's)."""
+        loss. With micro-steps the update is the microbatched one over ``comm`` (this process
+        alone when None; ``data_parallel``), or FSDP's (``fsdp``). Collectives run outside
+        ``user_code`` (a peer's failure is the gang's)."""
         epoch_end = (step + 1) % self.steps_per_epoch == 0
         what, self._live = f"update {step + 1}", None
         with self.owned_rngs():
-            if self.config.distributed is None and self.micro_steps == 1:
+            if self.shards is not None:
+                loss, lr = sharded_update(self, step, SoloComm() if comm is None else comm)
+            elif self.config.distributed is None and self.micro_steps == 1:
                 with self.user_code(what):
                     loss, lr = solo_update(self, step)
             else:
@@ -413,9 +419,10 @@ class TorchTrainer(LiveTrainer):
                 return evaluate_split(self, split)
 
     def data_parallel(self, comm: Comm, run_id: str, store: Store, options: CheckpointOptions) -> DataParallelEngine:
-        """Replicated optimizer state; each rank writes its own share of every checkpoint."""
+        """``distributed.strategy``: replicated (``TorchDP``) or fsdp (``TorchFSDP``)."""
         self.require_placed()
-        return TorchDP(self, comm, run_id, store, options)
+        fsdp = self.config.distributed is not None and self.config.distributed.strategy == "fsdp"
+        return (TorchFSDP if fsdp else TorchDP)(self, comm, run_id, store, options)
 
     def require_placed(self) -> None:
         if self.device.type == "cpu" and self.options.device != "cpu":

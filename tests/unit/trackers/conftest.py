@@ -17,6 +17,9 @@ from cairn.stores import LocalStore
 from cairn.trackers import PointBatch, StepPoints, TrackerSink, offline_steps, wandb_run_id
 from tests.conftest import small_config
 
+SHORT_LEASE = 1.0
+"""The lease of an export in these tests (seconds): a killed export's claim runs out quickly."""
+
 
 class Killed(BaseException):
     """The worker died here (not an error any layer would catch)."""

@@ -13,7 +13,7 @@ from activities.tracker_models import TrackInput
 from cairn.errors import MissingExtraError
 from cairn.stores import MemoryStore
 from cairn.trackers import CommittedHistory, committed_history, read_cursor
-from cairn.trackers.cursor import KEEP, TrackerCursor, cursor_prefix, write_cursor
+from cairn.trackers.cursor import KEEP, TrackerCursor, append_cursor, cursor_prefix
 from cairn.trackers.libraries import import_extra
 from tests.unit.trackers.conftest import Run, once, tensorboard_steps
 
@@ -40,12 +40,14 @@ def test_the_committed_history_is_the_latest_commits(run: Run) -> None:
 
 def test_a_cursor_never_moves_back_and_keeps_a_few_entries() -> None:
     store = MemoryStore("cursor-test")
-    cursor = TrackerCursor(sink="s", kind="tensorboard")
+    cursor: TrackerCursor | None = TrackerCursor(sink="s", kind="tensorboard")
     for step in (5, 10, 3, 12):  # a stale writer's 3 does not move it back
-        cursor = write_cursor(store, "r", cursor, confirmed=step, pending=None)
-    assert read_cursor(store, "r", "s", "tensorboard", {}).confirmed == 12
-    pending = write_cursor(store, "r", cursor, confirmed=12, pending=(12, 20))
-    assert (pending.confirmed, pending.pending) == (12, (12, 20))
+        assert cursor is not None
+        cursor = append_cursor(store, "r", cursor, confirmed=step, pending=None)
+    assert cursor is not None and read_cursor(store, "r", "s", "tensorboard", {}).confirmed == 12
+    pending = append_cursor(store, "r", cursor, confirmed=12, pending=(12, 20))
+    assert pending is not None and (pending.confirmed, pending.pending) == (12, (12, 20))
+    assert append_cursor(store, "r", cursor, confirmed=20) is None  # not the latest entry: read again
     assert len(list(store.list(cursor_prefix("r", "s")))) == KEEP
 
 

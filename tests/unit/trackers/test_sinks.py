@@ -1,5 +1,6 @@
 """Each sink holds every committed step exactly once: exported twice, exported again after its
-cursor was lost, cut short mid-write and retried — read back through the tracker's own reader."""
+cursor was lost, cut short mid-write and retried (once the killed export's claim ran out) — read back through the
+tracker's own reader."""
 
 from __future__ import annotations
 
@@ -10,7 +11,16 @@ import pytest
 from cairn.stores.base import Store
 from cairn.trackers import export_committed, read_cursor, sink_id
 from cairn.trackers.cursor import cursor_prefix
-from tests.unit.trackers.conftest import CutShort, Killed, Run, first_steps, loss_all_lr_first, once, steps_of
+from tests.unit.trackers.conftest import (
+    SHORT_LEASE,
+    CutShort,
+    Killed,
+    Run,
+    first_steps,
+    loss_all_lr_first,
+    once,
+    steps_of,
+)
 
 KINDS = ("tensorboard", "mlflow", "wandb")
 NAMES = ("loss", "lr")
@@ -40,12 +50,13 @@ def test_a_write_cut_short_is_completed_by_the_retry_each_step_once(kind: str, r
     run.train(10)
     export_committed(run.store, run.run_id, sink)
     run.train(10)  # steps 11..20 committed
-    with pytest.raises(Killed):
-        export_committed(run.store, run.run_id, CutShort(sink, first_steps(4)))  # 11..14 in the sink
+    with pytest.raises(Killed):  # 11..14 in the sink
+        export_committed(run.store, run.run_id, CutShort(sink, first_steps(4)), lease_seconds=SHORT_LEASE)
     cursor = read_cursor(run.store, run.run_id, sink_id(sink.kind, sink.destination()), sink.kind, {})
-    assert (cursor.confirmed, cursor.pending) == (10, (10, 20))
-    retried = export_committed(run.store, run.run_id, sink)
+    assert (cursor.confirmed, cursor.pending, bool(cursor.owner)) == (10, (10, 20), True)  # still claimed
+    retried = export_committed(run.store, run.run_id, sink, lease_seconds=SHORT_LEASE)
     assert (retried.reconciled, retried.points, retried.confirmed) == (True, 12, 20)
+    assert retried.waited > 0  # for the killed export's claim to run out
     once(steps_of(kind, sink, run.run_id), NAMES, 20)
 
 
@@ -53,8 +64,8 @@ def test_an_mlflow_batch_cut_between_metrics_is_completed_per_metric(run: Run, s
     sink = sinks["mlflow"]
     run.train(10)
     with pytest.raises(Killed):
-        export_committed(run.store, run.run_id, CutShort(sink, loss_all_lr_first(3)))
-    retried = export_committed(run.store, run.run_id, sink)
+        export_committed(run.store, run.run_id, CutShort(sink, loss_all_lr_first(3)), lease_seconds=SHORT_LEASE)
+    retried = export_committed(run.store, run.run_id, sink, lease_seconds=SHORT_LEASE)
     assert (retried.reconciled, retried.points) == (True, 7)  # lr 4..10 only
     once(steps_of("mlflow", sink, run.run_id), NAMES, 10)
 

@@ -18,9 +18,10 @@ Document = tuple[list[int], list[bool]]
 
 
 class Encoder:
-    """A ``tokenizers.Tokenizer`` or a ``transformers`` fast tokenizer, as the stream uses it."""
+    """A ``tokenizers.Tokenizer`` or a ``transformers`` fast tokenizer, as the stream uses it;
+    ``field``: the options' path in the run's config (``trainer.options.data``)."""
 
-    def __init__(self, tokenizer: Any, options: DataFiles) -> None:
+    def __init__(self, tokenizer: Any, options: DataFiles, field: str) -> None:
         self.backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
         if not callable(getattr(self.backend, "encode", None)) or not callable(getattr(self.backend, "to_str", None)):
             raise ConfigError(
@@ -31,12 +32,12 @@ class Encoder:
         if eos is None:
             eos = self.backend.token_to_id(options.eos_token)
         if eos is None:
-            raise ConfigError("eos_token", expected="a token of the tokenizer", found=options.eos_token)
+            raise ConfigError(f"{field}.eos_token", expected="a token of the tokenizer", found=options.eos_token)
         self.eos = int(eos)
         template = getattr(tokenizer, "chat_template", None)
         self.chat = tokenizer if template and callable(getattr(tokenizer, "apply_chat_template", None)) else None
         if options.template == "chat_template" and self.chat is None:
-            raise ConfigError("template", expected="a tokenizer with a chat_template", found="none")
+            raise ConfigError(f"{field}.template", expected="a tokenizer with a chat_template", found="none")
         if options.template == "simple":
             self.chat = None
         self.identity = hashlib.sha256(

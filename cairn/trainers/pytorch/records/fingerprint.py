@@ -1,6 +1,7 @@
 """What the data files are, at O(files) cost: each file's SHA-256, read once and then cached by
 its (path, size, mtime, ctime, inode) in a cache directory outside any checkout, or declared by
-the user; and the refusal of a checkpoint whose files have changed since, naming the file."""
+the user; and the refusal of a checkpoint whose files have changed since, naming the file by its
+option's path in the run's config (``trainer.options.data.files[K]``)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,39 @@ import hashlib
 import os
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from cairn.errors import ConfigError, IncompatibleConfigError
 from cairn.trainers.pytorch.records.options import DataFile, DataFiles
 
-__all__ = ["cache_dir", "check_unchanged", "content_digest", "expand_files", "file_digests"]
+__all__ = [
+    "ListedFile",
+    "cache_dir",
+    "check_unchanged",
+    "content_digest",
+    "expand_files",
+    "file_change",
+    "file_digests",
+    "recorded_digests",
+]
 
 _CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class ListedFile:
+    """A file of the dataset: where it is, its declared digest (None: to be computed) and the
+    entry of ``files`` it came from, as the run's config names it (``trainer.options.data.files[K]``)."""
+
+    path: Path
+    declared: str | None
+    entry: str
+
+    @property
+    def name(self) -> str:
+        """How an error names the file: its entry and its path (a glob's entry matches several)."""
+        return f"{self.entry} ({self.path})"
 
 
 def cache_dir(option: str | None) -> Path:
@@ -27,23 +53,23 @@ def cache_dir(option: str | None) -> Path:
     return Path(base) / "cairn" / "data-hashes"
 
 
-def expand_files(options: DataFiles) -> list[tuple[Path, str | None]]:
-    """Every file with its declared digest (None: to be computed): globs expanded, sorted; a glob
-    that matches nothing or a path that is not a file is refused."""
-    out: list[tuple[Path, str | None]] = []
+def expand_files(options: DataFiles, field: str) -> list[ListedFile]:
+    """Every file, globs expanded and sorted; ``field`` is the option's path in the run's config
+    (``trainer.options.data``). A glob that matches nothing or a path that is not a file is refused."""
+    out: list[ListedFile] = []
     for i, entry in enumerate(options.files):
-        field = f"files[{i}]"
+        at = f"{field}.files[{i}]"
         if isinstance(entry, DataFile):
             path = Path(entry.path)
             if not path.is_file():
-                raise ConfigError(field, expected="a readable file", found=entry.path)
-            out.append((path, "sha256:" + entry.sha256.removeprefix("sha256:")))
+                raise ConfigError(at, expected="a readable file", found=entry.path)
+            out.append(ListedFile(path, "sha256:" + entry.sha256.removeprefix("sha256:"), at))
             continue
         matches = sorted(glob.glob(entry, recursive=True)) if glob.has_magic(entry) else [entry]
         files = [Path(m) for m in matches if Path(m).is_file()]
         if not files:
-            raise ConfigError(field, expected="a file, or a glob that matches files", found=entry)
-        out.extend((f, None) for f in files)
+            raise ConfigError(at, expected="a file, or a glob that matches files", found=entry)
+        out.extend(ListedFile(f, None, at) for f in files)
     return out
 
 
@@ -74,9 +100,9 @@ def _store(cache: Path, key: str, digest: str) -> None:
         return
 
 
-def content_digest(path: Path, cache: Path) -> str:
+def content_digest(path: Path, cache: Path, name: str | None = None) -> str:
     """``sha256:HEX`` of the file's bytes; read only when the cache has no entry for the file's
-    current (path, size, mtime, ctime, inode)."""
+    current (path, size, mtime, ctime, inode). ``name``: how an error names the file."""
     key, _ = _key(path)
     found = _cached(cache, key)
     if found is not None:
@@ -87,38 +113,73 @@ def content_digest(path: Path, cache: Path) -> str:
             while chunk := f.read(_CHUNK):
                 h.update(chunk)
     except OSError as exc:
-        raise ConfigError(f"data file {path}", expected="a readable file", found=str(exc)[:200]) from None
+        raise ConfigError(name or f"data file {path}", expected="a readable file", found=str(exc)[:200]) from None
     digest = "sha256:" + h.hexdigest()
     _store(cache, key, digest)
     return digest
 
 
-def file_digests(files: Sequence[tuple[Path, str | None]], cache: Path) -> list[str]:
+def file_digests(files: Sequence[ListedFile], cache: Path) -> list[str]:
     """Each file's digest: the declared one (checked against the cache when the cache knows the
     file as it is now: a mismatch is refused), else ``content_digest``."""
     digests = []
-    for path, declared in files:
-        if declared is None:
-            digests.append(content_digest(path, cache))
+    for file in files:
+        if file.declared is None:
+            digests.append(content_digest(file.path, cache, file.name))
             continue
-        known = _cached(cache, _key(path)[0])
-        if known is not None and known != declared:
-            raise ConfigError(f"data file {path}: declared sha256", expected=known, found=declared)
-        digests.append(declared)
+        known = _cached(cache, _key(file.path)[0])
+        if known is not None and known != file.declared:
+            raise ConfigError(f"{file.name}: declared sha256", expected=known, found=file.declared)
+        digests.append(file.declared)
     return digests
 
 
-def check_unchanged(names: Sequence[str], digests: Sequence[str], saved: object) -> None:
-    """A checkpoint's recorded digests (``saved``) are the files' digests now: a changed, added
-    or removed file is refused, naming it."""
-    if not isinstance(saved, list) or not all(isinstance(d, str) for d in saved):
-        raise IncompatibleConfigError(field="data files", expected="a list of file digests", found=type(saved).__name__)
-    for name, now, then in zip(names, digests, saved, strict=False):
-        if now != then:
-            raise IncompatibleConfigError(
-                f"data file {name} changed since the checkpoint", field="data files", expected=then, found=now
-            )
+def _short_digest(digest: str) -> str:
+    return digest[: len("sha256:") + 12]
+
+
+def file_change(
+    files: Sequence[ListedFile], digests: Sequence[str], saved: Sequence[str], field: str
+) -> IncompatibleConfigError | None:
+    """The refusal of a checkpoint whose recorded digests (``saved``, in the files' order) are not
+    the files' digests now (``digests``): the first changed file named, or the count when files
+    were added or removed (``field``: the option's path); None when they are the same."""
     if len(saved) != len(digests):
-        raise IncompatibleConfigError(
-            "the data files are not the checkpoint's", field="data files", expected=len(saved), found=len(digests)
+        return IncompatibleConfigError(
+            "the files are not the checkpoint's; nothing was loaded",
+            field=f"{field}.files",
+            expected=f"{len(saved)} files",
+            found=f"{len(digests)} files",
         )
+    for file, now, then in zip(files, digests, saved, strict=True):
+        if now != then:
+            return IncompatibleConfigError(
+                "changed since the checkpoint was written; nothing was loaded",
+                field=file.name,
+                expected=_short_digest(then),
+                found=_short_digest(now),
+            )
+    return None
+
+
+def recorded_digests(state: object) -> list[str] | None:
+    """The file digests a loader state records (``RecordLoader.state_dict``'s ``files``), if any."""
+    saved = state.get("files") if isinstance(state, dict) else None
+    return saved if isinstance(saved, list) and all(isinstance(d, str) for d in saved) else None
+
+
+def check_unchanged(files: Sequence[ListedFile], digests: Sequence[str], state: object, field: str) -> None:
+    """A loader state (``state``) records the files' digests now: a changed, added or removed
+    file is refused, naming it (``file_change``), and so is a state that records none."""
+    saved = recorded_digests(state)
+    if saved is None:
+        raw = state.get("files") if isinstance(state, dict) else state
+        raise IncompatibleConfigError(
+            "the loader state records no file digests",
+            field=f"{field}.files",
+            expected="a list of file digests",
+            found=type(raw).__name__,
+        )
+    change = file_change(files, digests, saved, field)
+    if change is not None:
+        raise change

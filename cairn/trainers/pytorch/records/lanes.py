@@ -3,7 +3,8 @@ into sequences of ``context + 1`` tokens, shuffled in blocks of ``shuffle_buffer
 
 A lane's position is a few integers — where its current block started (epoch, shard, record,
 byte offset, token), the block's number and the sequences taken from it — so a resume re-reads
-the block from its start and continues with the same sequence, whatever was buffered."""
+the block from its start and continues with the same sequence, whatever was buffered. A lane
+keeps the Parquet row group it reads decoded (``RowGroups``): its blocks do not decode it again."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import numpy as np
 from cairn.errors import ConfigError
 from cairn.trainers.pytorch.records.documents import Encoder
 from cairn.trainers.pytorch.records.options import DataFiles
-from cairn.trainers.pytorch.records.readers import Shard, read_records
+from cairn.trainers.pytorch.records.readers import RowGroups, Shard, read_records
 from cairn.trainers.pytorch.scoring import IGNORE_INDEX
 
 __all__ = ["Lane", "Position", "Sequence", "Source"]
@@ -38,12 +39,14 @@ class Position:
 
 @dataclass(frozen=True)
 class Source:
-    """What every lane reads: the shards, how records become documents, the order's seed."""
+    """What every lane reads: the shards, how records become documents, the order's seed, and
+    the options' path in the run's config (``trainer.options.data``: what errors name)."""
 
     shards: list[Shard]
     encoder: Encoder
     options: DataFiles
     seed: int
+    field: str
 
     def share(self, epoch: int, lane: int) -> list[Shard]:
         """Lane ``lane``'s shards in epoch ``epoch``: every ``lanes``-th of a seeded permutation."""
@@ -59,6 +62,7 @@ class Lane:
     def __init__(self, source: Source, index: int, *, repeat: bool) -> None:
         self.source, self.index, self.repeat = source, index, repeat
         self.block_size = source.options.shuffle_buffer if source.options.shuffle else 1
+        self.groups = RowGroups()
         self.load({})
 
     # -- position ------------------------------------------------------------------------------
@@ -129,8 +133,8 @@ class Lane:
             found = False
             while shard < len(share):
                 s = share[shard]
-                for r in read_records(s, record, offset, self.source.options):
-                    where = f"data file {s.path}, " + (
+                for r in read_records(s, record, offset, self.source.options, self.groups):
+                    where = f"{s.where}, " + (
                         f"row group {s.group} row {r.index}" if s.format == "parquet" else f"line {r.index + 1}"
                     )
                     here = Position(epoch, shard, r.index, r.offset)
@@ -142,5 +146,9 @@ class Lane:
             if not self.repeat:
                 return
             if not found and start.epoch < epoch:
-                raise ConfigError("data files", expected="records", found=f"none in epoch {epoch} of lane {self.index}")
+                raise ConfigError(
+                    f"{self.source.field}.files",
+                    expected="records",
+                    found=f"none in epoch {epoch} of lane {self.index}",
+                )
             epoch, shard = epoch + 1, 0

@@ -1,7 +1,8 @@
 """The record stream as the adapter trains on it: ``RecordStream`` (an ``IterableDataset`` of
 whole batches, lane by lane, with torchdata's ``state_dict``/``load_state_dict``) and
 ``RecordLoader`` (its ``StatefulDataLoader``, worker processes included, plus the files'
-fingerprint: its state carries the files' digests, and a state of other files is refused)."""
+fingerprint: its state carries the files' digests, and a state of other files is refused naming
+the changed file by its option's path in the run's config)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,16 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from cairn.errors import CairnError, ConfigError
+from cairn.errors import CairnError, ConfigError, IncompatibleConfigError
 from cairn.trainers.pytorch.records.documents import Encoder
-from cairn.trainers.pytorch.records.fingerprint import cache_dir, check_unchanged, expand_files, file_digests
+from cairn.trainers.pytorch.records.fingerprint import (
+    cache_dir,
+    check_unchanged,
+    expand_files,
+    file_change,
+    file_digests,
+    recorded_digests,
+)
 from cairn.trainers.pytorch.records.lanes import Lane, Source
 from cairn.trainers.pytorch.records.options import DataFiles
 from cairn.trainers.pytorch.records.readers import list_shards
@@ -72,22 +80,33 @@ class RecordStream(IterableDataset):  # type: ignore[type-arg]
 class RecordLoader:
     """``options``' files as batches of ``(inputs, targets)`` token tensors, through torchdata's
     ``StatefulDataLoader``; ``state_dict()`` is the loader's position and the files' digests.
-    ``train``: epochs forever, shuffled, with ``num_workers``; else one pass in file order."""
+    ``train``: epochs forever, shuffled, with ``num_workers``; else one pass in file order.
+    ``field``: where ``options`` are in the run's config, which every error names
+    (``trainer.options.data.files[0] (PATH), line 3: ...``)."""
 
-    def __init__(self, options: DataFiles, tokenizer: Any, batch_size: int, seed: int, *, train: bool = True) -> None:
+    def __init__(
+        self,
+        options: DataFiles,
+        tokenizer: Any,
+        batch_size: int,
+        seed: int,
+        *,
+        train: bool = True,
+        field: str = "trainer.options.data",
+    ) -> None:
         from torchdata.stateful_dataloader import StatefulDataLoader
 
         if not train:
             options = options.model_copy(update={"shuffle": False, "num_workers": 0})
-        self.options = options
-        files = expand_files(options)
-        self.names = [str(path) for path, _ in files]
-        self.digests = file_digests(files, cache_dir(options.hash_cache))
-        encoder = Encoder(tokenizer, options)
-        shards = list_shards([path for path, _ in files], options)
+        self.options, self.field = options, field
+        self.files = expand_files(options, field)
+        self.names = [str(file.path) for file in self.files]
+        self.digests = file_digests(self.files, cache_dir(options.hash_cache))
+        encoder = Encoder(tokenizer, options, field)
+        shards = list_shards([(file.path, file.name) for file in self.files], options)
         if len(shards) < options.lanes:
-            raise ConfigError("lanes", expected=f"<= {len(shards)} (the files' shards)", found=options.lanes)
-        source = Source(shards, encoder, options, seed + options.seed_offset)
+            raise ConfigError(f"{field}.lanes", expected=f"<= {len(shards)} (the files' shards)", found=options.lanes)
+        source = Source(shards, encoder, options, seed + options.seed_offset, field)
         self.dataset = RecordStream(source, batch_size, repeat=train)
         workers = options.num_workers
         with quiet_torchdata():
@@ -110,7 +129,14 @@ class RecordLoader:
 
     def check_state(self, state: Any) -> None:
         """A state of these files (``IncompatibleConfigError`` naming a changed file otherwise)."""
-        check_unchanged(self.names, self.digests, state.get("files") if isinstance(state, dict) else None)
+        check_unchanged(self.files, self.digests, state, self.field)
+
+    def data_change(self, state: Any) -> IncompatibleConfigError | None:
+        """What changed in the files since ``state`` (a checkpoint's, of a run whose data hash is
+        not this one's): the refusal naming the first changed file, or the count; None when the
+        state records no digests (another loader's) or the same ones (something else changed)."""
+        saved = recorded_digests(state)
+        return None if saved is None else file_change(self.files, self.digests, saved, self.field)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.check_state(state)

@@ -1,10 +1,12 @@
 """A pretrained directory fine-tuned on an instruction JSONL file streamed with resumable state:
 the HF trainer's ``data`` option. It resumes bit for bit (17 + 23 == 40, across an epoch boundary,
 with shuffling, LoRA on), trains on the replies only, and a data file changed under a run is
-refused on resume in one typed line."""
+refused on resume in one typed line naming the file as the config does (``trainer.options.data.files[0]``),
+as is a malformed one (``trainer.options.val_data.files[0]``)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -51,11 +53,28 @@ def test_a_data_file_changed_under_the_run_is_refused_on_resume(tmp_path: Path) 
     config = files_config(tmp_path)
     at5 = TrainingSession.fresh("r", tmp_path / "store", config).run(5)
     assert at5 is not None
-    with (tmp_path / "train.jsonl").open("a") as out:
+    data = tmp_path / "train.jsonl"
+    then = hashlib.sha256(data.read_bytes()).hexdigest()
+    with data.open("a") as out:
         out.write(json.dumps({"prompt": "new", "response": "record"}) + "\n")
     with pytest.raises(E.IncompatibleConfigError) as refused:
         TrainingSession.from_checkpoint(at5.ref, run_id="r", config=config)
-    assert "\n" not in str(refused.value) and "data" in str(refused.value)
+    assert str(refused.value).startswith(
+        f"trainer.options.data.files[0] ({data}): changed since the checkpoint was written; nothing was loaded "
+        f"(expected sha256:{then[:12]}, found sha256:"
+    )
+    assert "\n" not in str(refused.value)
+
+
+def test_a_malformed_validation_file_is_refused_naming_val_data(tmp_path: Path) -> None:
+    bad = tmp_path / "val.jsonl"
+    bad.write_text(json.dumps({"prompt": "add 1 and 2", "response": "3"}) + "\n" + '{"prompt": "add"\n')
+    val = {"files": [str(bad)], "records": "instruction", "context": 16, "hash_cache": str(tmp_path / "hash-cache")}
+    trainer: Any = load_trainer(files_config(tmp_path, val_data=val))
+    with pytest.raises(E.ConfigError) as refused:
+        trainer.evaluate(trainer.init_state(), "val")
+    where = f"trainer.options.val_data.files[0] ({bad}), line 2: expected a JSON object"
+    assert str(refused.value).startswith(where) and "\n" not in str(refused.value)
 
 
 def test_data_without_epoch_steps_or_val_data_alone_is_one_line(tmp_path: Path) -> None:

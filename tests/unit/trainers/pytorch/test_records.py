@@ -1,13 +1,17 @@
 """Files larger than memory as a resumable stream (``cairn.trainers.pytorch.records``): the
 sample order after a resume is the uninterrupted one across epochs and shuffling, with or
 without loader workers; packing keeps document boundaries; chat and instruction prompts are
-masked; the files are identified at O(files) cost and a changed or corrupt file is refused in
-one typed line. A test-local trainer on a streamed JSONL file resumes bit for bit (17 + 23 == 40)."""
+masked; a Parquet row group is decoded once for all the blocks read from it; the files are
+identified at O(files) cost and a changed or corrupt file is refused in one typed line naming
+the option's path in the run's config. A test-local trainer on a streamed JSONL file resumes bit
+for bit (17 + 23 == 40), and a changed file refuses its resume naming the file."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +29,7 @@ from cairn import errors as E
 from cairn.checkpoint.compare import compare_states
 from cairn.config import TrainConfig, parse_config
 from cairn.session import TrainingSession
+from cairn.trainers.loading import load_trainer
 from cairn.trainers.pytorch import TorchOptions, TorchSetup, TorchTrainer
 from cairn.trainers.pytorch.records import DataFile, DataFiles, RecordLoader
 from tests.conftest import seed_fixture
@@ -200,7 +205,9 @@ def test_a_cached_fingerprint_reads_no_file_and_a_changed_file_is_refused(tokeni
     assert changed.fingerprint() != one.fingerprint()
     with pytest.raises(E.IncompatibleConfigError) as refused:
         changed.load_state_dict(state)
-    assert f"data file {data} changed since the checkpoint" in str(refused.value)
+    assert str(refused.value).startswith(
+        f"trainer.options.data.files[0] ({data}): changed since the checkpoint was written; nothing was loaded"
+    )
     assert "\n" not in str(refused.value)
 
 
@@ -220,17 +227,21 @@ def test_a_declared_digest_is_not_read_and_a_wrong_one_is_refused(tokenizer: Tok
     [
         ("bad.jsonl", '{"text": "a cat"}\n{"text": "a dog"}\n{"text": oops\n', "line 3: expected a JSON object"),
         ("field.jsonl", '{"text": "a cat"}\n{"body": "a dog"}\n', "line 2: field 'text': expected a str"),
-        ("long.jsonl", '{"text": "' + "a " * 200 + '"}\n', "line 1: expected <= 64 bytes"),
+        ("long.jsonl", '{"text": "' + "a " * 200 + '"}\n', "line 1: expected <= 64 bytes (max_record_bytes)"),
+        ("long.txt", "a cat\n" * 20, "line 1: expected a paragraph of <= 64 bytes (max_record_bytes)"),
     ],
 )
 def test_corrupt_json_lines_are_refused_naming_file_and_line(
     tokenizer: Tokenizer, tmp_path: Path, name: str, content: str, message: str
 ) -> None:
     (tmp_path / name).write_text(content)
-    o = DataFiles(files=[str(tmp_path / name)], context=4, max_record_bytes=64, hash_cache=str(tmp_path / "c"))
+    (tmp_path / "good.jsonl").write_text('{"text": "a cat"}\n')
+    files = [str(tmp_path / "good.jsonl"), str(tmp_path / name)]
+    o = DataFiles(files=files, context=4, max_record_bytes=64, shuffle=False, hash_cache=str(tmp_path / "c"))
     with pytest.raises(E.ConfigError) as refused:
-        draw(RecordLoader(o, tokenizer, batch_size=1, seed=0), 20)
-    assert f"data file {tmp_path / name}, {message}" in str(refused.value) and "\n" not in str(refused.value)
+        draw(RecordLoader(o, tokenizer, batch_size=1, seed=0, field="trainer.options.val_data"), 20)
+    where = f"trainer.options.val_data.files[1] ({tmp_path / name}), {message}"
+    assert str(refused.value).startswith(where) and "\n" not in str(refused.value)
 
 
 def test_a_corrupt_file_in_a_worker_is_refused_in_one_line(tokenizer: Tokenizer, tmp_path: Path) -> None:
@@ -239,7 +250,8 @@ def test_a_corrupt_file_in_a_worker_is_refused_in_one_line(tokenizer: Tokenizer,
     o = DataFiles(files=[str(tmp_path / "*.jsonl")], context=4, lanes=2, num_workers=2, hash_cache=str(tmp_path))
     with pytest.raises(E.ConfigError) as refused:
         draw(RecordLoader(o, tokenizer, batch_size=1, seed=0), 50)
-    assert str(refused.value).startswith(f"data file {tmp_path / 'a.jsonl'}, line 6: expected a JSON object")
+    where = f"trainer.options.data.files[0] ({tmp_path / 'a.jsonl'}), line 6"
+    assert str(refused.value).startswith(f"{where}: expected a JSON object")
 
 
 def test_truncated_and_foreign_parquet_files_are_refused(tokenizer: Tokenizer, tmp_path: Path) -> None:
@@ -248,15 +260,78 @@ def test_truncated_and_foreign_parquet_files_are_refused(tokenizer: Tokenizer, t
     cut = tmp_path / "cut.parquet"
     cut.write_bytes(good.read_bytes()[:-100])
     o = DataFiles(files=[str(cut)], context=4, hash_cache=str(tmp_path / "c"))
-    with pytest.raises(E.ConfigError, match=rf"data file {cut}: expected a Parquet file"):
+    with pytest.raises(
+        E.ConfigError, match=re.escape(f"trainer.options.data.files[0] ({cut}): expected a Parquet file")
+    ):
         RecordLoader(o, tokenizer, batch_size=1, seed=0)
     wrong = DataFiles(files=[str(good)], context=4, text_field="body", hash_cache=str(tmp_path / "c"))
-    with pytest.raises(E.ConfigError, match=r"row group \d: expected columns \['body'\], found no column 'body'"):
+    with pytest.raises(E.ConfigError) as refused:
         draw(RecordLoader(wrong, tokenizer, batch_size=1, seed=0), 5)
+    found = r"row group \d: expected columns \['body'\], found no column 'body'"
+    assert re.match(re.escape(f"trainer.options.data.files[0] ({good}), ") + found, str(refused.value))
     small = DataFiles(files=[str(good)], context=4, max_row_group_bytes=1024, hash_cache=str(tmp_path / "c"))
     pq.write_table(pa.table({"text": ["x" * 2000] * 3}), good)
-    with pytest.raises(E.ConfigError, match=r"row group 0: expected <= 1024 bytes"):
+    with pytest.raises(E.ConfigError) as refused:
         draw(RecordLoader(small, tokenizer, batch_size=1, seed=0), 5)
+    where = f"trainer.options.data.files[0] ({good}), row group 0: expected <= 1024 bytes (max_row_group_bytes)"
+    assert str(refused.value).startswith(where)
+
+
+def test_a_parquet_row_group_is_decoded_once_for_all_the_blocks_read_from_it(
+    tokenizer: Tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "c.parquet"
+    table = pa.table({"text": sentences(11, 60), "other": ["x" * 500] * 60})
+    pq.write_table(table, path, row_group_size=30)
+    o = DataFiles(files=[str(path)], context=8, lanes=1, shuffle_buffer=2, hash_cache=str(tmp_path / "c"))
+    reference = draw(RecordLoader(o, tokenizer, batch_size=2, seed=3), 12)
+    decoded: list[tuple[int, Any]] = []
+    real = pq.ParquetFile.read_row_group
+
+    def counted(self: pq.ParquetFile, i: int, *args: Any, **kwargs: Any) -> pa.Table:
+        decoded.append((i, kwargs.get("columns")))
+        return real(self, i, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", counted)
+    loader = RecordLoader(o, tokenizer, batch_size=2, seed=3)
+    assert draw(loader, 12) == reference  # 12 blocks of 2 sequences, within the first epoch
+    assert max(epochs(loader.state_dict())) == 0 and loader.dataset.lanes[0].block >= 11
+    groups = [group for group, _ in decoded]
+    assert groups and len(groups) == len(set(groups)), decoded  # each row group once, not once a block
+    assert all(columns == ["text"] for _, columns in decoded)  # the needed column only
+    resumed = RecordLoader(o, tokenizer, batch_size=2, seed=3)
+    head = RecordLoader(o, tokenizer, batch_size=2, seed=3)
+    first = draw(head, 5)
+    resumed.load_state_dict(json.loads(json.dumps(head.state_dict())))
+    assert first + draw(resumed, 7) == reference
+
+
+def test_each_refusal_names_the_option_path_in_the_run_config(tokenizer: Tokenizer, tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl").write_text('{"text": "a cat"}\n')
+    field = "trainer.options.val_data"
+
+    def refusal(**kw: Any) -> str:
+        o = DataFiles(**{"files": [str(tmp_path / "a.jsonl")], "hash_cache": str(tmp_path / "c"), **kw})
+        with pytest.raises(E.ConfigError) as refused:
+            RecordLoader(o, tokenizer, batch_size=1, seed=0, field=field)
+        assert "\n" not in str(refused.value)
+        return str(refused.value)
+
+    missing = str(tmp_path / "none-*.jsonl")
+    assert refusal(files=[str(tmp_path / "a.jsonl"), missing]).startswith(f"{field}.files[1]: expected a file")
+    assert refusal(lanes=2).startswith(f"{field}.lanes: expected <= 1 (the files' shards), found 2")
+    assert refusal(template="chat_template").startswith(f"{field}.template: expected a tokenizer with a chat")
+    declared = DataFile(path=str(tmp_path / "a.jsonl"), sha256="0" * 64)
+    RecordLoader(DataFiles(files=[str(tmp_path / "a.jsonl")], hash_cache=str(tmp_path / "c")), tokenizer, 1, 0)
+    where = f"{field}.files[0] ({tmp_path / 'a.jsonl'}): declared sha256: expected sha256:"
+    assert refusal(files=[declared]).startswith(where)
+    gone = tmp_path / "gone.jsonl"
+    gone.write_text('{"text": "a cat"}\n')
+    loader = RecordLoader(DataFiles(files=[str(gone)], hash_cache=str(tmp_path / "c")), tokenizer, 1, 0, field=field)
+    gone.unlink()
+    with pytest.raises(E.ConfigError) as refused:
+        draw(loader, 1)
+    assert str(refused.value).startswith(f"{field}.files[0] ({gone}): expected a readable file, found FileNotFound")
 
 
 @contextmanager
@@ -335,13 +410,37 @@ def test_a_trainer_on_a_streamed_jsonl_file_resumes_bit_exact(tmp_path: Path, wo
     assert {"param.1.weight", "cursor"} <= {d.field for d in compare_states(weights.state, straight.state)}
 
 
-def test_a_changed_file_refuses_the_resume_in_one_typed_line(tmp_path: Path) -> None:
+def test_a_changed_file_refuses_the_resume_in_one_typed_line_naming_it(tmp_path: Path) -> None:
     config = streamed_config(tmp_path)
     at5 = TrainingSession.fresh("run", tmp_path / "runs", config).run(5)
     assert at5 is not None
     data = tmp_path / "train-1.jsonl"
+    then = hashlib.sha256(data.read_bytes()).hexdigest()
     data.write_text(data.read_text().replace("a", "e", 1))
+    now = hashlib.sha256(data.read_bytes()).hexdigest()
     with pytest.raises(E.IncompatibleConfigError) as refused:
         TrainingSession.from_checkpoint(at5.ref, config=config)
-    assert "lineage.dataset_hash: checkpoint was trained on different data" in str(refused.value)
-    assert "\n" not in str(refused.value)
+    assert str(refused.value) == (
+        f"trainer.options.data.files[0] ({data}): changed since the checkpoint was written; nothing was loaded "
+        f"(expected sha256:{then[:12]}, found sha256:{now[:12]})"
+    )
+    (tmp_path / "train-2.jsonl").write_text('{"text": "a cat"}\n')  # the glob matches one more file
+    with pytest.raises(E.IncompatibleConfigError) as refused:
+        TrainingSession.from_checkpoint(at5.ref, config=config)
+    assert str(refused.value) == (
+        "trainer.options.data.files: the files are not the checkpoint's; nothing was loaded "
+        "(expected 2 files, found 3 files)"
+    )
+
+
+def test_a_checkpoint_without_file_digests_is_refused_as_before(tmp_path: Path) -> None:
+    """A cursor that records no digests (another loader's, or a checkpoint written before they
+    were recorded), or the same ones: the data differs elsewhere, and the refusal says only that."""
+    config = streamed_config(tmp_path)
+    trainer: Any = load_trainer(config)
+    state = trainer.init_state()
+    stream = state.meta["data"]["stream"]
+    for meta in ({"data": {**state.meta["data"], "stream": {"loader": stream["loader"]}}}, state.meta, {}):
+        error = trainer.other_data_error("sha256:" + "0" * 64, meta)
+        assert isinstance(error, E.IncompatibleConfigError)
+        assert str(error).startswith("lineage.dataset_hash: checkpoint was trained on different data (expected sha256:")

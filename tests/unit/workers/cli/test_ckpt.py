@@ -4,10 +4,12 @@ corrupt checkpoint and a bad reference are one line and a non-zero exit."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import REPO
 from tests.unit.workers.cli.conftest import CONFIG, run
 
 
@@ -170,3 +172,64 @@ def test_the_runs_own_config_is_accepted(tmp_path: Path, capsys: pytest.CaptureF
     given = _config_file(tmp_path, {"optimizer": {"lr": 0.5}})
     code, _, err = run(capsys, *_command(name, ref, tmp_path / "out"), "--config", given)
     assert code == 0, err
+
+
+# -- --format dcp: a PyTorch Distributed Checkpoint ----------------------------------------------------
+
+DCP_TRAIN = "cairn train --config examples/digits.json --steps 20 --store runs --run-id digits"
+DCP_EXPORT = "cairn ckpt export runs/digits/training/000000000020 digits-dcp --format dcp"
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+def test_export_format_dcp_in_json_and_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A torch run's export holds its model and optimizer (``kind: dcp``); ``--weights-only`` and a
+    trainer without a torch optimizer (the built-in MLP) the model alone; the text names what it is."""
+    pytest.importorskip("torch")
+    from tests.conftest import digits_config
+
+    config = tmp_path / "digits.json"
+    config.write_text(digits_config().model_dump_json())
+    code, out, err = run(capsys, "train", "--config", str(config), "--steps", "3", "--store", str(tmp_path / "s"))
+    assert code == 0, err
+    ref = out.strip()
+    code, out, err = run(capsys, "ckpt", "export", ref, str(tmp_path / "full"), "--format", "dcp", "--json")
+    assert code == 0, err
+    body = json.loads(out)
+    assert body["kind"] == "dcp" and body["files"] == [".metadata", "__0_0.distcp"] and body["checkpoint"] == ref
+    assert body["bytes"] == sum((tmp_path / "full" / name).stat().st_size for name in body["files"])
+    assert body["tensors"] == 13 + 10 * 3  # 10 parameters, 3 BatchNorm buffers; each parameter's 3 AdamW tensors
+    code, out, err = run(capsys, "ckpt", "export", ref, str(tmp_path / "weights"), "--format", "dcp", "--weights-only")
+    assert code == 0 and "PyTorch Distributed Checkpoint of the model's state dict: WEIGHTS ONLY" in out, err
+    mlp = _trained(capsys, tmp_path / "mlp")
+    code, out, err = run(capsys, "ckpt", "export", mlp, str(tmp_path / "mlp-dcp"), "--format", "dcp", "--json")
+    assert code == 0 and json.loads(out)["kind"] == "dcp-weights-only", err
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+def test_the_dcp_export_loads_in_plain_pytorch_as_printed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ "PyTorch Distributed Checkpoint (DCP) in and out" (docs/how-to/your-model.md): its two
+    commands, then its Python example (its assert: the model holds the checkpoint's weights), and
+    the optimizer it loaded holds the checkpoint's moments bit for bit."""
+    pytest.importorskip("torch")
+    import cairn
+    from cairn.trainers.pytorch.state_io import to_numpy
+    from tests.unit.workers.cli.test_readme_commands import docs_text, readme_words
+
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    monkeypatch.chdir(tmp_path)
+    for command in (DCP_TRAIN, DCP_EXPORT):
+        code, _, err = run(capsys, *readme_words(command))
+        assert code == 0, (command, err)
+    text = docs_text()
+    section = text[text.index("## PyTorch Distributed Checkpoint (DCP) in and out") :]
+    example = re.search(r"^```python\n(.*?)^```", section, re.M | re.S)
+    assert example is not None and "dcp.load(" in example.group(1)
+    namespace: dict[str, object] = {}
+    exec(compile(example.group(1), "docs/how-to/your-model.md", "exec"), namespace)
+    state = cairn.load_checkpoint("runs/digits/training/000000000020", config="examples/digits.json").state
+    model, optimizer = namespace["model"], namespace["optimizer"]
+    for name, param in model.named_parameters():  # type: ignore[attr-defined]
+        for key, value in optimizer.state[param].items():  # type: ignore[attr-defined]
+            assert to_numpy(value).tobytes() == state.tensors[f"optim/{name}/{key}"].tobytes(), (name, key)

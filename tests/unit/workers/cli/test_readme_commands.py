@@ -189,6 +189,10 @@ NOT_RUN_HERE = {
     "cairn ckpt export s3://cairn/runs/finetune-lora/training/000000000060 merged --format safetensors --config "
     "examples/finetune-lora.json": _NONE + "follows the run above (tests/integration/test_finetune.py exports and "
     "loads it with from_pretrained)",
+    "cairn train --config examples/digits.json --steps 20 --store runs --run-id digits": "tests/unit/workers/cli/"
+    "test_ckpt.py::test_the_dcp_export_loads_in_plain_pytorch_as_printed runs it as printed, then the page's Python",
+    "cairn ckpt export runs/digits/training/000000000020 digits-dcp --format dcp": "tests/unit/workers/cli/"
+    "test_ckpt.py::test_the_dcp_export_loads_in_plain_pytorch_as_printed runs it as printed, then the page's Python",
     "make docs": "tests/unit/docs/test_site.py builds the site as it does (mkdocs build --strict, into a temporary "
     "directory)",
     "make drill": _NONE + "as printed (tests/integration/test_drill.py runs `cairn drill` with other settings)",

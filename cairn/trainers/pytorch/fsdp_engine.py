@@ -1,0 +1,215 @@
+"""The FSDP engine (``TorchFSDP``): one rank's share of an FSDP run, its checkpoints laid out
+exactly as a single writer of the whole state lays them out.
+
+A tensor FSDP2 shards (a parameter; an optimizer state of its shape) is cut along dim 0 as
+``torch.chunk`` cuts it (``fsdp.rows_of``). Its checkpoint blocks are written by the rank holding
+each block's first element; the few elements a block takes from the next ranks' shards are sent
+to it (one all-to-all, at most a block per shard boundary). Nothing is gathered whole: a rank
+holds its shard and at most a block per boundary. A restore at any world size reads, per
+tensor, only the blocks that overlap the rank's new shard. Tensors FSDP2 does not shard
+(buffers, RNG states, step counters) are written by rank 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cairn.checkpoint.blocks import Block, block_elems_for, plan_blocks, split_blocks
+from cairn.checkpoint.manifest import Manifest, PartSpec
+from cairn.checkpoint.options import CheckpointOptions
+from cairn.checkpoint.tensors import dtype_from_tag as whole_dtype
+from cairn.checkpoint.tensors import dtype_tag
+from cairn.distributed.comm import Comm
+from cairn.distributed.engine import whole_buffers
+from cairn.errors import InvariantError
+from cairn.stores.base import Store
+from cairn.trainers.pytorch.data_parallel import TorchDP
+from cairn.trainers.pytorch.fsdp import ShardedTensors, check_fsdp, rows_of, shard_model
+from cairn.trainers.pytorch.parts import LiveTrainer
+
+__all__ = ["TorchFSDP"]
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """Elements ``[start, stop)`` (flat, of tensor ``tensor``) of block ``block``, held by ``holder``."""
+
+    block: Block
+    holder: int
+    start: int
+    stop: int
+
+
+class TorchFSDP(TorchDP):
+    """One rank's share of an FSDP run of a PyTorch adapter trainer (see the module): the
+    replicated engine's state handling, with a sharded model, update and checkpoint layout."""
+
+    def __init__(self, trainer: LiveTrainer, comm: Comm, run_id: str, store: Store, options: CheckpointOptions) -> None:
+        super().__init__(trainer, comm, run_id, store, options)
+        live: Any = trainer
+        check_fsdp(live)
+        live.optimizer_probe()  # on the whole model, before sharding (it steps a copy)
+        live.weight_specs()
+        shard_model(live, comm)
+        self.shards = ShardedTensors(live, comm)
+        live.shards = self.shards
+        self._reading_blocks: dict[str, np.ndarray] = {}
+        self._read_specs: dict[str, tuple[str, tuple[int, ...]]] = {}
+
+    def start_fresh(self) -> None:
+        if not getattr(self.trainer, "pristine", True):
+            raise InvariantError("an FSDP engine starts from the state build() made", field="trainer.pristine")
+        super().start_fresh()
+
+    # -- geometry ------------------------------------------------------------------------------
+    def _sharded(self, name: str, shape: tuple[int, ...]) -> bool:
+        """A state tensor FSDP2 shards: a parameter, or an optimizer state of its parameter's shape."""
+        params = self.trainer.params  # type: ignore[attr-defined]
+        if name.startswith("param/"):
+            return name[len("param/") :] in params
+        if name.startswith("optim/"):
+            param_name = name[len("optim/") :].rsplit("/", 1)[0]
+            param = params.get(param_name)
+            return param is not None and len(shape) > 0 and tuple(param.shape) == tuple(shape)
+        return False
+
+    def _flat_range(self, shape: Sequence[int], rank: int) -> tuple[int, int]:
+        if not shape:
+            return (0, 1) if rank == 0 else (0, 0)
+        row = math.prod(shape[1:])
+        start, stop = rows_of(shape[0], self.comm.world, rank)
+        return start * row, stop * row
+
+    def _pieces(self, parts: Mapping[str, PartSpec]) -> list[_Piece]:
+        """Every (block, holder) overlap of the sharded tensors, in the one order all ranks agree on."""
+        out: list[_Piece] = []
+        ranges = {
+            name: [self._flat_range(spec.shape, r) for r in range(self.comm.world)]
+            for name, spec in parts.items()
+            if name in self.shards.full_shapes
+        }
+        for block in plan_blocks({n: parts[n] for n in ranges}):
+            for holder, (lo, hi) in enumerate(ranges[block.tensor]):
+                start, stop = max(block.start, lo), min(block.stop, hi)
+                if start < stop:
+                    out.append(_Piece(block, holder, start, stop))
+        return out
+
+    # -- save ----------------------------------------------------------------------------------
+    def parts(self) -> dict[str, PartSpec]:
+        """The blocked layout of the whole state (what a single writer of it writes)."""
+        assert self.state is not None
+        out = {}
+        for name, arr in sorted(self.state.tensors.items()):
+            shape = self.shards.full_shapes.get(name, arr.shape)
+            out[name] = PartSpec(
+                shape=list(shape), block_elems=block_elems_for(arr.dtype, self.block_bytes), dtype=dtype_tag(arr.dtype)
+            )
+        return out
+
+    def my_blocks(self) -> dict[str, np.ndarray]:
+        """The blocks whose first element this rank holds, completed by its neighbours' pieces;
+        rank 0 writes the tensors FSDP2 does not shard."""
+        assert self.state is not None
+        state, rank, world = self.state, self.comm.rank, self.comm.world
+        parts = self.parts()
+        unsharded = {n: a for n, a in state.tensors.items() if n not in self.shards.full_shapes}
+        mine: dict[str, np.ndarray] = split_blocks(unsharded, parts, only=set(unsharded)) if rank == 0 else {}
+        pieces = self._pieces(parts)
+        owner = {p.block.name: p.holder for p in pieces if p.start == p.block.start}
+        for name, spec in parts.items():  # an empty sharded tensor: one empty block, rank 0's
+            if name in self.shards.full_shapes and math.prod(spec.shape) == 0:
+                owner[f"{name}#00000"] = 0
+                if rank == 0:
+                    mine[f"{name}#00000"] = np.empty(0, dtype=state.tensors[name].dtype)
+
+        def flat_of(name: str) -> tuple[np.ndarray, int]:
+            lo = self._flat_range(parts[name].shape, rank)[0]
+            return np.ascontiguousarray(state.tensors[name]).reshape(-1), lo
+
+        send: list[list[np.ndarray]] = [[] for _ in range(world)]
+        for p in pieces:
+            to = owner[p.block.name]
+            if p.holder == rank and to != rank:
+                flat, lo = flat_of(p.block.tensor)
+                send[to].append(flat[p.start - lo : p.stop - lo].view(np.uint8))
+        recv_sizes = [
+            sum(
+                (p.stop - p.start) * state.tensors[p.block.tensor].dtype.itemsize
+                for p in pieces
+                if p.holder == q and owner[p.block.name] == rank and q != rank
+            )
+            for q in range(world)
+        ]
+        outgoing = [np.concatenate(chunks) if chunks else np.empty(0, np.uint8) for chunks in send]
+        received = self.comm.exchange(
+            np.concatenate(outgoing) if outgoing else np.empty(0, np.uint8), [c.size for c in outgoing], recv_sizes
+        )
+        cursor = [sum(recv_sizes[:q]) for q in range(world)]
+        for block_name in sorted({p.block.name for p in pieces if owner[p.block.name] == rank}):
+            here = [p for p in pieces if p.block.name == block_name]
+            block = here[0].block
+            dtype = state.tensors[block.tensor].dtype
+            flat, lo = flat_of(block.tensor)
+            if len(here) == 1:  # wholly in this rank's shard: a view, no copy
+                mine[block_name] = flat[block.start - lo : block.stop - lo]
+                continue
+            out = np.empty(block.size, dtype=dtype)
+            for p in here:
+                if p.holder == rank:
+                    out[p.start - block.start : p.stop - block.start] = flat[p.start - lo : p.stop - lo]
+                else:
+                    nbytes = (p.stop - p.start) * dtype.itemsize
+                    raw = received[cursor[p.holder] : cursor[p.holder] + nbytes]
+                    out[p.start - block.start : p.stop - block.start] = raw.view(dtype)
+                    cursor[p.holder] += nbytes
+            mine[block_name] = out
+        return mine
+
+    # -- restore -------------------------------------------------------------------------------
+    def blocks_to_read(self, manifest: Manifest) -> dict[str, np.ndarray]:
+        """Whole tensors FSDP2 does not shard; of each sharded one, only the blocks that overlap
+        this rank's new shard."""
+        assert manifest.parts is not None
+        whole, whole_blocks = whole_buffers(manifest, history=False)
+        parts = {n: manifest.parts[n] for n in whole}
+        specs = {n: (str(p.dtype), tuple(p.shape)) for n, p in parts.items()}
+        sharded = {n for n, (_, shape) in specs.items() if self._sharded(n, shape)}
+        self._reading = {n: a for n, a in whole.items() if n not in sharded}
+        self._read_specs = {n: specs[n] for n in sharded}
+        targets = {k: v for k, v in whole_blocks.items() if k.rpartition("#")[0] not in sharded}
+        self._reading_blocks = {}
+        for block in plan_blocks({n: parts[n] for n in sharded}):
+            lo, hi = self._flat_range(parts[block.tensor].shape, self.comm.rank)
+            if block.start < hi and lo < block.stop or (block.size == 0 and self.comm.rank == 0):
+                buf = np.empty(block.size, dtype=whole[block.tensor].dtype)
+                self._reading_blocks[block.name] = buf
+                targets[block.name] = buf
+        for name in sharded:  # the whole arrays of sharded tensors are never filled: drop them
+            del whole[name]
+        return targets
+
+    def tensors_read(self) -> dict[str, np.ndarray]:
+        """This rank's rows of each sharded tensor (from the blocks read), and the whole others."""
+        tensors, self._reading = self._reading, {}
+        by_tensor: dict[str, list[tuple[int, np.ndarray]]] = {}
+        for entry, buf in self._reading_blocks.items():
+            tensor, _, number = entry.rpartition("#")
+            by_tensor.setdefault(tensor, []).append((int(number), buf))
+        for name, (dtype, shape) in self._read_specs.items():
+            lo, hi = self._flat_range(shape, self.comm.rank)
+            first_row, stop_row = rows_of(shape[0], self.comm.world, self.comm.rank)
+            out = np.empty(hi - lo, dtype=whole_dtype(dtype))
+            for index, buf in by_tensor.get(name, []):
+                first = index * block_elems_for(buf.dtype, self.block_bytes)
+                start, stop = max(first, lo), min(first + buf.size, hi)
+                if start < stop:
+                    out[start - lo : stop - lo] = buf[start - first : stop - first]
+            tensors[name] = out.reshape((stop_row - first_row, *shape[1:]))
+        self._reading_blocks, self._read_specs = {}, {}
+        return tensors
