@@ -68,13 +68,22 @@ TENSOR_GLOBALS = frozenset(
 )
 """What a chunk's ``data.pkl`` may name (``torch.save`` of one tensor)."""
 OTHER_GROUPS = ("optimizer", "lr_scheduler", "dataloader", "train_state")
-"""Top-level entries beside the model's that an import passes over (never read): Cairn's export
-writes ``optimizer``; TorchTitan the four."""
+"""Top-level entries beside the model's that an import passes over (never decoded; their files
+are hashed with the rest): Cairn's export writes ``optimizer``; TorchTitan the four."""
+
+
+MAX_CHUNKS_PER_TENSOR = 4096
+"""Chunks one tensor may be saved in (one per rank that holds a piece of it): the overlap check
+is quadratic in the chunks that share a first offset."""
 
 
 def _check_chunks(key: str, entry: TensorEntry, field: str) -> None:
     """The chunks tile the tensor: each inside it, none overlapping, their volumes its volume."""
     where = f"{field}: {key}"
+    if len(entry.chunks) > MAX_CHUNKS_PER_TENSOR:
+        raise TensorSpecError(
+            "too many chunks", field=where, expected=f"<= {MAX_CHUNKS_PER_TENSOR}", found=len(entry.chunks)
+        )
     for c in entry.chunks:
         if len(c.offsets) != len(entry.shape) or len(c.sizes) != len(entry.shape):
             raise TensorSpecError(
@@ -269,8 +278,8 @@ def read_dcp_weights(
     """The model weights of the DCP directory ``path`` under their checkpoint names, checked
     against ``fresh`` (the model's step-0 state) as ``read_weights`` checks a safetensors file:
     every weight present (under ``model.`` or at the top level; optimizer and TorchTitan's other
-    state passed over, never read), nothing unknown, dtypes and shapes before a byte is read,
-    values by the trainer's rules, a tied alias equal to its tensor."""
+    state passed over: hashed, never decoded), nothing unknown, dtypes and shapes before a byte
+    is read, values by the trainer's rules, a tied alias equal to its tensor."""
     metadata = read_dcp_metadata(path, field)
     names, aliases = trainer.exchange_names()
     candidates = []

@@ -70,8 +70,11 @@ _MAX_PROTOCOL = 5
 _NEW = _ARGUMENT | {"EMPTY_DICT", "EMPTY_LIST", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "LIST", "DICT"}
 _NEW |= {"GLOBAL", "STACK_GLOBAL", "NEWOBJ", "REDUCE", "BINPERSID"}
 """Opcodes that make a new value (the others move or reuse one)."""
-MAX_VALUES = 1 << 23
-"""Values a pickle may make (each costs tens of bytes of memory for one byte of pickle)."""
+MAX_VALUES = 1 << 22
+"""Opcodes a pickle may run that make or hold a value (a new value, a MARK's list, a memo entry,
+a push of one already made): each costs up to ~100 bytes for one byte of pickle."""
+_HELD = frozenset({"MARK", "MEMOIZE", "BINPUT", "LONG_BINPUT", "BINGET", "LONG_BINGET", *_CONSTANT})
+"""Opcodes that grow the stack, the marks or the memo without making a new value."""
 
 
 class _Refused(Exception):
@@ -231,7 +234,7 @@ def read_pickle(
     made = 0
     try:
         for opcode, arg, _ in pickletools.genops(raw):
-            made += opcode.name in _NEW
+            made += opcode.name in _NEW or opcode.name in _HELD
             if made > max_values:
                 raise _Refused(f"<= {max_values} values", "more")
             if opcode.name == "STOP":

@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -131,6 +132,12 @@ async def test_the_input_temporal_records_for_a_torch_run_is_the_users_file(
     await client.get_workflow_handle(body["run_id"]).terminate("test: done")
 
 
+def watched_steps(lines: list[str]) -> set[int]:
+    """The steps (> 0) of the watch's frames that show a loss."""
+    found = (re.search(r"(\d+)/120 .*loss=([-\d.]+)", line) for line in list(lines))
+    return {int(m.group(1)) for m in found if m is not None and m.group(2) != "-" and int(m.group(1)) > 0}
+
+
 async def test_watch_shows_the_current_steps_loss_and_ctrl_c_stops_only_watching(
     temporal_server: TemporalServer, client: Client, tmp_path: Path, task_queue: str
 ) -> None:
@@ -150,12 +157,22 @@ async def test_watch_shows_the_current_steps_loss_and_ctrl_c_stops_only_watching
             [sys.executable, "-m", "workers.cli", "run", "watch", run["run_id"], "--interval", "0.1"],
             cwd=REPO, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        deadline = time.monotonic() + 60
-        while (await client.get_workflow_handle(run["run_id"]).query("progress")).get("step", 0) < 70:
+        lines: list[str] = []  # stderr as it comes: the watch is stopped once it has shown enough
+        reader = threading.Thread(target=lambda: lines.extend(iter(watch.stderr.readline, "")), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 90
+        while (await client.get_workflow_handle(run["run_id"]).query("progress")).get("step", 0) < 70 or (
+            len(watched_steps(lines)) < 5 and time.monotonic() < deadline  # a slow machine: wait for the frames
+        ):
             assert time.monotonic() < deadline
             await asyncio.sleep(0.1)
         watch.send_signal(signal.SIGINT)
-        out, err = await asyncio.to_thread(watch.communicate, timeout=30)
+        await asyncio.to_thread(watch.wait, 30)
+        reader.join(timeout=30)  # stderr's end: the watch has exited
+        err = "".join(lines)
+        assert watch.stdout is not None and watch.stderr is not None
+        watch.stdout.close()
+        watch.stderr.close()
         assert (await client.get_workflow_handle(run["run_id"]).describe()).status == WorkflowExecutionStatus.RUNNING
         summary = await client.get_workflow_handle(run["run_id"]).result()
     assert watch.returncode == 130, err

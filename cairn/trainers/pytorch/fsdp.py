@@ -18,14 +18,13 @@ into the same blocked checkpoint a replicated run writes, and any world size rea
 
 The contract: at one world size, a kill and resume is bit-exact; across world sizes (and
 between ``replicated`` and ``fsdp``) FSDP2's reduce-scatter sums in another order, so the run
-continues within a tolerance (measured in the docs), recorded as the lineage's
-``reproducibility: tolerance``.
+continues within a tolerance (measured in the docs), recorded in each checkpoint's
+``meta.runtime.sharding`` (the lineage keeps the trainer's own ``reproducibility``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -34,7 +33,7 @@ from torch import nn
 
 from cairn.distributed.comm import Comm
 from cairn.distributed.reduce import tree_sum
-from cairn.errors import CairnError, ConfigError, InvariantError, TrainerCodeError
+from cairn.errors import ConfigError, InvariantError
 from cairn.trainers.pytorch.data_parallel import (
     install_buffer_means,
     microbatch_rngs,
@@ -44,7 +43,7 @@ from cairn.trainers.pytorch.data_parallel import (
     reduce_microbatches,
 )
 from cairn.trainers.pytorch.parts import TorchParts
-from cairn.trainers.pytorch.state_io import from_numpy, restore_like, to_numpy
+from cairn.trainers.pytorch.state_io import from_numpy, restore_like
 from cairn.trainers.pytorch.update import apply_update, backward
 
 __all__ = [
@@ -86,6 +85,20 @@ def check_fsdp(trainer: TorchParts) -> None:
             "trainer.options.autocast",
             expected="unset with distributed.strategy fsdp (use distributed.param_dtype)",
             found=options.autocast,
+        )
+    scalars = [n for n, p in trainer.params.items() if p.dim() == 0]
+    if scalars:
+        raise ConfigError(
+            "distributed.strategy",
+            expected="replicated for a model with 0-dimensional parameters (fully_shard cuts dim 0)",
+            found=f"fsdp with {len(scalars)} scalar parameter(s), e.g. {scalars[0]}",
+        )
+    norms = [n for n, m in trainer.model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if trainer.config.distributed is not None and trainer.config.distributed.param_dtype is not None and norms:
+        raise ConfigError(
+            "distributed.param_dtype",
+            expected="unset for a model with BatchNorm (its float32 running statistics meet bfloat16 inputs)",
+            found=f"{trainer.config.distributed.param_dtype} with BatchNorm {norms[0] or 'the model'}",
         )
     frozen = [n for n, p in trainer.params.items() if not p.requires_grad]
     if frozen:
@@ -150,27 +163,18 @@ def _fsdp_modules(model: nn.Module) -> Iterator[Any]:
     return (m for m in model.modules() if isinstance(m, FSDPModule))
 
 
-@contextmanager
-def _trainer_code(trainer: TorchParts, what: str) -> Iterator[None]:
-    """``user_code``, except that a collective's failure (a peer died: FSDP2's forward and
-    backward talk to the other ranks) stays the gang's, retried, not the trainer's fault."""
+COLLECTIVE_WORDS = ("gloo", "Gloo", "NCCL", "Connection closed", "Connection reset", "Socket Timeout")
+"""What the text of a collective's failure (not a ``DistError`` subclass in every backend) holds."""
+
+
+def collective_failure(exc: BaseException) -> bool:
+    """A peer died or a collective timed out (FSDP2's forward and backward talk to the other
+    ranks): the gang's failure, retried, never the trainer's (``TorchTrainer.user_code``)."""
     import torch.distributed as dist
 
-    try:
-        yield
-    except CairnError:
-        raise
-    except dist.DistError:
-        raise
-    except RuntimeError as exc:
-        text = str(exc)
-        if any(word in text for word in ("gloo", "Gloo", "NCCL", "Connection closed", "Connection reset")):
-            raise
-        raise TrainerCodeError(f"{trainer.config.trainer_path}: {what} raised RuntimeError: {exc}"[:500]) from exc
-    except Exception as exc:
-        raise TrainerCodeError(
-            f"{trainer.config.trainer_path}: {what} raised {type(exc).__name__}: {exc}"[:500]
-        ) from exc
+    if isinstance(exc, dist.DistError):
+        return True
+    return isinstance(exc, RuntimeError) and any(word in str(exc) for word in COLLECTIVE_WORDS)
 
 
 def sharded_update(trainer: TorchParts, step: int, comm: Comm) -> tuple[float, float]:
@@ -185,7 +189,7 @@ def sharded_update(trainer: TorchParts, step: int, comm: Comm) -> tuple[float, f
     micro = microbatch_source(trainer, step, size)
     stats: list[np.ndarray] = []
     scale = 1.0 / per_rank  # FSDP2 averages over the ranks: the mean over every microbatch
-    with _trainer_code(trainer, f"update {step + 1}"):
+    with trainer.user_code(f"update {step + 1}"):
         model.train()
         start = [b.detach().clone() for b in buffers]
         optimizer.zero_grad(set_to_none=True)
@@ -200,7 +204,7 @@ def sharded_update(trainer: TorchParts, step: int, comm: Comm) -> tuple[float, f
             stats.append(microbatch_stats(buffers, loss))
     with np.errstate(over="ignore", invalid="ignore"):  # a diverged update is refused by its loss
         mean_stats = reduce_microbatches(comm, tree_sum(stats), trainer.micro_steps)
-    with _trainer_code(trainer, f"update {step + 1}"):
+    with trainer.user_code(f"update {step + 1}"):
         loss_value = install_buffer_means(buffers, mean_stats)
         lr = apply_update(trainer, step)
     return loss_value, lr
@@ -226,9 +230,8 @@ class ShardedTensors:
     def stage(self, name: str, tensor: torch.Tensor) -> np.ndarray:
         if hasattr(tensor, "to_local"):
             self.full_shapes[name] = tuple(tensor.shape)
-            local = tensor.to_local().detach()
-            return to_numpy(local if local.device.type == "cpu" else local.cpu())
-        staged: np.ndarray = self.trainer.staging.stage(name, tensor)
+            tensor = tensor.to_local()
+        staged: np.ndarray = self.trainer.staging.stage(name, tensor)  # on a GPU: reused pinned buffers
         return staged
 
     def prepared(self) -> ShardedTensors:
@@ -261,6 +264,9 @@ class ShardedTensors:
                 b.data = from_numpy(np.array(tensors[f"buffer/{name}"], copy=True)).to(trainer.device)
         optimizer = trainer.optimizer
         optimizer.state.clear()
+        host_steps = {  # as ``Optimizer.load_state_dict`` places a step counter (``import_optimizer``)
+            id(p): not (g.get("fused") or g.get("capturable")) for g in optimizer.param_groups for p in g["params"]
+        }
         for name in saved_optimizer["with_state"]:
             param = trainer.params[name]
             prefix = f"optim/{name}/"
@@ -269,7 +275,9 @@ class ShardedTensors:
                 if not key.startswith(prefix):
                     continue
                 value = from_numpy(np.array(arr, copy=True))
-                if hasattr(param, "to_local") and value.dim() > 0:
+                if value.dim() == 0 and not (key.endswith("/step") and host_steps[id(param)]):
+                    value = value.to(param.device)
+                elif hasattr(param, "to_local") and value.dim() > 0:
                     from torch.distributed.tensor import DTensor
 
                     value = DTensor.from_local(

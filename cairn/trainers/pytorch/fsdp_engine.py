@@ -128,31 +128,34 @@ class TorchFSDP(TorchDP):
                 if rank == 0:
                     mine[f"{name}#00000"] = np.empty(0, dtype=state.tensors[name].dtype)
 
-        def flat_of(name: str) -> tuple[np.ndarray, int]:
-            lo = self._flat_range(parts[name].shape, rank)[0]
-            return np.ascontiguousarray(state.tensors[name]).reshape(-1), lo
+        flats: dict[str, tuple[np.ndarray, int]] = {}
 
+        def flat_of(name: str) -> tuple[np.ndarray, int]:
+            """This rank's shard of ``name`` as a flat array, and its first flat element."""
+            if name not in flats:
+                lo = self._flat_range(parts[name].shape, rank)[0]
+                flats[name] = (np.ascontiguousarray(state.tensors[name]).reshape(-1), lo)
+            return flats[name]
+
+        by_block: dict[str, list[_Piece]] = {}  # in plan order: sender and receiver agree on it
         send: list[list[np.ndarray]] = [[] for _ in range(world)]
+        recv_sizes = [0] * world
         for p in pieces:
+            by_block.setdefault(p.block.name, []).append(p)
             to = owner[p.block.name]
             if p.holder == rank and to != rank:
                 flat, lo = flat_of(p.block.tensor)
                 send[to].append(flat[p.start - lo : p.stop - lo].view(np.uint8))
-        recv_sizes = [
-            sum(
-                (p.stop - p.start) * state.tensors[p.block.tensor].dtype.itemsize
-                for p in pieces
-                if p.holder == q and owner[p.block.name] == rank and q != rank
-            )
-            for q in range(world)
-        ]
+            elif to == rank and p.holder != rank:
+                recv_sizes[p.holder] += (p.stop - p.start) * state.tensors[p.block.tensor].dtype.itemsize
         outgoing = [np.concatenate(chunks) if chunks else np.empty(0, np.uint8) for chunks in send]
         received = self.comm.exchange(
             np.concatenate(outgoing) if outgoing else np.empty(0, np.uint8), [c.size for c in outgoing], recv_sizes
         )
         cursor = [sum(recv_sizes[:q]) for q in range(world)]
-        for block_name in sorted({p.block.name for p in pieces if owner[p.block.name] == rank}):
-            here = [p for p in pieces if p.block.name == block_name]
+        for block_name, here in by_block.items():
+            if owner[block_name] != rank:
+                continue
             block = here[0].block
             dtype = state.tensors[block.tensor].dtype
             flat, lo = flat_of(block.tensor)

@@ -35,7 +35,7 @@ from cairn.trainers.pytorch.data import DataSplit, Split, make_split, splits_has
 from cairn.trainers.pytorch.data_parallel import TorchDP, microbatched_update
 from cairn.trainers.pytorch.device import HostStaging, device_record, resolve_device
 from cairn.trainers.pytorch.evaluation import evaluate_split, record_evaluation
-from cairn.trainers.pytorch.fsdp import ShardedTensors, default_fsdp_units, sharded_update
+from cairn.trainers.pytorch.fsdp import ShardedTensors, collective_failure, default_fsdp_units, sharded_update
 from cairn.trainers.pytorch.fsdp_engine import TorchFSDP
 from cairn.trainers.pytorch.parts import LiveTrainer, OptimizerProbe
 from cairn.trainers.pytorch.probe import probe_optimizer
@@ -143,13 +143,14 @@ class TorchTrainer(LiveTrainer):
 
     @contextmanager
     def user_code(self, what: str) -> Iterator[None]:
-        """The trainer's own code runs here: its failures are typed (``TrainerCodeError``, not
-        retried: the same state raises again), Cairn's own errors pass through."""
+        """The trainer's own code: its failures are ``TrainerCodeError`` (not retried), Cairn's pass."""
         try:
             yield
         except CairnError:
             raise
         except Exception as exc:
+            if self.shards is not None and collective_failure(exc):
+                raise  # a peer's failure under FSDP: the gang's, retried
             raise TrainerCodeError(f"{self.path}: {what} raised {type(exc).__name__}: {exc}"[:500]) from exc
 
     @contextmanager

@@ -61,6 +61,23 @@ def test_what_fsdp_cannot_do_is_refused_before_anything_is_sharded(tmp_path: Pat
     assert trainer.shards is None  # nothing was sharded
 
 
+def test_bfloat16_compute_with_batchnorm_is_refused_before_sharding(tmp_path: Path) -> None:
+    trainer = load_trainer(with_distributed(digits_dp_config(), strategy="fsdp", param_dtype="bfloat16"))
+    with pytest.raises(E.ConfigError, match="distributed.param_dtype") as info:
+        trainer.data_parallel(SoloComm(), "r", LocalStore(tmp_path), CheckpointOptions())
+    assert "BatchNorm" in str(info.value) and trainer.shards is None
+
+
+def test_a_collective_failure_is_the_gangs_a_trainer_bug_is_the_trainers() -> None:
+    from cairn.trainers.pytorch.fsdp import collective_failure
+
+    assert collective_failure(
+        RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer")
+    )
+    assert not collective_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x3 and 5x2)"))
+    assert not collective_failure(ValueError("gloo"))
+
+
 def test_the_default_wrap_policy_is_a_hugging_face_models_blocks() -> None:
     class Block(torch.nn.Linear):
         pass
