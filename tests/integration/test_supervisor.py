@@ -259,12 +259,21 @@ async def test_a_warm_segments_killed_process_is_offered_to_every_worker_at_once
     assert_matches_reference(summary, inp.config)
 
 
+def group_of(pid: int, gone: int) -> int:
+    """``pid``'s process group; ``gone`` when the process no longer exists (the attempt still
+    names the worker process its supervisor killed, until the retry starts)."""
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return gone
+
+
 async def started_elsewhere(handle: WorkflowHandle[Any, Any], frozen: int, timeout: float = 60) -> Any:
     """The segment once an attempt of it runs in a worker process outside process group ``frozen``."""
     deadline = time.monotonic() + timeout
     while True:
         segment = await running_segment(handle)
-        if segment is not None and os.getpgid(worker_pid(segment)) != frozen:
+        if segment is not None and group_of(worker_pid(segment), frozen) != frozen:
             return segment
         assert time.monotonic() < deadline, "the segment did not start elsewhere"
         await asyncio.sleep(0.05)

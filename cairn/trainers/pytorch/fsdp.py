@@ -72,7 +72,7 @@ def default_fsdp_units(model: nn.Module) -> list[nn.Module]:
 
 
 def check_fsdp(trainer: TorchParts) -> None:
-    """What an FSDP run cannot do, refused in one line before anything is built."""
+    """What an FSDP run cannot do, refused in one line before the model is sharded."""
     options = trainer.options
     if options.grad_scaler:
         raise ConfigError(
