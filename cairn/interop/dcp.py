@@ -32,6 +32,7 @@ from cairn.errors import SizeLimitError, TensorSpecError
 from cairn.interop.dcp_metadata import (
     MAX_DIM,
     METADATA_FILE,
+    TORCH_DTYPES,
     Chunk,
     DcpMetadata,
     StoredItem,
@@ -51,16 +52,19 @@ ITEM_SLACK = 1 << 16
 _MAX_PICKLE_BYTES = 1 << 20
 """The largest ``data.pkl`` of a chunk's archive (a tensor's takes ~150 bytes)."""
 STORAGE_TYPES = {
-    "DoubleStorage": "<f8",
-    "FloatStorage": "<f4",
-    "HalfStorage": "<f2",
-    "BFloat16Storage": "bfloat16",
-    "LongStorage": "<i8",
-    "IntStorage": "<i4",
-    "ShortStorage": "<i2",
-    "CharStorage": "|i1",
-    "ByteStorage": "|u1",
-    "BoolStorage": "|b1",
+    f"{storage}Storage": TORCH_DTYPES[dtype]
+    for dtype, storage in (
+        ("float64", "Double"),
+        ("float32", "Float"),
+        ("float16", "Half"),
+        ("bfloat16", "BFloat16"),
+        ("int64", "Long"),
+        ("int32", "Int"),
+        ("int16", "Short"),
+        ("int8", "Char"),
+        ("uint8", "Byte"),
+        ("bool", "Bool"),
+    )
 }
 """The storage classes ``torch.save`` names for the dtypes of ``dcp_metadata.TORCH_DTYPES``."""
 TENSOR_GLOBALS = frozenset(
