@@ -146,6 +146,7 @@ def _train_gang_node(inp: GangNodeInput, info: activity.Info) -> tuple[TrainSegm
                 out = gang.supervise(
                     on_progress=on_progress,
                     cancelled=lambda: activity.is_cancelled() or activity.is_worker_shutdown(),
+                    hang_after=hang_limit(info),
                 )
             except CairnError as exc:  # the workflow retries the gang; it learns how far it got
                 log.warning("run %s: gang node %d failed: %s: %s", inp.run_id, inp.node_index, exc.type_name, exc)
@@ -156,6 +157,13 @@ def _train_gang_node(inp: GangNodeInput, info: activity.Info) -> tuple[TrainSegm
     result = TrainSegmentResult(**outcome, attempt=attempt, recomputed_steps=recomputed)
     log.info("run %s: gang segment ended at step %d (%s)", inp.run_id, result.step, result.checkpoint)
     return result, out.interrupted
+
+
+def hang_limit(info: activity.Info) -> float | None:
+    """How long a rank may be silent before its gang is stopped as hung: the attempt's heartbeat
+    timeout, what a dead host costs (a frozen rank must not cost more); None: the gang's default."""
+    timeout = info.heartbeat_timeout
+    return timeout.total_seconds() if timeout else None
 
 
 GANG_ACTIVITIES = [train_gang_node, gang_endpoint]

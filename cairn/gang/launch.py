@@ -32,6 +32,7 @@ from typing import Any
 from cairn.errors import GangFailedError, error_named
 from cairn.gang.agent import PARENT_ENV
 from cairn.gang.job import GangJob, RankResult
+from cairn.gang.rank import alive_path
 
 __all__ = ["GangSpec", "Gang", "free_endpoint", "free_port", "reap", "gang_processes"]
 
@@ -49,6 +50,10 @@ class GangSpec:
     """The address other nodes reach this node at (``--advertise-addr``): what c10d publishes
     as the process group's master address when this node becomes rank 0."""
 
+
+HANG_AFTER_S = 60.0
+"""How long a rank may show no sign of life (``cairn.gang.rank.signs_of_life``) before its gang is
+stopped as hung, when the caller names no limit (a run on Temporal uses its heartbeat timeout)."""
 
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LISTEN_PORTS = (10000, 32768)
@@ -140,6 +145,7 @@ class Gang:
         job.write(self.job_path)
         self.log_path = workdir / "torchrun.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self._first_heard: float | None = None
 
     def command(self) -> list[str]:
         spec = self.spec
@@ -219,6 +225,39 @@ class Gang:
             tail = " ".join(self.log_path.read_text(errors="replace").strip().splitlines()[-3:])[-300:]
         return GangFailedError(f"rank processes failed (torchrun exit {code}; a rank was killed or crashed): {tail}")
 
+    def silent_rank(self, hang_after: float) -> str | None:
+        """Why this node's gang is hung, or None: a rank whose last sign of life is older than
+        ``hang_after`` seconds (frozen by SIGSTOP, a stopped VM, or stuck holding the GIL), or a
+        rank never heard from ``hang_after`` seconds after its first peer on this node was (they
+        start together). A rank that has ended is never silent."""
+        now = time.time()
+        heard: list[float] = []
+        for rank in self._local_ranks():
+            try:
+                at = alive_path(self.workdir, rank).stat().st_mtime
+            except OSError:
+                continue
+            if now - at > hang_after:
+                return f"rank {rank} has shown no sign of life for {now - at:.1f} s (frozen or hung)"
+            heard.append(at)
+        ended = len(list(self.workdir.glob("ended-rank*")))
+        if heard and len(heard) + ended < self.spec.nproc_per_node:
+            if self._first_heard is None:
+                self._first_heard = time.monotonic()
+            elif time.monotonic() - self._first_heard > hang_after:
+                missing = self.spec.nproc_per_node - len(heard) - ended
+                return f"{missing} rank(s) of this node never showed a sign of life ({hang_after:g} s after the first)"
+        return None
+
+    def _local_ranks(self) -> list[int]:
+        """The global ranks this node's ranks have announced (``alive-rank{R}`` files)."""
+        ranks = []
+        for path in self.workdir.glob("alive-rank*"):
+            suffix = path.name.removeprefix("alive-rank")
+            if suffix.isdigit() and suffix.isascii():
+                ranks.append(int(suffix))
+        return sorted(ranks)
+
     def supervise(
         self,
         *,
@@ -226,12 +265,19 @@ class Gang:
         cancelled: Callable[[], bool],
         stop_grace: float = 30.0,
         poll: float = 0.1,
+        hang_after: float | None = None,
     ) -> RankResult:
         """Run the gang to its end. ``cancelled()`` turning true asks the ranks to checkpoint and
-        stop (they agree at the next step); past ``stop_grace`` the gang is killed. Whatever
-        happens, no process of the gang survives this call."""
+        stop (they agree at the next step); past ``stop_grace`` the gang is killed. A gang whose
+        ranks have not begun training (no progress yet: they may be waiting in the rendezvous
+        for a node that died) has nothing to checkpoint and is stopped at once. A rank silent
+        for ``hang_after`` seconds (None: ``HANG_AFTER_S``) fails the gang at once (retryable),
+        as a dead rank does, rather than leaving its peers blocked in a collective until the
+        collective timeout. Whatever happens, no process of the gang survives this call."""
         assert self.proc is not None, "start() first"
         deadline: float | None = None
+        self._first_heard = None
+        limit = HANG_AFTER_S if hang_after is None else hang_after
         try:
             while True:
                 code = self.proc.poll()
@@ -241,10 +287,15 @@ class Gang:
                 if code is not None:
                     break
                 if deadline is None and cancelled():
+                    if doc is None:  # starting, restoring or in rendezvous: nothing to checkpoint yet
+                        raise GangFailedError("stopped on request before its ranks began training")
                     self.request_stop()
                     deadline = time.monotonic() + stop_grace
                 if deadline is not None and time.monotonic() > deadline:
                     raise GangFailedError(f"the gang did not stop within {stop_grace:.0f} s of the request")
+                hung = self.silent_rank(limit)
+                if hung is not None:
+                    raise GangFailedError(f"{hung}; the gang was stopped (limit {limit:g} s)")
                 time.sleep(poll)
         finally:
             self.stop()

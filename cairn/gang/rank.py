@@ -9,13 +9,15 @@ its parent (``PR_SET_PDEATHSIG``)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
 import signal
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +36,47 @@ from cairn.stores import open_store
 from cairn.trainers.base import DataParallelEngine
 from cairn.trainers.loading import load_trainer, require_trusted
 
-__all__ = ["main", "run_rank", "die_with_parent", "gang_device", "write_json_atomic"]
+__all__ = ["main", "run_rank", "die_with_parent", "gang_device", "write_json_atomic", "alive_path", "signs_of_life"]
 
 PROGRESS_EVERY = 0.1
 """Seconds between progress-file writes of a rank (its supervisor polls at this pace)."""
+ALIVE_EVERY = 0.25
+"""Seconds between a rank's signs of life (``alive-rank{R}``'s modification time): from a thread
+of its own, so a rank busy in a long step or blocked in a collective still shows them, and a
+frozen one (SIGSTOP, a stopped VM) does not."""
+
+
+def alive_path(workdir: Path, rank: int) -> Path:
+    """The file whose modification time is rank ``rank``'s last sign of life."""
+    return workdir / f"alive-rank{rank}"
+
+
+def signs_of_life(workdir: Path, rank: int, every: float = ALIVE_EVERY) -> Callable[[], None]:
+    """Touch ``alive_path(workdir, rank)`` every ``every`` seconds from a daemon thread. Returns
+    the function to call when the rank ends: it stops the thread and renames the file
+    ``ended-rank{R}``, so a rank that has finished (or failed, and said why) is not taken for a
+    silent one while its peers and torchrun wind down."""
+    path, done = alive_path(workdir, rank), threading.Event()
+
+    def beat() -> None:
+        while True:
+            try:
+                path.touch()
+            except OSError:  # the job folder is gone: the supervisor is done with this gang
+                return
+            if done.wait(every):
+                return
+
+    thread = threading.Thread(target=beat, name="cairn-rank-alive", daemon=True)
+    thread.start()
+
+    def ended() -> None:
+        done.set()
+        thread.join()
+        with contextlib.suppress(OSError):
+            os.replace(path, workdir / f"ended-rank{rank}")
+
+    return ended
 
 
 def die_with_parent() -> None:
@@ -190,6 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir = job_path.parent
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    ended = signs_of_life(workdir, rank)
     try:
         job = GangJob.read(job_path, "gang job")
         comm = init_torch_comm(job.collective_timeout_seconds, gang_device(job.config, local_rank))
@@ -213,6 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(f"rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return 1
+    finally:
+        ended()
 
 
 if __name__ == "__main__":

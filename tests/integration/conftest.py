@@ -24,6 +24,7 @@ from activities.views import RunSummary
 from cairn.checkpoint import CheckpointRef, latest_committed
 from cairn.checkpoint.compare import compare_states
 from cairn.config import TrainConfig
+from cairn.gang.launch import gang_processes
 from cairn.session import TrainingSession
 from cairn.stores import LocalStore, MemoryStore
 from cairn.stores.base import Store
@@ -211,6 +212,27 @@ def start_worker_process(
     argv = [sys.executable, "-m", module, "--address", address, "--task-queue", task_queue, *extra]
     proc = ServerProcess("worker", argv, log, env=env, cwd=REPO, inherit=inherit_env).start()
     return proc
+
+
+def gang_worker(
+    server: TemporalServer, queue: str, tmp_path: Path, node: str = "", extra: dict[str, str] | None = None
+) -> ServerProcess:
+    """A worker whose gangs keep their job files under ``tmp_path/gangs`` (so this test's rank
+    processes are told apart from any other's by their command line)."""
+    (tmp_path / "gangs").mkdir(exist_ok=True)
+    env = {"TMPDIR": str(tmp_path / "gangs")}
+    if node:
+        env.update(CAIRN_NODE=node, CAIRN_ADVERTISE_ADDR="127.0.0.1")
+    env.update(extra or {})
+    return start_worker_process(server.address, queue, tmp_path / f"worker-{node or 'any'}.log", env=env)
+
+
+def gang_ranks(tmp_path: Path, ranks_only: bool = False) -> list[int]:
+    """torchrun agents and rank processes of this test's gangs still alive."""
+    pids = gang_processes(str(tmp_path / "gangs"))
+    if not ranks_only:
+        return pids
+    return [p for p in pids if b"cairn.gang.rank" in Path(f"/proc/{p}/cmdline").read_bytes()]
 
 
 async def kill_after_commit(

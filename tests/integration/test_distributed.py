@@ -43,9 +43,8 @@ from cairn.stores import open_store
 from cairn.stores.base import Store
 from cairn.training import load_training
 from tests.conftest import REPO, dist_config
-from tests.integration.conftest import S3Server, TemporalServer, start_worker_process, wait_progress
+from tests.integration.conftest import S3Server, TemporalServer, gang_ranks, gang_worker, wait_progress
 from workers.reports.timeline import run_events
-from workers.stack.servers import ServerProcess
 from workflows.training_run import TrainingRun
 
 pytestmark = pytest.mark.integration
@@ -186,6 +185,31 @@ def test_ctrl_c_of_cairn_train_checkpoints_every_rank_together(tmp_path: Path, s
     assert body["step"] == step + 2 and body["resumed_from_step"] == step
 
 
+def test_ctrl_c_before_the_ranks_train_stops_the_gang_at_once(tmp_path: Path) -> None:
+    """Ctrl-C while the ranks are still starting (importing, restoring, meeting in the
+    rendezvous): there is nothing to checkpoint, so the gang is stopped at once rather than
+    waited on, and the command names the last commit and how to resume."""
+    store = tmp_path / "store"
+    config = tmp_path / "config.json"
+    config.write_text(dist_config(microbatches=4, block_bytes=64).model_dump_json())
+    argv = [sys.executable, "-m", "workers.cli", "train", "--config", str(config), "--store", str(store)]
+    argv += ["--run-id", "dist", "--steps", "20", "--world-size", "2"]
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    cli = subprocess.Popen(argv, cwd=REPO, env=env, start_new_session=True, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not list(tmp_path.glob("cairn-gang-*/job.json")):
+            assert cli.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        os.killpg(cli.pid, signal.SIGINT)
+        _, err = cli.communicate(timeout=60)
+    finally:
+        cli.kill()
+    assert cli.returncode == 130, err
+    assert "CommandInterrupted: stopped before training began; the gang was stopped;" in err, err
+    assert gang_processes(str(tmp_path)) == [], "no agent or rank outlives the command"
+
+
 # -- on Temporal ----------------------------------------------------------------------------------
 def dist_run_input(tmp_path: Path, **overrides: Any) -> TrainingRunInput:
     body: dict[str, Any] = {
@@ -202,27 +226,6 @@ def dist_run_input(tmp_path: Path, **overrides: Any) -> TrainingRunInput:
     return TrainingRunInput.model_validate(body)
 
 
-def worker(
-    server: TemporalServer, queue: str, tmp_path: Path, node: str = "", extra: dict[str, str] | None = None
-) -> ServerProcess:
-    """A worker whose gangs keep their job files under ``tmp_path/gangs`` (so this test's rank
-    processes are told apart from any other's by their command line)."""
-    (tmp_path / "gangs").mkdir(exist_ok=True)
-    env = {"TMPDIR": str(tmp_path / "gangs")}
-    if node:
-        env.update(CAIRN_NODE=node, CAIRN_ADVERTISE_ADDR="127.0.0.1")
-    env.update(extra or {})
-    return start_worker_process(server.address, queue, tmp_path / f"worker-{node or 'any'}.log", env=env)
-
-
-def rank_processes(tmp_path: Path, ranks_only: bool = False) -> list[int]:
-    """torchrun agents and rank processes of this test's gangs still alive."""
-    pids = gang_processes(str(tmp_path / "gangs"))
-    if not ranks_only:
-        return pids
-    return [p for p in pids if b"cairn.gang.rank" in Path(f"/proc/{p}/cmdline").read_bytes()]
-
-
 def reference_fingerprint(tmp_path: Path, inp: TrainingRunInput) -> str:
     return reference(tmp_path, inp.config, inp.total_steps or 0)[str(inp.total_steps)]
 
@@ -231,7 +234,7 @@ async def test_two_nodes_of_two_ranks_on_temporal_train_bit_identically(
     client: Client, temporal_server: TemporalServer, task_queue: str, tmp_path: Path
 ) -> None:
     inp = dist_run_input(tmp_path, nodes=["host-a", "host-b"])
-    workers = [worker(temporal_server, task_queue, tmp_path, n) for n in ("host-a", "host-b")]
+    workers = [gang_worker(temporal_server, task_queue, tmp_path, n) for n in ("host-a", "host-b")]
     try:
         handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
         summary = RunSummary.model_validate(await asyncio.wait_for(handle.result(), timeout=240))
@@ -245,22 +248,22 @@ async def test_two_nodes_of_two_ranks_on_temporal_train_bit_identically(
     assert manifest.writer.ranks == 4
     logs = "".join((tmp_path / f"worker-{n}.log").read_text() for n in ("host-a", "host-b"))
     assert "node 0 of 2, 2 rank(s) of 4" in logs and "node 1 of 2, 2 rank(s) of 4" in logs
-    assert rank_processes(tmp_path) == []
+    assert gang_ranks(tmp_path) == []
 
 
 async def test_a_killed_rank_fails_the_gang_which_is_retried_whole_and_ends_bit_identical(
     client: Client, temporal_server: TemporalServer, task_queue: str, tmp_path: Path
 ) -> None:
     inp = dist_run_input(tmp_path, world_size=2, throttle_seconds_per_step=0.15)
-    proc = worker(temporal_server, task_queue, tmp_path)
+    proc = gang_worker(temporal_server, task_queue, tmp_path)
     try:
         handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
         await wait_progress(handle, lambda p: p["step"] >= 3, timeout=120)
         deadline = time.monotonic() + 60
-        while not rank_processes(tmp_path):
+        while not gang_ranks(tmp_path):
             assert time.monotonic() < deadline, proc.log_tail()
             await asyncio.sleep(0.05)
-        victim = rank_processes(tmp_path, ranks_only=True)[-1]
+        victim = gang_ranks(tmp_path, ranks_only=True)[-1]
         os.kill(victim, signal.SIGKILL)
         summary = RunSummary.model_validate(await asyncio.wait_for(handle.result(), timeout=240))
     finally:
@@ -268,7 +271,7 @@ async def test_a_killed_rank_fails_the_gang_which_is_retried_whole_and_ends_bit_
     assert summary.steps == 12 and summary.retried_segments >= 1 and max(summary.attempts) >= 2
     assert summary.fingerprint == reference_fingerprint(tmp_path, inp)
     assert "retrying the whole gang" in (tmp_path / "worker-any.log").read_text()
-    assert rank_processes(tmp_path) == []
+    assert gang_ranks(tmp_path) == []
 
 
 async def test_a_cancelled_gang_checkpoints_and_leaves_no_rank_process(
@@ -276,7 +279,7 @@ async def test_a_cancelled_gang_checkpoints_and_leaves_no_rank_process(
 ) -> None:
     inp = dist_run_input(tmp_path, world_size=2, total_steps=90, steps_per_segment=90, throttle_seconds_per_step=0.1)
     store = open_store(inp.store)
-    proc = worker(temporal_server, task_queue, tmp_path)
+    proc = gang_worker(temporal_server, task_queue, tmp_path)
     try:
         handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
         deadline = time.monotonic() + 120
@@ -289,7 +292,7 @@ async def test_a_cancelled_gang_checkpoints_and_leaves_no_rank_process(
         assert (await handle.describe()).status == WorkflowExecutionStatus.CANCELED
     finally:
         proc.stop()
-    assert rank_processes(tmp_path) == []
+    assert gang_ranks(tmp_path) == []
     said = re.search(r"gang segment interrupted on request at step (\d+)", (tmp_path / "worker-any.log").read_text())
     assert said is not None
     latest = latest_committed(store, inp.run_id)
@@ -305,7 +308,7 @@ async def test_an_elastic_run_shrinks_a_failing_gang_and_stays_bit_identical(
     attempts the run (``min_world_size: 2``) goes on at 2 ranks, from the last commit, and ends
     with the bits of the uninterrupted single-process run."""
     inp = dist_run_input(tmp_path, world_size=4, min_world_size=2, total_steps=6, steps_per_segment=6)
-    proc = worker(temporal_server, task_queue, tmp_path, extra={"CAIRN_FAULT": "rank-mid-save:3@3"})
+    proc = gang_worker(temporal_server, task_queue, tmp_path, extra={"CAIRN_FAULT": "rank-mid-save:3@3"})
     try:
         handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
         summary = RunSummary.model_validate(await asyncio.wait_for(handle.result(), timeout=240))
@@ -322,4 +325,4 @@ async def test_an_elastic_run_shrinks_a_failing_gang_and_stays_bit_identical(
     store = open_store(inp.store)
     manifest = read_manifest(store, latest_committed(store, inp.run_id), expect_kind=None)  # type: ignore[arg-type]
     assert manifest.writer.ranks == 2
-    assert rank_processes(tmp_path) == []
+    assert gang_ranks(tmp_path) == []

@@ -8,12 +8,18 @@ schedule) with 256-byte checkpoint blocks (so nearly every block straddles a sha
   restore is read through the one-process validated reader unchanged (the same layout as a
   replicated run's), and the continued run stays within the recorded tolerance of the
   straight one;
-- each rank's checkpoint index holds blocks written by that rank (no gather to rank 0).
+- each rank's checkpoint index holds blocks written by that rank (no gather to rank 0);
+- a frozen rank (SIGSTOP) fails its gang as soon as its signs of life stop, and the retry is
+  bit-exact (the hang twin of a killed rank).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +30,9 @@ from cairn.checkpoint import list_checkpoints
 from cairn.checkpoint.reader import read_manifest
 from cairn.config import TrainConfig, parse_config
 from cairn.distributed.comm import SoloComm
+from cairn.errors import GangFailedError
 from cairn.gang.job import GangJob, RankResult
-from cairn.gang.launch import Gang, GangSpec
+from cairn.gang.launch import Gang, GangSpec, gang_processes
 from cairn.gang.rank import run_rank
 from cairn.stores import LocalStore
 from cairn.training import load_training
@@ -146,3 +153,47 @@ def test_replicated_to_fsdp_and_back(straight: Path, tmp_path: Path) -> None:
     difference = loss_difference(store, straight, 40)
     print(f"replicated -> fsdp -> replicated: largest relative loss difference {difference:.2e}")
     assert 0.0 < difference < TOLERANCE
+
+
+def test_a_frozen_rank_fails_the_gang_at_once_and_the_retry_is_bit_exact(
+    straight: Path, at17: Path, tmp_path: Path
+) -> None:
+    """The hang twin of a killed rank: rank 1 frozen (SIGSTOP) mid-segment leaves its peer
+    blocked in FSDP2's collectives; the supervisor sees the rank's signs of life stop and fails
+    the gang after ``hang_after`` (not after the 120 s collective timeout), reaps every process
+    (the frozen one included: no zombie rank comes back to write), and a new gang resumes from
+    the last commit onto the straight run's bits."""
+    store = copy_of(at17, tmp_path)
+    g = Gang(
+        GangSpec(nproc_per_node=2),
+        job(store, config(), 40, every=17).model_copy(update={"throttle_seconds_per_step": 0.2}),
+        tmp_path / "frozen",
+    )
+    frozen: list[int] = []
+
+    def freeze_rank_one() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            doc = g.progress()
+            if doc is not None and doc.get("step", 0) >= 20:
+                for pid in gang_processes(g.token):
+                    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                    if b"RANK=1" in environ and b"cairn.gang.rank" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                        os.kill(pid, signal.SIGSTOP)
+                        frozen.append(pid)
+                        return
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=freeze_rank_one)
+    g.start()
+    watcher.start()
+    with pytest.raises(GangFailedError) as failed:
+        g.supervise(on_progress=lambda doc: None, cancelled=lambda: False, hang_after=3.0)
+    watcher.join()
+    assert frozen, "the test froze no rank"
+    assert "rank 1 has shown no sign of life" in str(failed.value) and failed.value.retryable
+    assert gang_processes(g.token) == [], "a frozen rank outlived its gang"
+    assert max(fingerprints(store)) == 17  # the frozen attempt committed nothing past the last commit
+    resumed = gang(2, store, tmp_path / "retry", config(), 40)
+    assert (resumed.resumed_from_step, resumed.step) == (17, 40)
+    assert fingerprints(store) == fingerprints(straight)

@@ -20,7 +20,7 @@ from typing import Any
 
 from cairn.checkpoint import CheckpointOptions, CheckpointRef, latest_committed, manifest_config, read_manifest
 from cairn.config import TrainConfig, load_config, parse_config
-from cairn.errors import CommandInterrupted, ConfigError
+from cairn.errors import CommandInterrupted, ConfigError, GangFailedError
 from cairn.gang import GangJob
 from cairn.runs import require_same_config, require_writable
 from cairn.session import MAX_STEPS, TrainingSession, default_run_id
@@ -280,10 +280,14 @@ def _train_gang(args: argparse.Namespace, store: Store, config: TrainConfig | No
             gang = Gang(GangSpec(nproc_per_node=args.world_size), job, Path(tmp))
             gang.start()
             out = gang.supervise(on_progress=on_progress, cancelled=lambda: stop)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, GangFailedError) as exc:
+        if isinstance(exc, GangFailedError) and not stop:
+            raise
+        # A second signal, or the first before the ranks began training (nothing to checkpoint).
+        how = "aborted by a second signal" if isinstance(exc, KeyboardInterrupt) else "stopped before training began"
         last = latest_committed(store, run_id)
         raise CommandInterrupted(
-            "aborted by a second signal; the gang was stopped; "
+            f"{how}; the gang was stopped; "
             + (f"last committed checkpoint: {last}" if last else "no checkpoint was committed")
             + (
                 f"; resume with: {_resume_command(args, store, str(last), run_id, target - last.step)} "

@@ -1,8 +1,9 @@
-"""Launching a gang (``cairn.gang.launch``): the command is torchrun without restarts, and reaping
-kills every process that carries the gang's token."""
+"""Launching a gang (``cairn.gang.launch``): the command is torchrun without restarts, reaping
+kills every process that carries the gang's token, and a rank whose signs of life stop is named."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -10,8 +11,12 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
+
+from cairn.errors import GangFailedError
 from cairn.gang.job import GangJob
 from cairn.gang.launch import Gang, GangSpec, gang_processes, reap
+from cairn.gang.rank import alive_path, signs_of_life
 from tests.conftest import dist_config
 
 
@@ -87,3 +92,62 @@ def test_free_port_skips_a_port_something_listens_on(monkeypatch):
         assert launch.free_port() == taken + 1
         fallback = launch.free_endpoint()  # the range is spent: the kernel's choice, still free
         assert fallback.startswith("127.0.0.1:") and int(fallback.rsplit(":", 1)[1]) not in (taken, taken + 1)
+
+
+def test_a_rank_silent_past_the_limit_is_named_and_an_ended_one_never_is(tmp_path: Path) -> None:
+    job = GangJob(run_id="r", store=str(tmp_path), config=dist_config(), target_step=1, checkpoint_every=1)
+    g = Gang(GangSpec(nproc_per_node=2), job, tmp_path / "gang")
+    assert g.silent_rank(5.0) is None  # nothing heard yet: the ranks are starting
+    now = time.time()
+    for rank, age in ((2, 1.0), (3, 9.0)):
+        alive_path(g.workdir, rank).touch()
+        os.utime(alive_path(g.workdir, rank), (now - age, now - age))
+    assert g.silent_rank(5.0) == "rank 3 has shown no sign of life for 9.0 s (frozen or hung)"
+    assert g.silent_rank(10.0) is None
+    alive_path(g.workdir, 3).rename(g.workdir / "ended-rank3")  # it finished: its silence is no hang
+    assert g.silent_rank(5.0) is None
+
+
+def test_a_rank_never_heard_from_while_its_peer_is_fails_the_gang(tmp_path: Path, monkeypatch) -> None:
+    job = GangJob(run_id="r", store=str(tmp_path), config=dist_config(), target_step=1, checkpoint_every=1)
+    g = Gang(GangSpec(nproc_per_node=2), job, tmp_path / "gang")
+    alive_path(g.workdir, 0).touch()
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    assert g.silent_rank(5.0) is None  # the first sign of a peer starts the clock
+    clock[0] += 4.0
+    alive_path(g.workdir, 0).touch()
+    assert g.silent_rank(5.0) is None
+    clock[0] += 2.0
+    assert g.silent_rank(5.0) == "1 rank(s) of this node never showed a sign of life (5 s after the first)"
+
+
+def test_a_rank_shows_signs_of_life_until_it_ends(tmp_path: Path) -> None:
+    ended = signs_of_life(tmp_path, 1, every=0.01)
+    path = alive_path(tmp_path, 1)
+    deadline = time.monotonic() + 10
+    while not path.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    first = path.stat().st_mtime_ns
+    while path.stat().st_mtime_ns == first:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    ended()
+    assert not path.exists() and (tmp_path / "ended-rank1").exists()
+
+
+class _Starting(Gang):
+    """A gang whose agent never gets its ranks training (a rendezvous waiting for a dead node)."""
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", "import time; time.sleep(60)", self.token]
+
+
+def test_a_stop_request_before_the_ranks_train_stops_the_gang_at_once(tmp_path: Path) -> None:
+    job = GangJob(run_id="r", store=str(tmp_path), config=dist_config(), target_step=1, checkpoint_every=1)
+    g = _Starting(GangSpec(nproc_per_node=2), job, tmp_path / "gang")
+    g.start()
+    with pytest.raises(GangFailedError, match="stopped on request before its ranks began training"):
+        g.supervise(on_progress=lambda doc: None, cancelled=lambda: True, stop_grace=60.0)
+    assert gang_processes(g.token) == []  # not left to run out a 60 s grace

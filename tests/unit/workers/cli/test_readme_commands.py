@@ -33,16 +33,18 @@ def docs_text() -> str:
     return "\n\n".join(page.read_text() for page in PAGES)
 
 
-PROGRAMS = ("cairn", "jq", "make", "temporal")
-"""The programs whose command lines count as the README's commands."""
+PROGRAMS = ("cairn", "jq", "make", "python", "temporal")
+"""The programs the docs run; a block of other kind holding only their command lines hides commands
+(``hidden_commands``)."""
 _BLOCK = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 _COMMENT = re.compile(r"\s+#\s.*$")
 
 
 def readme_commands(text: str) -> list[str]:
-    """The command lines of the fenced blocks: every line of a ``bash``/``sh`` block that starts
-    with one of ``PROGRAMS``, and the ``$ `` lines of the others (transcripts: what follows a
-    prompt is a command, the rest output); a trailing comment dropped, ``\\`` continuations joined."""
+    """The command lines of the fenced blocks: every line of a ``bash``/``sh`` block (but comments
+    and a synopsis's option lines, ``[--flag X]``), and the ``$ `` lines of the others (transcripts:
+    what follows a prompt is a command, the rest output); a trailing comment dropped, ``\\``
+    continuations joined."""
     found: list[str] = []
     for lang, body in _BLOCK.findall(text):
         lines = body.splitlines()
@@ -52,7 +54,7 @@ def readme_commands(text: str) -> list[str]:
             line = line.removeprefix("$ ")
             while line.endswith("\\") and lines:
                 line = line[:-1].rstrip() + " " + lines.pop(0).strip()
-            if (prompted or lang in ("bash", "sh")) and line.split(" ", 1)[0] in PROGRAMS:
+            if prompted or (lang in ("bash", "sh") and line and not line.startswith(("#", "["))):
                 found.append(" ".join(_COMMENT.sub("", line).split()))
     return found
 
@@ -136,6 +138,9 @@ SET_TRAIN = (
 )
 SCHEMA_CONFIG = "cairn schema config --trainer examples.digits:DigitsCNN > cairn-config.schema.json"
 SCHEMA_RUN = "cairn schema run-input > cairn-run.schema.json"
+# -- "Fine-tune a pretrained model on your data" --------------------------------------------------
+FINETUNE_BASE = "python -m examples.finetune base /tmp/cairn-finetune/base"
+FINETUNE_DATA = "python -m examples.finetune data /tmp/cairn-finetune/instructions.jsonl"
 
 _IN_PROCESS = "test_the_in_process_commands_work_as_printed"
 RUN_HERE = {
@@ -169,6 +174,8 @@ RUN_HERE = {
     SET_TRAIN: "test_overrides_and_the_schema_work_as_printed",
     SCHEMA_CONFIG: "test_overrides_and_the_schema_work_as_printed",
     SCHEMA_RUN: "test_overrides_and_the_schema_work_as_printed",
+    FINETUNE_BASE: "test_the_fine_tuning_inputs_are_made_as_printed",
+    FINETUNE_DATA: "test_the_fine_tuning_inputs_are_made_as_printed",
 }
 """Each README command run by a test of this module, from the README's words."""
 
@@ -193,6 +200,9 @@ NOT_RUN_HERE = {
     "test_ckpt.py::test_the_dcp_export_loads_in_plain_pytorch_as_printed runs it as printed, then the page's Python",
     "cairn ckpt export runs/digits/training/000000000020 digits-dcp --format dcp": "tests/unit/workers/cli/"
     "test_ckpt.py::test_the_dcp_export_loads_in_plain_pytorch_as_printed runs it as printed, then the page's Python",
+    'eval "$(register-python-argcomplete cairn)"': "tests/unit/workers/cli/test_main.py::"
+    "test_the_docs_completion_line_registers_cairn_in_bash runs it as printed (and test_shell_completion_completes_"
+    "commands_and_options what it asks of cairn)",
     "make docs": "tests/unit/docs/test_site.py builds the site as it does (mkdocs build --strict, into a temporary "
     "directory)",
     "make drill": _NONE + "as printed (tests/integration/test_drill.py runs `cairn drill` with other settings)",
@@ -258,10 +268,30 @@ NOT_RUN_HERE = {
     "--wandb-dir ./wandb": "tests/unit/trackers/test_core.py runs it with --tensorboard; each sink's export in "
     "tests/unit/trackers/test_sinks.py",
     "temporal workflow start --type TrainingRun --task-queue cairn-training --workflow-id example-run "
-    "--input-file examples/run.json": _NONE + "the temporal CLI's (tests/integration/test_web_ui.py starts a "
-    "TrainingRun from the Web UI's form instead)",
-    "temporal workflow signal --workflow-id example-run --name pause": _NONE + "the temporal CLI's",
-    "temporal workflow query --workflow-id example-run --type progress": _NONE + "the temporal CLI's",
+    "--input-file examples/run.json": _TEMPORAL + "not run as printed (tests/integration/test_training_run.py runs "
+    "`temporal workflow start --type TrainingRun --task-queue Q --workflow-id ID --input-file FILE --address A` on "
+    "examples/run.json with its store in its temp dir; tests/integration/test_web_ui.py starts one from the Web UI)",
+    "temporal workflow start --type TrainingRun --task-queue cairn-training --task-timeout 2s --workflow-id "
+    "example-run --input-file examples/run.json": _TEMPORAL + "not run as printed (as the line above, without "
+    "--task-timeout)",
+    **dict.fromkeys(
+        (
+            "temporal workflow signal --workflow-id example-run --name pause",
+            "temporal workflow signal --workflow-id example-run --name resume",
+            "temporal workflow signal --workflow-id example-run --name stop",
+            "temporal workflow signal --workflow-id example-run --name checkpoint_now",
+            "temporal workflow signal --workflow-id example-run --name rollback --input 40",
+            "temporal workflow query --workflow-id example-run --type progress",
+            "temporal workflow query --workflow-id example-run --type info",
+            "temporal workflow describe --workflow-id example-run",
+            "temporal workflow show --workflow-id example-run",
+            "temporal workflow result --workflow-id example-run",
+            "temporal workflow list --query \"WorkflowType='TrainingRun'\"",
+            "temporal workflow cancel --workflow-id example-run",
+            'temporal workflow terminate --workflow-id example-run --reason "stuck: see the worker log"',
+        ),
+        _NONE + "the temporal CLI's own, as the page says",
+    ),
 }
 """Each README command no test of this module runs, and where (if anywhere) it is tested."""
 
@@ -276,6 +306,31 @@ def test_every_readme_command_is_run_here_or_listed() -> None:
     assert not set(RUN_HERE) & set(NOT_RUN_HERE)
     assert sorted(commands - set(RUN_HERE) - set(NOT_RUN_HERE) - tutorial) == []
     assert sorted((set(RUN_HERE) | set(NOT_RUN_HERE)) - commands) == []
+
+
+_TEXT_LANGS = ("", "text", "console")
+
+
+def hidden_commands(text: str) -> list[str]:
+    """Blocks that are not ``bash``/``sh`` yet hold nothing but command lines (each line, ``\\``
+    continuations joined, starts with one of ``PROGRAMS``): commands a reader copies that
+    ``readme_commands`` would not count. Output may start with a program's name (``temporal
+    started ...``): a block with any other line is output, not hidden commands."""
+    hidden = []
+    for lang, body in _BLOCK.findall(text):
+        lines = [line.strip() for line in body.replace("\\\n", " ").splitlines() if line.strip()]
+        if lang in _TEXT_LANGS and lines and all(line.split(" ", 1)[0] in PROGRAMS for line in lines):
+            hidden.append(body)
+    return hidden
+
+
+def test_no_command_hides_in_a_text_block() -> None:
+    """A command shown in a ``text`` block would escape the count above: the docs print commands
+    in ``bash`` blocks (or after ``$ `` in a transcript)."""
+    assert hidden_commands(docs_text()) == []
+    planted = "```text\ntemporal workflow cancel \\\n  --workflow-id x\n```\n"
+    assert hidden_commands(planted) == ["temporal workflow cancel \\\n  --workflow-id x\n"]
+    assert hidden_commands("```text\ntemporal     started (pid 1)\nTemporal   127.0.0.1:7233\n```\n") == []
 
 
 def _readme_json_after(marker: str) -> dict[str, object]:
@@ -416,3 +471,21 @@ def test_a_checkpoint_loads_as_a_model_as_printed(here: Path, capsys: pytest.Cap
     )
     assert "cairn.load_model(" in example and "torch.equal(" in example
     exec(compile(example, "README.md", "exec"), {})  # its assert: the exported directory's logits, bit for bit
+
+
+def test_the_fine_tuning_inputs_are_made_as_printed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The fine-tuning page's two lines (``/tmp/cairn-finetune`` moved into the test's folder):
+    a pretrained directory ``from_pretrained`` reads and an instruction file the data options read."""
+    pytest.importorskip("transformers")
+    from examples.finetune import main as finetune
+
+    fill = {f"/tmp/cairn-finetune/{name}": str(tmp_path / name) for name in ("base", "instructions.jsonl")}
+    for line in (FINETUNE_BASE, FINETUNE_DATA):
+        words = readme_words(line, fill)
+        assert words[:2] == ["-m", "examples.finetune"], words
+        assert finetune(words[2:]) == 0
+    made = capsys.readouterr().out.split()
+    assert made == [str(tmp_path / "base"), str(tmp_path / "instructions.jsonl")]
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (tmp_path / "base").iterdir()}
+    first = json.loads((tmp_path / "instructions.jsonl").read_text().splitlines()[0])
+    assert set(first) == {"prompt", "response"}
