@@ -22,7 +22,6 @@ import numpy as np
 from cairn.checkpoint.blocks import Block, block_elems_for, plan_blocks, split_blocks
 from cairn.checkpoint.manifest import Manifest, PartSpec
 from cairn.checkpoint.options import CheckpointOptions
-from cairn.checkpoint.tensors import dtype_from_tag as whole_dtype
 from cairn.checkpoint.tensors import dtype_tag
 from cairn.distributed.comm import Comm
 from cairn.distributed.engine import whole_buffers
@@ -60,6 +59,7 @@ class TorchFSDP(TorchDP):
         live.shards = self.shards
         self._reading_blocks: dict[str, np.ndarray] = {}
         self._read_specs: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self._shard_out: dict[str, np.ndarray] = {}
 
     def start_fresh(self) -> None:
         if not getattr(self.trainer, "pristine", True):
@@ -177,19 +177,27 @@ class TorchFSDP(TorchDP):
     # -- restore -------------------------------------------------------------------------------
     def blocks_to_read(self, manifest: Manifest) -> dict[str, np.ndarray]:
         """Whole tensors FSDP2 does not shard; of each sharded one, only the blocks that overlap
-        this rank's new shard."""
+        this rank's new shard: a block inside the shard is read straight into its place, one
+        straddling a shard boundary (at most two per tensor) into a buffer of its own. A rank
+        holds its shard and at most two blocks per tensor, never a whole sharded tensor."""
         assert manifest.parts is not None
-        whole, whole_blocks = whole_buffers(manifest, history=False)
+        whole, whole_blocks = whole_buffers(manifest, history=False)  # np.empty: pages never touched
         parts = {n: manifest.parts[n] for n in whole}
         specs = {n: (str(p.dtype), tuple(p.shape)) for n, p in parts.items()}
         sharded = {n for n, (_, shape) in specs.items() if self._sharded(n, shape)}
         self._reading = {n: a for n, a in whole.items() if n not in sharded}
         self._read_specs = {n: specs[n] for n in sharded}
         targets = {k: v for k, v in whole_blocks.items() if k.rpartition("#")[0] not in sharded}
+        self._shard_out = {}
+        for name in sharded:
+            lo, hi = self._flat_range(specs[name][1], self.comm.rank)
+            self._shard_out[name] = np.empty(hi - lo, dtype=whole[name].dtype)
         self._reading_blocks = {}
         for block in plan_blocks({n: parts[n] for n in sharded}):
             lo, hi = self._flat_range(parts[block.tensor].shape, self.comm.rank)
-            if block.start < hi and lo < block.stop or (block.size == 0 and self.comm.rank == 0):
+            if lo <= block.start and block.stop <= hi and block.size > 0:
+                targets[block.name] = self._shard_out[block.tensor][block.start - lo : block.stop - lo]
+            elif block.start < hi and lo < block.stop or (block.size == 0 and self.comm.rank == 0):
                 buf = np.empty(block.size, dtype=whole[block.tensor].dtype)
                 self._reading_blocks[block.name] = buf
                 targets[block.name] = buf
@@ -198,21 +206,18 @@ class TorchFSDP(TorchDP):
         return targets
 
     def tensors_read(self) -> dict[str, np.ndarray]:
-        """This rank's rows of each sharded tensor (from the blocks read), and the whole others."""
+        """This rank's rows of each sharded tensor (its blocks landed in place; the straddling
+        ones' overlap copied in), and the whole others."""
         tensors, self._reading = self._reading, {}
-        by_tensor: dict[str, list[tuple[int, np.ndarray]]] = {}
         for entry, buf in self._reading_blocks.items():
-            tensor, _, number = entry.rpartition("#")
-            by_tensor.setdefault(tensor, []).append((int(number), buf))
-        for name, (dtype, shape) in self._read_specs.items():
-            lo, hi = self._flat_range(shape, self.comm.rank)
+            name, _, number = entry.rpartition("#")
+            lo, hi = self._flat_range(self._read_specs[name][1], self.comm.rank)
+            first = int(number) * block_elems_for(buf.dtype, self.block_bytes)
+            start, stop = max(first, lo), min(first + buf.size, hi)
+            if start < stop:
+                self._shard_out[name][start - lo : stop - lo] = buf[start - first : stop - first]
+        for name, (_, shape) in self._read_specs.items():
             first_row, stop_row = rows_of(shape[0], self.comm.world, self.comm.rank)
-            out = np.empty(hi - lo, dtype=whole_dtype(dtype))
-            for index, buf in by_tensor.get(name, []):
-                first = index * block_elems_for(buf.dtype, self.block_bytes)
-                start, stop = max(first, lo), min(first + buf.size, hi)
-                if start < stop:
-                    out[start - lo : stop - lo] = buf[start - first : stop - first]
-            tensors[name] = out.reshape((stop_row - first_row, *shape[1:]))
-        self._reading_blocks, self._read_specs = {}, {}
+            tensors[name] = self._shard_out[name].reshape((stop_row - first_row, *shape[1:]))
+        self._reading_blocks, self._read_specs, self._shard_out = {}, {}, {}
         return tensors
