@@ -9,12 +9,16 @@ schedule) with 256-byte checkpoint blocks (so nearly every block straddles a sha
   replicated run's), and the continued run stays within the recorded tolerance of the
   straight one;
 - each rank's checkpoint index holds blocks written by that rank (no gather to rank 0);
+- ``ckpt verify``, ``compare``, ``eval`` and ``export --format dcp`` read an FSDP checkpoint in
+  one process;
 - a frozen rank (SIGSTOP) fails its gang as soon as its signs of life stop, and the retry is
   bit-exact (the hang twin of a killed rank).
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import shutil
 import signal
@@ -37,6 +41,7 @@ from cairn.gang.rank import run_rank
 from cairn.stores import LocalStore
 from cairn.training import load_training
 from tests.conftest import digits_dp_config
+from workers.cli.main import main
 
 pytestmark = pytest.mark.integration
 
@@ -197,3 +202,31 @@ def test_a_frozen_rank_fails_the_gang_at_once_and_the_retry_is_bit_exact(
     resumed = gang(2, store, tmp_path / "retry", config(), 40)
     assert (resumed.resumed_from_step, resumed.step) == (17, 40)
     assert fingerprints(store) == fingerprints(straight)
+
+
+def test_the_one_process_commands_read_an_fsdp_checkpoint(
+    straight: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``cairn ckpt verify``, ``ckpt compare``, ``eval`` and ``ckpt export --format dcp`` on the
+    checkpoint a 2-rank FSDP gang wrote, in one process (the layout a replicated run writes)."""
+    local = LocalStore(straight)
+    ref = str(next(r for r in list_checkpoints(local, RUN) if r.step == 40))
+    (tmp_path / "config.json").write_text(config().model_dump_json())
+    cfg = ["--config", str(tmp_path / "config.json")]
+    assert main(["ckpt", "verify", ref, *cfg, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"] is True
+    assert main(["ckpt", "compare", ref, ref, "--json"]) == 0
+    capsys.readouterr()
+    assert main(["eval", ref, *cfg, "--json"]) == 0
+    evaluated = json.loads(capsys.readouterr().out)
+    assert evaluated["step"] == 40 and math.isfinite(evaluated["loss"])
+    assert main(["ckpt", "export", ref, str(tmp_path / "dcp"), "--format", "dcp", *cfg]) == 0
+    torch = pytest.importorskip("torch")
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(tmp_path / "dcp", tmp_path / "plain.pt")  # torch's own reader of the export
+    exported = torch.load(tmp_path / "plain.pt", weights_only=True)["model"]
+    state, _ = load_training(local, next(r for r in list_checkpoints(local, RUN) if r.step == 40))
+    params = {n.removeprefix("param/"): a for n, a in state.tensors.items() if n.startswith("param/")}
+    assert set(params) <= set(exported)
+    assert all(exported[n].numpy().tobytes() == a.tobytes() for n, a in params.items())
