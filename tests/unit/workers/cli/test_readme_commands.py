@@ -1,12 +1,14 @@
 """The docs' commands work as printed: the README's and every page of the documentation site
 (``docs/``). Every command line of their fenced shell blocks is either run here, from the docs'
 own words (placeholders such as ``CKPT`` filled in, optional ``[--flag X]`` groups taken or left
-out), run by another test that says so (the tutorial's, by ``tests/integration/test_tutorial.py``),
-or listed in ``NOT_RUN_HERE`` with the reason; a command added to a page fails
-``test_every_readme_command_is_run_here_or_listed`` until it is one or the other."""
+out), run as printed by a test of another module that holds it (``RUN_ELSEWHERE``; the tutorial's,
+every one, by ``tests/integration/test_tutorial.py``), or listed in ``NOT_RUN_HERE`` with the
+reason; a command added to a page fails ``test_every_readme_command_is_run_here_or_listed`` until it
+is one or the other."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -141,6 +143,9 @@ SCHEMA_RUN = "cairn schema run-input > cairn-run.schema.json"
 # -- "Fine-tune a pretrained model on your data" --------------------------------------------------
 FINETUNE_BASE = "python -m examples.finetune base /tmp/cairn-finetune/base"
 FINETUNE_DATA = "python -m examples.finetune data /tmp/cairn-finetune/instructions.jsonl"
+# -- "Recovery drills" and "Checkpoint interval" ---------------------------------------------------
+PLAN = "cairn plan-interval --report cairn-report-drill/drill.json"
+PLAN_MTBF = "cairn plan-interval --report cairn-report-drill/drill.json --mtbf-seconds 86400"
 
 _IN_PROCESS = "test_the_in_process_commands_work_as_printed"
 RUN_HERE = {
@@ -176,8 +181,56 @@ RUN_HERE = {
     SCHEMA_RUN: "test_overrides_and_the_schema_work_as_printed",
     FINETUNE_BASE: "test_the_fine_tuning_inputs_are_made_as_printed",
     FINETUNE_DATA: "test_the_fine_tuning_inputs_are_made_as_printed",
+    PLAN: "test_the_interval_advice_works_as_printed",
+    PLAN_MTBF: "test_the_interval_advice_works_as_printed",
 }
 """Each README command run by a test of this module, from the README's words."""
+
+_TEMPORAL_CLI = "tests/integration/test_docs_temporal_cli.py::test_the_temporal_cli_commands_work_as_printed"
+_WORLD_SIZES = "tests/integration/test_docs_distributed.py::test_the_world_size_transcript_runs_as_printed"
+_DCP = "tests/unit/workers/cli/test_ckpt.py::test_the_dcp_export_loads_in_plain_pytorch_as_printed"
+RUN_ELSEWHERE = {
+    **dict.fromkeys(
+        (
+            "temporal workflow start --type TrainingRun --task-queue cairn-training --workflow-id example-run "
+            "--input-file examples/run.json",
+            "temporal workflow start --type TrainingRun --task-queue cairn-training --task-timeout 2s --workflow-id "
+            "example-run --input-file examples/run.json",
+            "temporal workflow signal --workflow-id example-run --name pause",
+            "temporal workflow signal --workflow-id example-run --name resume",
+            "temporal workflow signal --workflow-id example-run --name stop",
+            "temporal workflow signal --workflow-id example-run --name checkpoint_now",
+            "temporal workflow signal --workflow-id example-run --name rollback --input 40",
+            "temporal workflow query --workflow-id example-run --type progress",
+            "temporal workflow query --workflow-id example-run --type info",
+            "temporal workflow describe --workflow-id example-run",
+            "temporal workflow show --workflow-id example-run",
+            "temporal workflow result --workflow-id example-run",
+            "temporal workflow list --query \"WorkflowType='TrainingRun'\"",
+            "temporal workflow cancel --workflow-id example-run",
+            'temporal workflow terminate --workflow-id example-run --reason "stuck: see the worker log"',
+        ),
+        _TEMPORAL_CLI,
+    ),
+    **dict.fromkeys(
+        (
+            "cairn train --config examples/distributed.json --store runs --run-id dp --steps 40 --world-size 4",
+            "cairn train --resume runs/dp/training/000000000040 --store runs --steps 40 --world-size 2",
+            "cairn train --config examples/distributed.json --store ref --run-id dp --steps 80",
+            "cairn ckpt compare runs/dp/training/000000000080 ref/dp/training/000000000080",
+            "cairn ckpt show runs/dp/training/000000000040 | sed -n 2,7p",
+        ),
+        _WORLD_SIZES,
+    ),
+    "cairn train --config examples/distributed.json --steps 40 --store runs --world-size 4": "tests/integration/"
+    "test_docs_distributed.py::test_the_four_rank_line_trains_as_printed",
+    "cairn train --config examples/digits.json --steps 20 --store runs --run-id digits": _DCP,
+    "cairn ckpt export runs/digits/training/000000000020 digits-dcp --format dcp": _DCP,
+    'eval "$(register-python-argcomplete cairn)"': "tests/unit/workers/cli/test_main.py::"
+    "test_the_docs_completion_line_registers_cairn_in_bash",
+}
+"""Each docs command a test of another module runs as printed: that test, ``FILE::FUNCTION``, whose
+module holds the command word for word (``test_each_command_run_elsewhere_is_held_there``)."""
 
 _TEMPORAL = "needs a Temporal server and workers: "
 _NONE = "not run by any test: "
@@ -196,16 +249,10 @@ NOT_RUN_HERE = {
     "cairn ckpt export s3://cairn/runs/finetune-lora/training/000000000060 merged --format safetensors --config "
     "examples/finetune-lora.json": _NONE + "follows the run above (tests/integration/test_finetune.py exports and "
     "loads it with from_pretrained)",
-    "cairn train --config examples/digits.json --steps 20 --store runs --run-id digits": "tests/unit/workers/cli/"
-    "test_ckpt.py::test_the_dcp_export_loads_in_plain_pytorch_as_printed runs it as printed, then the page's Python",
-    "cairn ckpt export runs/digits/training/000000000020 digits-dcp --format dcp": "tests/unit/workers/cli/"
-    "test_ckpt.py::test_the_dcp_export_loads_in_plain_pytorch_as_printed runs it as printed, then the page's Python",
-    'eval "$(register-python-argcomplete cairn)"': "tests/unit/workers/cli/test_main.py::"
-    "test_the_docs_completion_line_registers_cairn_in_bash runs it as printed (and test_shell_completion_completes_"
-    "commands_and_options what it asks of cairn)",
     "make docs": "tests/unit/docs/test_site.py builds the site as it does (mkdocs build --strict, into a temporary "
     "directory)",
-    "make drill": _NONE + "as printed (tests/integration/test_drill.py runs `cairn drill` with other settings)",
+    "make drill": _NONE + "as printed: it installs the demo's extras, then drills in the checkout and writes "
+    "cairn-report-drill there (tests/integration/test_drill.py runs `cairn drill` with other settings)",
     "cairn train --config examples/lm.json --store ./lm-ckpt --steps 400 --checkpoint-every 100": _NONE
     + "400 updates take 87 s (tests/unit/trainers/pytorch/test_models.py trains the same config briefly; "
     "tests/integration/test_lm_run.py on Temporal)",
@@ -214,15 +261,6 @@ NOT_RUN_HERE = {
     "cairn run start my-hf-run.json --wait": _TEMPORAL + "not run as printed (tests/integration/test_cli_stack.py "
     "runs `cairn run start RUN --wait` on the MLP; test_the_hugging_face_export_works_as_printed trains this run's "
     "config with cairn train)",
-    "cairn train --config examples/distributed.json --store runs --run-id dp --steps 40 --world-size 4": _NONE
-    + "a gang of 4 ranks (tests/integration/test_distributed.py runs cairn train --world-size 2)",
-    "cairn train --resume runs/dp/training/000000000040 --store runs --steps 40 --world-size 2": _NONE
-    + "follows the gang of 4 (tests/integration/test_distributed.py resumes a --world-size 2 checkpoint so)",
-    "cairn train --config examples/distributed.json --store ref --run-id dp --steps 80": _NONE
-    + "the reference of the gang transcript (tests/integration/test_distributed.py compares gangs with one process)",
-    "cairn ckpt compare runs/dp/training/000000000080 ref/dp/training/000000000080": _NONE
-    + "follows the gang transcript",
-    "cairn ckpt show runs/dp/training/000000000040 | sed -n 2,7p": _NONE + "follows the gang transcript",
     "cairn run start examples/distributed-run.json": _TEMPORAL + "not run as printed (tests/integration/"
     "test_distributed.py starts gang runs from Python)",
     "cairn run start examples/distributed-run.json --world-size 2 --total-steps 160 --workflow-id dp-more": _TEMPORAL
@@ -237,12 +275,6 @@ NOT_RUN_HERE = {
     "cairn drill --run my-run.json --targets worker-kill": _TEMPORAL + "not run as printed",
     "cairn drill --stack env --store s3://my-bucket/drills --targets worker-kill,sigterm,kill-in-upload": _TEMPORAL
     + "an existing stack and bucket; not run as printed",
-    "cairn plan-interval --report cairn-report-drill/drill.json": _NONE + "needs a drill's report "
-    "(tests/unit/workers/cli/test_interval.py runs --report on a written one)",
-    "cairn plan-interval --report cairn-report-drill/drill.json --mtbf-seconds 86400": _NONE + "needs a drill's "
-    "report (tests/unit/workers/cli/test_interval.py runs --report FILE --mtbf-seconds 40)",
-    "cairn train --config examples/distributed.json --steps 40 --store runs --world-size 4": _NONE
-    + "a gang of 4 ranks (tests/integration/test_distributed.py runs cairn train --world-size 2)",
     "cairn dev up [--config FILE]": _TEMPORAL + "tests/integration/test_cli_stack.py runs it (with test ports, "
     "with and without --config)",
     "cairn run start examples/run.json [--wait] [--task-queue cairn-training] [--workflow-id ID]": _TEMPORAL
@@ -267,31 +299,6 @@ NOT_RUN_HERE = {
     "cairn trackers ./store my-run --tensorboard ./tb --mlflow file:$PWD/mlruns --wandb my-project "
     "--wandb-dir ./wandb": "tests/unit/trackers/test_core.py runs it with --tensorboard; each sink's export in "
     "tests/unit/trackers/test_sinks.py",
-    "temporal workflow start --type TrainingRun --task-queue cairn-training --workflow-id example-run "
-    "--input-file examples/run.json": _TEMPORAL + "not run as printed (tests/integration/test_training_run.py runs "
-    "`temporal workflow start --type TrainingRun --task-queue Q --workflow-id ID --input-file FILE --address A` on "
-    "examples/run.json with its store in its temp dir; tests/integration/test_web_ui.py starts one from the Web UI)",
-    "temporal workflow start --type TrainingRun --task-queue cairn-training --task-timeout 2s --workflow-id "
-    "example-run --input-file examples/run.json": _TEMPORAL + "not run as printed (as the line above, without "
-    "--task-timeout)",
-    **dict.fromkeys(
-        (
-            "temporal workflow signal --workflow-id example-run --name pause",
-            "temporal workflow signal --workflow-id example-run --name resume",
-            "temporal workflow signal --workflow-id example-run --name stop",
-            "temporal workflow signal --workflow-id example-run --name checkpoint_now",
-            "temporal workflow signal --workflow-id example-run --name rollback --input 40",
-            "temporal workflow query --workflow-id example-run --type progress",
-            "temporal workflow query --workflow-id example-run --type info",
-            "temporal workflow describe --workflow-id example-run",
-            "temporal workflow show --workflow-id example-run",
-            "temporal workflow result --workflow-id example-run",
-            "temporal workflow list --query \"WorkflowType='TrainingRun'\"",
-            "temporal workflow cancel --workflow-id example-run",
-            'temporal workflow terminate --workflow-id example-run --reason "stuck: see the worker log"',
-        ),
-        _NONE + "the temporal CLI's own, as the page says",
-    ),
 }
 """Each README command no test of this module runs, and where (if anywhere) it is tested."""
 
@@ -303,9 +310,23 @@ TUTORIAL = REPO / "docs" / "tutorial.md"
 def test_every_readme_command_is_run_here_or_listed() -> None:
     commands = set(readme_commands(docs_text()))
     tutorial = set(readme_commands(TUTORIAL.read_text()))
-    assert not set(RUN_HERE) & set(NOT_RUN_HERE)
-    assert sorted(commands - set(RUN_HERE) - set(NOT_RUN_HERE) - tutorial) == []
-    assert sorted((set(RUN_HERE) | set(NOT_RUN_HERE)) - commands) == []
+    here, elsewhere, listed = set(RUN_HERE), set(RUN_ELSEWHERE), set(NOT_RUN_HERE)
+    assert not here & elsewhere and not here & listed and not elsewhere & listed
+    assert sorted(commands - here - elsewhere - listed - tutorial) == []
+    assert sorted((here | elsewhere | listed) - commands) == []
+
+
+def test_each_command_run_elsewhere_is_held_there() -> None:
+    """The test ``RUN_ELSEWHERE`` names exists, and its module holds the command as printed (one
+    of its strings, or part of one): a command edited on its page, not there, fails here too."""
+    for command, where in RUN_ELSEWHERE.items():
+        path, function = where.split("::")
+        tree = ast.parse((REPO / path).read_text())
+        assert function in {
+            node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        }, where
+        strings = [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and type(node.value) is str]
+        assert any(command in text for text in strings), (command, where)
 
 
 _TEXT_LANGS = ("", "text", "console")
@@ -331,6 +352,12 @@ def test_no_command_hides_in_a_text_block() -> None:
     planted = "```text\ntemporal workflow cancel \\\n  --workflow-id x\n```\n"
     assert hidden_commands(planted) == ["temporal workflow cancel \\\n  --workflow-id x\n"]
     assert hidden_commands("```text\ntemporal     started (pid 1)\nTemporal   127.0.0.1:7233\n```\n") == []
+
+
+def _readme_block_after(marker: str) -> str:
+    """The body of the first fenced block of the docs after ``marker``."""
+    text = docs_text()
+    return str(_BLOCK.findall(text[text.index(marker) :])[0][1])
 
 
 def _readme_json_after(marker: str) -> dict[str, object]:
@@ -489,3 +516,32 @@ def test_the_fine_tuning_inputs_are_made_as_printed(tmp_path: Path, capsys: pyte
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (tmp_path / "base").iterdir()}
     first = json.loads((tmp_path / "instructions.jsonl").read_text().splitlines()[0])
     assert set(first) == {"prompt", "response"}
+
+
+def test_the_interval_advice_works_as_printed(here: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The two ``plan-interval`` lines, where ``cairn-report-drill/drill.json`` holds the
+    measurements each page prints (in "A real report", the drill's own advice; in "Checkpoint
+    interval", the transcript's), as values their rounded figures stand for (20.5 ms: 0.02049 s,
+    10 steps of which print as 0.20 s): each line prints the advice its page shows."""
+    drill = _readme_block_after("## A real report")
+    own = drill[drill.index("checkpoint interval (Young/Daly") :].splitlines()[1:4]
+    interval = _readme_block_after("With that drill's run and one failure a day").splitlines()
+    assert interval[0] == f"$ {PLAN_MTBF}"
+    for line, measured, shown in (
+        (PLAN, {"save": 0.056, "mtbf": 6.6, "step": 0.02049, "restart": 4.3}, [text.strip() for text in own]),
+        (PLAN_MTBF, {"save": 0.109, "mtbf": 6.6, "step": 0.0218, "restart": 4.4}, interval[1:]),
+    ):
+        report = {
+            "checkpoint_every": 10,
+            "interval": {
+                "measured": {
+                    "save_seconds_median": measured["save"],
+                    "mtbf_seconds": measured["mtbf"],
+                    "step_seconds": measured["step"],
+                }
+            },
+            "faults": [{"recovery_s": measured["restart"]}],
+        }
+        (here / "cairn-report-drill").mkdir(exist_ok=True)
+        (here / "cairn-report-drill" / "drill.json").write_text(json.dumps(report))
+        assert cairn(capsys, readme_words(line)).splitlines() == shown
