@@ -125,6 +125,10 @@ class RunCarry(_Model):
     effects: dict[str, str] = Field(default_factory=dict)
     resume_from: str | None = None
     """A checkpoint the next segment must resume from (set by a rollback)."""
+    replay_until: int | None = None
+    """After a rollback: the step the run had reached before it. Until the run is back there,
+    each segment resumes from the commit the previous one made (``run_state.replay_resume``):
+    the run's latest commit is still a pre-rollback one, past the segment's target."""
     rollbacks: int = 0
     total_steps: int | None = None
     """The run's length in updates (resolved from ``total_epochs`` when given in epochs)."""

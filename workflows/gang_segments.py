@@ -48,12 +48,16 @@ class GangSegments:
     async def _record_interruption(self, inp: TrainingRunInput, cause: BaseException | None) -> None:
         raise NotImplementedError
 
+    def _replay_resume(self) -> str | None:
+        raise NotImplementedError
+
     async def _run_gang_segment(self, inp: TrainingRunInput, target: int) -> None:
         """A segment as a gang: one ``train_gang_node`` per node, on that node's own task queue.
         Any node's failure fails the gang: the other nodes are cancelled (their ranks stop and
         are reaped) and the whole gang is retried — a fresh rendezvous — from the last commit."""
         self._checkpoint_now = False
         resume_from, self._carry.resume_from = self._carry.resume_from, None
+        resume_from = resume_from or self._replay_resume()
         base = workflow.info().task_queue
         attempt, reached, failures = 0, None, 0
         while True:

@@ -143,14 +143,30 @@ def rollback_detail(carry: RunCarry, wanted: int, found: LatestCheckpointResult)
 
 
 def roll_back(carry: RunCarry, found: LatestCheckpointResult) -> None:
-    """After the rollback is journaled: the next segment resumes from ``found`` (if any)."""
+    """After the rollback is journaled: the next segment resumes from ``found`` (if any), and
+    the segments after it from their predecessor's commit until the run is back where it was."""
     carry.rollbacks += 1
     if found.checkpoint is not None:
+        if found.step < carry.step:
+            carry.replay_until = max(carry.step, carry.replay_until or 0)
         carry.step = found.step
         carry.checkpoint = found.checkpoint
         carry.fingerprint = found.fingerprint
         carry.durable_checkpoint, carry.durable_step = found.checkpoint, found.step
         carry.resume_from = found.checkpoint
+
+
+def replay_resume(carry: RunCarry) -> str | None:
+    """The checkpoint the next segment resumes from while a rollback replays (the durable commit
+    of the segment before it), else None (the run's latest commit, as usual). The run's latest
+    commit is then still a pre-rollback one, past the segment's target; training is
+    deterministic, so the replay reaches the very same states."""
+    if carry.replay_until is None:
+        return None
+    if carry.step >= carry.replay_until or carry.durable_checkpoint is None:
+        carry.replay_until = None
+        return None
+    return carry.durable_checkpoint
 
 
 def info(inp: TrainingRunInput | None) -> RunInfo:

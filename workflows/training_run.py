@@ -70,6 +70,11 @@ WARM_NOT_RETRIED = "a-warm-segment-is-not-retried-on-its-own-queue"
 worker at once (``segments.WARM_RETRY``), not retried on that queue first."""
 EXPORT_TRACKERS = "export-trackers-beside-the-segments"
 """The patch marker under which a run's trackers are fed beside its segments and at its end."""
+REPLAY_AFTER_ROLLBACK = "after-a-rollback-each-segment-resumes-from-the-previous-commit"
+"""The patch marker under which the segments after a rollback resume from their predecessor's
+commit until the run is back where it was (``run_state.replay_resume``); before it, the second
+segment after a rollback by more than a segment resumed from the pre-rollback latest commit,
+past its target, and failed the run."""
 AWAIT_LEFT_EXPORT = "await-the-cancelled-tracker-export-before-continue-as-new"
 """The patch marker under which an export beside the segments is started to be waited for when
 cancelled, and continue-as-new waits for it (the next run's first export never meets it)."""
@@ -365,6 +370,7 @@ class TrainingRun(GangSegments):
             return
         self._checkpoint_now = False
         resume_from, self._carry.resume_from = self._carry.resume_from, None
+        resume_from = resume_from or self._replay_resume()
         warm = self._carry.warm_queue if resume_from is None and workflow.patched(WARM_ROUTING) else None
         self._carry.warm_queue = None  # offered once: a segment it does not take goes to everyone
         (reached, prior), self._carry.lost = self._carry.lost or (None, 0), None
@@ -397,6 +403,12 @@ class TrainingRun(GangSegments):
             self._phase = "stopping" if self._carry.stop_requested else "training"
             handle.cancel()
         await self._settle(inp, handle, lost)
+
+    def _replay_resume(self) -> str | None:
+        """While a rollback replays: the previous segment's commit (``run_state.replay_resume``)."""
+        if self._carry.replay_until is None or not workflow.patched(REPLAY_AFTER_ROLLBACK):
+            return None
+        return run_state.replay_resume(self._carry)
 
     async def _settle(
         self,

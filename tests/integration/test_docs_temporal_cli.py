@@ -165,8 +165,8 @@ async def test_the_temporal_cli_commands_work_as_printed(temporal_server: Tempor
         await sh.until("a commit at step 40 or past", lambda: latest_step(store) >= 40)
         await sh.run(PAUSE)
         paused = await sh.until("paused", lambda: _phase(sh, "paused"))
-        # Less than a segment past 40: a segment after a rollback by more resumes from the run's
-        # latest commit, past its target, and fails the run (cairn.runs.restore.require_not_past).
+        # Less than a segment past 40, so the page's `--input 40` meets a kept commit (a rollback
+        # by more is tested in test_training_run.py).
         assert 40 <= paused["step"] < 40 + SEGMENT and paused["step"] in committed(store), paused
         info = printed_json(await sh.run(INFO), "QueryResult")
         assert info == {"registry": None, "run_id": RUN, "store": str(tmp_path / "store")}

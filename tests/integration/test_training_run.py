@@ -24,6 +24,7 @@ from activities.views import RunSummary
 from cairn.checkpoint import latest_committed, list_checkpoints
 from cairn.checkpoint.compare import compare_states
 from cairn.config import TrainConfig
+from cairn.effects import load_journal
 from cairn.stores import LocalStore
 from cairn.training import load_training
 from tests.conftest import REPO
@@ -379,4 +380,24 @@ async def test_sigterm_worker_checkpoints_and_hands_back(
     assert summary.attempts == [2] and summary.steps == 80
     [segment] = await activity_results(handle)
     assert segment["resumed_from_step"] == handed_back.step
+    assert_matches_reference(summary, inp.config)
+
+
+async def test_a_rollback_by_more_than_a_segment_replays_to_the_end(
+    client: Client, task_queue: str, tmp_path: Path
+) -> None:
+    """Rolled back from past step 60 to step 10 with segments of 20 and every checkpoint kept:
+    the run replays from 10, each segment from the commit the previous one made (not from the
+    run's latest commit, which is still the pre-rollback one, past the segment's target), and
+    ends on the bits of the uninterrupted run."""
+    inp = control_input(tmp_path, total_steps=80, steps_per_segment=20, checkpoint={"every": 10})
+    store = LocalStore(inp.store)
+    async with serving(client, task_queue):
+        handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
+        await wait_progress(handle, lambda p: p["step"] >= 60, timeout=120)
+        await handle.signal(TrainingRun.rollback, 10)
+        summary = RunSummary.model_validate(await handle.result())
+    [decision] = [e for e in load_journal(store, inp.run_id).entries if e.kind == "decision"]
+    assert decision.detail["to_step"] == 10 and decision.detail["from_step"] >= 60, decision
+    assert summary.steps == 80 and not summary.stopped_early
     assert_matches_reference(summary, inp.config)
