@@ -147,6 +147,9 @@ def _train_gang_node(inp: GangNodeInput, info: activity.Info) -> tuple[TrainSegm
                     on_progress=on_progress,
                     cancelled=lambda: activity.is_cancelled() or activity.is_worker_shutdown(),
                     hang_after=hang_limit(info),
+                    # A worker shutting down lets ranks that are starting checkpoint and hand the
+                    # segment back; a cancelled node (a peer failed, the run paused) stops at once.
+                    abandoned=activity.is_cancelled,
                 )
             except CairnError as exc:  # the workflow retries the gang; it learns how far it got
                 log.warning("run %s: gang node %d failed: %s: %s", inp.run_id, inp.node_index, exc.type_name, exc)

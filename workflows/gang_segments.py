@@ -157,7 +157,10 @@ class GangSegments:
             run_state.record_result(self._carry, results[0], inp)
             return None
         if not real or interrupted:
-            await self._record_interruption(inp, next((e.cause for e in errors if segments.interrupted(e)), None))
+            # A node stopped before its ranks trained reports a failure, not an interruption: its
+            # details still name the attempt.
+            cause = next((e.cause for e in errors if segments.interrupted(e)), errors[0].cause)
+            await self._record_interruption(inp, cause)
             return None
         reached = gang_policy.furthest_reach(real)
         workflow.logger.warning("gang segment failed (%s); retrying the whole gang", real[0].cause)

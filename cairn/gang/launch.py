@@ -32,7 +32,7 @@ from typing import Any
 from cairn.errors import GangFailedError, error_named
 from cairn.gang.agent import PARENT_ENV
 from cairn.gang.job import GangJob, RankResult
-from cairn.gang.rank import alive_path
+from cairn.gang.rank import ENDED_GLOB, alive_path
 
 __all__ = ["GangSpec", "Gang", "free_endpoint", "free_port", "reap", "gang_processes"]
 
@@ -54,6 +54,10 @@ class GangSpec:
 HANG_AFTER_S = 60.0
 """How long a rank may show no sign of life (``cairn.gang.rank.signs_of_life``) before its gang is
 stopped as hung, when the caller names no limit (a run on Temporal uses its heartbeat timeout)."""
+MIN_HANG_AFTER_S = 5.0
+"""The shortest silence taken for a hang, whatever the caller asks: a rank's signs of life were
+seen up to ~2 s apart on a 2-core machine running 12 ranks (its thread waits for the GIL and the
+cores), and a false hang would fail every retry alike."""
 
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LISTEN_PORTS = (10000, 32768)
@@ -145,7 +149,12 @@ class Gang:
         job.write(self.job_path)
         self.log_path = workdir / "torchrun.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.stopped_before_training = False
+        """``supervise`` stopped the gang on request before its ranks began training."""
         self._first_heard: float | None = None
+        self._signs: dict[int, tuple[int, float]] = {}
+        for stale in (*workdir.glob("alive-rank*"), *workdir.glob(ENDED_GLOB), workdir / "progress.json"):
+            stale.unlink(missing_ok=True)  # a previous gang's, in a reused folder: never this one's
 
     def command(self) -> list[str]:
         spec = self.spec
@@ -226,26 +235,31 @@ class Gang:
         return GangFailedError(f"rank processes failed (torchrun exit {code}; a rank was killed or crashed): {tail}")
 
     def silent_rank(self, hang_after: float) -> str | None:
-        """Why this node's gang is hung, or None: a rank whose last sign of life is older than
-        ``hang_after`` seconds (frozen by SIGSTOP, a stopped VM, or stuck holding the GIL), or a
-        rank never heard from ``hang_after`` seconds after its first peer on this node was (they
-        start together). A rank that has ended is never silent."""
-        now = time.time()
-        heard: list[float] = []
+        """Why this node's gang is hung, or None: a rank whose sign of life (its file's
+        modification time) has not changed for ``hang_after`` seconds of this process's monotonic
+        clock (frozen by SIGSTOP, a stopped VM, or stuck holding the GIL), or a rank never heard
+        from ``hang_after`` seconds after its first peer on this node was (they start together).
+        A rank that has ended is never silent. File times are compared only with themselves, so
+        a skewed or stepped wall clock (a network file system's) cannot fake a hang."""
+        now = time.monotonic()
+        heard = 0
         for rank in self._local_ranks():
             try:
-                at = alive_path(self.workdir, rank).stat().st_mtime
+                mtime = alive_path(self.workdir, rank).stat().st_mtime_ns
             except OSError:
                 continue
-            if now - at > hang_after:
-                return f"rank {rank} has shown no sign of life for {now - at:.1f} s (frozen or hung)"
-            heard.append(at)
-        ended = len(list(self.workdir.glob("ended-rank*")))
-        if heard and len(heard) + ended < self.spec.nproc_per_node:
+            seen = self._signs.get(rank)
+            if seen is None or seen[0] != mtime:
+                self._signs[rank] = (mtime, now)
+            elif now - seen[1] > hang_after:
+                return f"rank {rank} has shown no sign of life for {now - seen[1]:.1f} s (frozen or hung)"
+            heard += 1
+        ended = len(list(self.workdir.glob(ENDED_GLOB)))
+        if heard and heard + ended < self.spec.nproc_per_node:
             if self._first_heard is None:
-                self._first_heard = time.monotonic()
-            elif time.monotonic() - self._first_heard > hang_after:
-                missing = self.spec.nproc_per_node - len(heard) - ended
+                self._first_heard = now
+            elif now - self._first_heard > hang_after:
+                missing = self.spec.nproc_per_node - heard - ended
                 return f"{missing} rank(s) of this node never showed a sign of life ({hang_after:g} s after the first)"
         return None
 
@@ -266,18 +280,22 @@ class Gang:
         stop_grace: float = 30.0,
         poll: float = 0.1,
         hang_after: float | None = None,
+        abandoned: Callable[[], bool] | None = None,
     ) -> RankResult:
         """Run the gang to its end. ``cancelled()`` turning true asks the ranks to checkpoint and
-        stop (they agree at the next step); past ``stop_grace`` the gang is killed. A gang whose
-        ranks have not begun training (no progress yet: they may be waiting in the rendezvous
-        for a node that died) has nothing to checkpoint and is stopped at once. A rank silent
-        for ``hang_after`` seconds (None: ``HANG_AFTER_S``) fails the gang at once (retryable),
-        as a dead rank does, rather than leaving its peers blocked in a collective until the
-        collective timeout. Whatever happens, no process of the gang survives this call."""
+        stop (they agree at the next step); past ``stop_grace`` the gang is killed. A stop asked
+        by ``abandoned()`` (None: by ``cancelled()``) before the ranks have begun training (no
+        progress yet: they may be waiting in the rendezvous for a node that died) has nothing to
+        checkpoint: the gang is stopped at once (``GangFailedError``, ``stopped_before_training``
+        set). A rank silent for ``hang_after`` seconds (None: ``HANG_AFTER_S``; at least
+        ``MIN_HANG_AFTER_S``) fails the gang at once (retryable), as a dead rank does, rather
+        than leaving its peers blocked in a collective until the collective timeout. Whatever
+        happens, no process of the gang survives this call."""
         assert self.proc is not None, "start() first"
         deadline: float | None = None
-        self._first_heard = None
-        limit = HANG_AFTER_S if hang_after is None else hang_after
+        self._first_heard, self._signs = None, {}
+        limit = max(MIN_HANG_AFTER_S, HANG_AFTER_S if hang_after is None else hang_after)
+        quick = abandoned or cancelled
         try:
             while True:
                 code = self.proc.poll()
@@ -287,7 +305,8 @@ class Gang:
                 if code is not None:
                     break
                 if deadline is None and cancelled():
-                    if doc is None:  # starting, restoring or in rendezvous: nothing to checkpoint yet
+                    if doc is None and quick():  # starting, restoring or in rendezvous: nothing to save yet
+                        self.stopped_before_training = True
                         raise GangFailedError("stopped on request before its ranks began training")
                     self.request_stop()
                     deadline = time.monotonic() + stop_grace

@@ -36,7 +36,17 @@ from cairn.stores import open_store
 from cairn.trainers.base import DataParallelEngine
 from cairn.trainers.loading import load_trainer, require_trusted
 
-__all__ = ["main", "run_rank", "die_with_parent", "gang_device", "write_json_atomic", "alive_path", "signs_of_life"]
+__all__ = [
+    "main",
+    "run_rank",
+    "die_with_parent",
+    "gang_device",
+    "write_json_atomic",
+    "alive_path",
+    "ended_path",
+    "signs_of_life",
+    "ENDED_GLOB",
+]
 
 PROGRESS_EVERY = 0.1
 """Seconds between progress-file writes of a rank (its supervisor polls at this pace)."""
@@ -46,9 +56,18 @@ of its own, so a rank busy in a long step or blocked in a collective still shows
 frozen one (SIGSTOP, a stopped VM) does not."""
 
 
+ENDED_GLOB = "ended-rank*"
+"""The files of ranks that have ended (``alive-rank{R}`` renamed ``ended-rank{R}``)."""
+
+
 def alive_path(workdir: Path, rank: int) -> Path:
     """The file whose modification time is rank ``rank``'s last sign of life."""
     return workdir / f"alive-rank{rank}"
+
+
+def ended_path(workdir: Path, rank: int) -> Path:
+    """``alive_path`` once the rank has ended: its silence is no hang."""
+    return workdir / f"ended-rank{rank}"
 
 
 def signs_of_life(workdir: Path, rank: int, every: float = ALIVE_EVERY) -> Callable[[], None]:
@@ -74,7 +93,7 @@ def signs_of_life(workdir: Path, rank: int, every: float = ALIVE_EVERY) -> Calla
         done.set()
         thread.join()
         with contextlib.suppress(OSError):
-            os.replace(path, workdir / f"ended-rank{rank}")
+            os.replace(path, ended_path(workdir, rank))
 
     return ended
 

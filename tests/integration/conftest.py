@@ -232,7 +232,13 @@ def gang_ranks(tmp_path: Path, ranks_only: bool = False) -> list[int]:
     pids = gang_processes(str(tmp_path / "gangs"))
     if not ranks_only:
         return pids
-    return [p for p in pids if b"cairn.gang.rank" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    ranks = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"cairn.gang.rank" in cmdline and b"cairn.gang.agent" not in cmdline:  # not torchrun's agent
+                ranks.append(pid)
+    return ranks
 
 
 async def kill_after_commit(

@@ -260,10 +260,10 @@ async def test_a_killed_rank_fails_the_gang_which_is_retried_whole_and_ends_bit_
         handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
         await wait_progress(handle, lambda p: p["step"] >= 3, timeout=120)
         deadline = time.monotonic() + 60
-        while not gang_ranks(tmp_path):
+        while not (ranks := gang_ranks(tmp_path, ranks_only=True)):
             assert time.monotonic() < deadline, proc.log_tail()
             await asyncio.sleep(0.05)
-        victim = gang_ranks(tmp_path, ranks_only=True)[-1]
+        victim = ranks[-1]
         os.kill(victim, signal.SIGKILL)
         summary = RunSummary.model_validate(await asyncio.wait_for(handle.result(), timeout=240))
     finally:

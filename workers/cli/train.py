@@ -273,6 +273,7 @@ def _train_gang(args: argparse.Namespace, store: Store, config: TrainConfig | No
                 _say(args, f"cairn: step {committed}/{target} committed by {args.world_size} ranks")
 
     started = time.perf_counter()
+    gang: Gang | None = None
     previous = signal.signal(signal.SIGINT, on_sigint)
     previous_term = signal.signal(signal.SIGTERM, on_sigint)  # a service manager's stop: the same
     try:
@@ -281,8 +282,8 @@ def _train_gang(args: argparse.Namespace, store: Store, config: TrainConfig | No
             gang.start()
             out = gang.supervise(on_progress=on_progress, cancelled=lambda: stop)
     except (KeyboardInterrupt, GangFailedError) as exc:
-        if isinstance(exc, GangFailedError) and not stop:
-            raise
+        if isinstance(exc, GangFailedError) and not (gang is not None and gang.stopped_before_training):
+            raise  # the gang's own failure (a rank died or hung), whatever signal came before it
         # A second signal, or the first before the ranks began training (nothing to checkpoint).
         how = "aborted by a second signal" if isinstance(exc, KeyboardInterrupt) else "stopped before training began"
         last = latest_committed(store, run_id)

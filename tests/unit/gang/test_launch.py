@@ -16,7 +16,7 @@ import pytest
 from cairn.errors import GangFailedError
 from cairn.gang.job import GangJob
 from cairn.gang.launch import Gang, GangSpec, gang_processes, reap
-from cairn.gang.rank import alive_path, signs_of_life
+from cairn.gang.rank import alive_path, ended_path, signs_of_life
 from tests.conftest import dist_config
 
 
@@ -94,17 +94,24 @@ def test_free_port_skips_a_port_something_listens_on(monkeypatch):
         assert fallback.startswith("127.0.0.1:") and int(fallback.rsplit(":", 1)[1]) not in (taken, taken + 1)
 
 
-def test_a_rank_silent_past_the_limit_is_named_and_an_ended_one_never_is(tmp_path: Path) -> None:
+def test_a_rank_silent_past_the_limit_is_named_and_an_ended_one_never_is(tmp_path: Path, monkeypatch) -> None:
     job = GangJob(run_id="r", store=str(tmp_path), config=dist_config(), target_step=1, checkpoint_every=1)
     g = Gang(GangSpec(nproc_per_node=2), job, tmp_path / "gang")
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     assert g.silent_rank(5.0) is None  # nothing heard yet: the ranks are starting
-    now = time.time()
-    for rank, age in ((2, 1.0), (3, 9.0)):
+    for rank in (2, 3):
         alive_path(g.workdir, rank).touch()
-        os.utime(alive_path(g.workdir, rank), (now - age, now - age))
-    assert g.silent_rank(5.0) == "rank 3 has shown no sign of life for 9.0 s (frozen or hung)"
+        os.utime(alive_path(g.workdir, rank), ns=(10**9, 10**9))  # a wall clock far off: never compared
+    assert g.silent_rank(5.0) is None  # first seen now
+    clock[0] += 4.0
+    os.utime(alive_path(g.workdir, 2), ns=(2 * 10**9, 2 * 10**9))  # rank 2 lives on, rank 3 does not
+    assert g.silent_rank(5.0) is None
+    clock[0] += 5.5
+    os.utime(alive_path(g.workdir, 2), ns=(3 * 10**9, 3 * 10**9))
+    assert g.silent_rank(5.0) == "rank 3 has shown no sign of life for 9.5 s (frozen or hung)"
     assert g.silent_rank(10.0) is None
-    alive_path(g.workdir, 3).rename(g.workdir / "ended-rank3")  # it finished: its silence is no hang
+    alive_path(g.workdir, 3).rename(ended_path(g.workdir, 3))  # it finished: its silence is no hang
     assert g.silent_rank(5.0) is None
 
 
@@ -116,10 +123,20 @@ def test_a_rank_never_heard_from_while_its_peer_is_fails_the_gang(tmp_path: Path
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     assert g.silent_rank(5.0) is None  # the first sign of a peer starts the clock
     clock[0] += 4.0
-    alive_path(g.workdir, 0).touch()
+    os.utime(alive_path(g.workdir, 0), ns=(5 * 10**9, 5 * 10**9))
     assert g.silent_rank(5.0) is None
     clock[0] += 2.0
     assert g.silent_rank(5.0) == "1 rank(s) of this node never showed a sign of life (5 s after the first)"
+
+
+def test_a_previous_gangs_files_in_a_reused_folder_are_not_this_ones(tmp_path: Path) -> None:
+    job = GangJob(run_id="r", store=str(tmp_path), config=dist_config(), target_step=1, checkpoint_every=1)
+    (tmp_path / "gang").mkdir()
+    for name in ("alive-rank0", "ended-rank1", "progress.json"):
+        (tmp_path / "gang" / name).write_text("{}")
+    g = Gang(GangSpec(nproc_per_node=2), job, tmp_path / "gang")
+    assert g.progress() is None and g.silent_rank(5.0) is None
+    assert sorted(p.name for p in g.workdir.iterdir()) == ["job.json"]
 
 
 def test_a_rank_shows_signs_of_life_until_it_ends(tmp_path: Path) -> None:
@@ -134,7 +151,7 @@ def test_a_rank_shows_signs_of_life_until_it_ends(tmp_path: Path) -> None:
         assert time.monotonic() < deadline
         time.sleep(0.01)
     ended()
-    assert not path.exists() and (tmp_path / "ended-rank1").exists()
+    assert not path.exists() and ended_path(tmp_path, 1).exists()
 
 
 class _Starting(Gang):
@@ -150,4 +167,16 @@ def test_a_stop_request_before_the_ranks_train_stops_the_gang_at_once(tmp_path: 
     g.start()
     with pytest.raises(GangFailedError, match="stopped on request before its ranks began training"):
         g.supervise(on_progress=lambda doc: None, cancelled=lambda: True, stop_grace=60.0)
+    assert g.stopped_before_training
     assert gang_processes(g.token) == []  # not left to run out a 60 s grace
+
+
+def test_a_stop_that_is_not_abandonment_waits_for_the_ranks_to_checkpoint(tmp_path: Path) -> None:
+    """A worker shutting down (``cancelled`` but not ``abandoned``) lets starting ranks reach
+    their first step and checkpoint: the gang is not stopped before training."""
+    job = GangJob(run_id="r", store=str(tmp_path), config=dist_config(), target_step=1, checkpoint_every=1)
+    g = _Starting(GangSpec(nproc_per_node=2), job, tmp_path / "gang")
+    g.start()
+    with pytest.raises(GangFailedError, match="did not stop within 0 s"):
+        g.supervise(on_progress=lambda doc: None, cancelled=lambda: True, abandoned=lambda: False, stop_grace=0.2)
+    assert not g.stopped_before_training and (g.workdir / "stop").exists()
