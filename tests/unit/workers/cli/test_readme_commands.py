@@ -525,7 +525,7 @@ def test_the_interval_advice_works_as_printed(here: Path, capsys: pytest.Capture
     10 steps of which print as 0.20 s): each line prints the advice its page shows."""
     drill = _readme_block_after("## A real report")
     own = drill[drill.index("checkpoint interval (Young/Daly") :].splitlines()[1:4]
-    interval = _readme_block_after("With that drill's run and one failure a day").splitlines()
+    interval = _readme_block_after("(its save cost was 0.109 s) and one failure a day").splitlines()
     assert interval[0] == f"$ {PLAN_MTBF}"
     for line, measured, shown in (
         (PLAN, {"save": 0.056, "mtbf": 6.6, "step": 0.02049, "restart": 4.3}, [text.strip() for text in own]),
