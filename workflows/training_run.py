@@ -72,9 +72,8 @@ EXPORT_TRACKERS = "export-trackers-beside-the-segments"
 """The patch marker under which a run's trackers are fed beside its segments and at its end."""
 REPLAY_AFTER_ROLLBACK = "after-a-rollback-each-segment-resumes-from-the-previous-commit"
 """The patch marker under which the segments after a rollback resume from their predecessor's
-commit until the run is back where it was (``run_state.replay_resume``); before it, the second
-segment after a rollback by more than a segment resumed from the pre-rollback latest commit,
-past its target, and failed the run."""
+commit until the run is back where it was (``run_state.replay_resume``), not from the run's
+pre-rollback latest commit (past their target: it failed the run)."""
 AWAIT_LEFT_EXPORT = "await-the-cancelled-tracker-export-before-continue-as-new"
 """The patch marker under which an export beside the segments is started to be waited for when
 cancelled, and continue-as-new waits for it (the next run's first export never meets it)."""
