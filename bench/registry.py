@@ -85,6 +85,12 @@ BENCHMARKS = (
         "Fine-tuning: data that outgrows memory, LoRA, the loader",
         plot="build and verify time vs dataset size",
     ),
+    Benchmark(
+        "fsdp",
+        20,
+        "FSDP2: per-rank checkpoints vs the floor, peak RSS, resharding vs DCP, the cost of sharding",
+        plot="FSDP saves and restores per rank, peak RSS, resharding, step time",
+    ),
 )
 
 
