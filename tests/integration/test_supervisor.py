@@ -318,6 +318,9 @@ async def test_a_frozen_holder_costs_what_a_dead_one_costs_and_its_zombie_change
         zombie_log = frozen.log_path
         froze = time.time()
         os.killpg(frozen.pid, signal.SIGSTOP)
+        # What the holder committed before it froze (a commit is one atomic publish, so nothing of
+        # the zombie's can appear later): its log may report the last of these only after the thaw.
+        before_freeze = {r.step for r in list_checkpoints(store, inp.run_id, CheckpointKind.TRAINING)}
         retry = await started_elsewhere(handle, frozen.pid)
         started = retry.last_started_time.ToMicroseconds() / 1e6
         print(f"the segment ran elsewhere {started - froze:.2f} s after the freeze")
@@ -348,8 +351,10 @@ async def test_a_frozen_holder_costs_what_a_dead_one_costs_and_its_zombie_change
             os.killpg(frozen.pid, signal.SIGCONT)
         for w in workers:
             w.stop()
-    # Nothing created (a save that finds its step committed already converges on it: a read).
-    assert not re.search(r"committed step \d+ \((?!identical, already committed)", after), after
+    # Nothing created (a save that finds its step committed already converges on it: a read). A
+    # commit made before the freeze may be logged after the thaw (frozen between publish and log).
+    created = {int(m) for m in re.findall(r"committed step (\d+) \((?!identical, already committed)", after)}
+    assert created <= before_freeze, (created, sorted(before_freeze), after)
     assert "stopped without committing" in after, after
     steps = [r.step for r in list_checkpoints(store, inp.run_id, CheckpointKind.TRAINING)]
     assert steps and all(s % inp.checkpoint.every == 0 for s in steps), steps  # no zombie commit off the schedule
