@@ -107,6 +107,7 @@ def _train_gang_node(inp: GangNodeInput, info: activity.Info) -> tuple[TrainSegm
             resume_from=inp.resume_from,
             throttle_seconds_per_step=inp.throttle_seconds_per_step,
             incremental=inp.incremental,
+            compression=inp.compression,
         )
         spec = GangSpec(
             nproc_per_node=nproc,

@@ -15,9 +15,10 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from activities.effect_models import DecisionInput, EffectInput, EffectReceipt, EffectsSpec, Model
+from activities.policy_models import CheckpointPolicy, RetentionSpec
 from activities.tracker_models import MAX_TRACKERS, TrackerSpec
-from cairn.checkpoint import RUN_ID_PATTERN
-from cairn.checkpoint_interval import AutoInterval, IntervalChoice, IntervalState
+from cairn.checkpoint import RUN_ID_PATTERN, CompressionChoice
+from cairn.checkpoint_interval import IntervalChoice, IntervalState
 from cairn.config import TrainConfig
 from cairn.numerics import DEFAULT_PROFILE, ProfileName
 from cairn.runs import SegmentOutcome, store_url_problem
@@ -61,38 +62,6 @@ WORKFLOW_TYPE = "TrainingRun"
 _Model = Model
 
 
-class CheckpointPolicy(_Model):
-    """When and how a run commits its checkpoints (every segment also commits at its end)."""
-
-    every: Annotated[int, Field(gt=0)] | Literal["auto"] = 10
-    """Commit a full-state checkpoint every K steps (absolute step numbers, so every attempt
-    of a segment commits under the same idempotency keys); ``"auto"``: K chosen before each
-    segment from the save cost and failure rate the run measured (``cairn.checkpoint_interval``)."""
-    mode: Literal["sync", "async"] = "sync"
-    """``sync``: training waits for each save; ``async``: the state is snapshotted and persisted in the background."""
-    auto: AutoInterval = AutoInterval()
-    """How ``every: "auto"`` chooses, and its bounds."""
-    incremental: bool | None = None
-    """Reference the unchanged blocks the run already holds durably instead of rewriting them (gangs too);
-    null: as the worker's ``CAIRN_INCREMENTAL`` says."""
-
-
-class RetentionSpec(_Model):
-    """Which committed checkpoints a run keeps; a retention pass deletes the rest, never the latest."""
-
-    keep_last: Annotated[int, Field(ge=1)] = 3
-    """The newest committed checkpoints kept."""
-    keep_every: Annotated[int, Field(ge=1)] | None = None
-    """Also keep every checkpoint whose step is a multiple of this; null: none besides pins."""
-    grace_seconds: Annotated[float, Field(ge=0)] = 3600.0
-    """Nothing younger than this is deleted (a save may still be writing it); at least the segment timeout lets
-    passes run beside the segments."""
-    every_seconds: Annotated[float, Field(ge=0)] | None = None
-    """At most one retention pass per this many seconds, and never two at once, when passes
-    run beside the segments (``grace_seconds`` >= the segment timeout): a pass can delete
-    nothing younger than the grace period anyway. null: ``min(60, grace_seconds)``."""
-
-
 ATTEMPTS_WINDOW = 32
 """How many recent segments' attempt counts a run carries (counters cover the rest)."""
 
@@ -125,6 +94,8 @@ class RunCarry(_Model):
     effects: dict[str, str] = Field(default_factory=dict)
     resume_from: str | None = None
     """A checkpoint the next segment must resume from (set by a rollback)."""
+    compression: CompressionChoice | None = None
+    """The latest segment's compression decision (``RunSummary.compression``)."""
     replay_until: int | None = None
     """After a rollback: the step the run had reached before it. Until the run is back there,
     each segment resumes from the commit the previous one made (``run_state.replay_resume``):
@@ -360,6 +331,8 @@ class SegmentInput(_Model):
     checkpoint), before ``target_step`` if need be; None: train to ``target_step``."""
     incremental: bool | None = None
     """Incremental saves (``CheckpointPolicy.incremental``); None: the worker's setting."""
+    compression: Literal["off", "zstd", "auto"] | None = None
+    """``CheckpointPolicy.compression``; None: the worker's setting."""
 
 
 class TrainSegmentInput(SegmentInput):
@@ -411,6 +384,8 @@ class TrainSegmentResult(SegmentOutcome, _Model):
     """This attempt's training time, its saves excluded."""
     worker_queue: str | None = None
     """The own task queue of the worker that ran it, which now holds the run's state."""
+    compression: CompressionChoice | None = None
+    """Whether this attempt's latest save compressed, and the figures ``auto`` decided from."""
     durable_checkpoint: str | None = None
     durable_step: int | None = None
     """The run's durable cursor when it reported: its latest commit in the durable store. With

@@ -60,7 +60,9 @@ from cairn.checkpoint import (
     CommitResult,
     RetentionPolicy,
     TieredStore,
+    checkpoint_overrides,
     collect_garbage,
+    last_choice,
     latest_committed,
     latest_cursor,
     manifest_config,
@@ -197,6 +199,7 @@ def _train_segment(inp: TrainSegmentInput, info: activity.Info, attempt: int) ->
             worker_queue=own_queue(info.task_queue),
             durable_checkpoint=None if durable_ref is None else str(durable_ref),
             durable_step=None if durable_ref is None else durable_ref.step,
+            compression=last_choice(session.store.url),
         )
         log.info(
             "run %s: segment ended at step %d, loss %s, checkpoint %s%s",
@@ -248,7 +251,7 @@ def _session(
 ) -> tuple[TrainingSession, RestoreSource]:
     """The segment's session and where its state came from (``cairn.runs.restore``), with the
     worker's options (read here, at the edge) and the session this worker holds for the run."""
-    options = CheckpointOptions.from_env(**({} if inp.incremental is None else {"incremental": inp.incremental}))
+    options = CheckpointOptions.from_env(**checkpoint_overrides(inp.incremental, inp.compression))
     held = WARM.take(inp.run_id, key)
     return choose_restore(
         inp.run_id,

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field
 
 from activities.inputs import IntervalChoice, _Model
+from cairn.checkpoint import CompressionChoice
 
 __all__ = ["RunProgress", "RunSummary"]
 
@@ -68,3 +69,6 @@ class RunSummary(_Model):
     checkpoint_interval: list[IntervalChoice] = Field(default_factory=list)
     """``checkpoint.every: "auto"``: the latest choices of the interval (a bounded window,
     oldest first), each with the measurements behind it (``IntervalChoice.why``)."""
+    compression: CompressionChoice | None = None
+    """``checkpoint.compression``: whether the latest save compressed, and (``auto``) the store's
+    bandwidth and the codec's throughput and ratio it decided from; None: not reported (a gang)."""

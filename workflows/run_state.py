@@ -87,6 +87,8 @@ def record_result(carry: RunCarry, result: TrainSegmentResult, inp: TrainingRunI
     carry.durable_step = result.durable_step if result.durable_step is not None else result.step
     carry.loss = result.loss
     carry.warm_queue = result.worker_queue
+    if result.compression is not None:
+        carry.compression = result.compression
     if carry.interval is not None and inp.checkpoint.every == "auto":
         carry.interval.observe(
             inp.checkpoint.auto,
@@ -235,4 +237,5 @@ def summary(inp: TrainingRunInput, carry: RunCarry) -> RunSummary:
         world_size=carry.world_size or (inp.world_size if inp else 1),
         checkpoint_every=current_every(inp, carry),
         checkpoint_interval=list(carry.interval.choices) if carry.interval else [],
+        compression=carry.compression,
     )

@@ -153,6 +153,7 @@ def segment_fields(inp: TrainingRunInput, carry: RunCarry, target: int, resume_f
         "numerics_id": carry.numerics_id,
         "max_seconds": seconds,
         "incremental": inp.checkpoint.incremental,
+        "compression": inp.checkpoint.compression,
     }
 
 

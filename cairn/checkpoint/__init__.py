@@ -15,12 +15,14 @@ bounds), ``history`` (a training history's run-level segments), ``exposures`` (f
 exposures), ``retention`` (keep the last N and the pinned, collect the rest), ``copy`` (a
 standalone copy in another store), ``tier`` (a node-local tier in front of the durable store),
 ``upload`` (a local commit copied to the durable store), ``compare`` (two training states, bit
-for bit).
+for bit), ``codec`` (lossless per-entry compression: the frame format and its checks),
+``compression`` (whether a save compresses, and what its automatic choice measures).
 """
 
 from cairn.checkpoint.commit import CommitResult, commit_manifest, write_checkpoint
 from cairn.checkpoint.committed import Verdict, judge_all, list_checkpoints, manifest_candidates
 from cairn.checkpoint.compare import compare_states
+from cairn.checkpoint.compression import CompressionChoice, last_choice
 from cairn.checkpoint.content import CheckpointContent
 from cairn.checkpoint.copy import copy_checkpoint
 from cairn.checkpoint.exposures import exposure_count, record_test_exposure
@@ -28,7 +30,7 @@ from cairn.checkpoint.history import verify_history
 from cairn.checkpoint.latest import LatestCursor, latest_committed, latest_cursor
 from cairn.checkpoint.layout import RUN_ID_PATTERN
 from cairn.checkpoint.manifest import FORMAT_VERSION, CheckpointKind, Manifest
-from cairn.checkpoint.options import CheckpointOptions, Limits
+from cairn.checkpoint.options import CheckpointOptions, Limits, checkpoint_overrides
 from cairn.checkpoint.reader import read_manifest, read_tensors, verify_tensors
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.retention import RetentionPolicy, collect_garbage, pin, pinned_steps, plan_gc, unpin
@@ -47,6 +49,7 @@ __all__ = [
     "CheckpointOptions",
     "CheckpointRef",
     "CommitResult",
+    "CompressionChoice",
     "LatestCursor",
     "Limits",
     "Manifest",
@@ -57,11 +60,13 @@ __all__ = [
     "TieredStore",
     "Verdict",
     "collect_garbage",
+    "checkpoint_overrides",
     "commit_manifest",
     "compare_states",
     "copy_checkpoint",
     "exposure_count",
     "judge_all",
+    "last_choice",
     "latest_committed",
     "latest_cursor",
     "list_checkpoints",

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import numpy as np
 from blake3 import blake3
 
+from cairn.checkpoint.codec import decode_frame, frame_spans
 from cairn.checkpoint.commit import CommitResult, commit_indexed, commit_manifest
 from cairn.checkpoint.content import CheckpointContent
 from cairn.checkpoint.history import segment_key
@@ -94,20 +95,20 @@ def _copy_rank(
     """One rank's entries into shards of about ``options.shard_bytes`` of the copy."""
     plans: list[list[TensorEntry]] = []
     for t in entries:
-        if not plans or (plans[-1] and sum(e.length for e in plans[-1]) + t.length > options.shard_bytes):
+        if not plans or (plans[-1] and sum(e.stored_length for e in plans[-1]) + t.stored_length > options.shard_bytes):
             plans.append([])
         plans[-1].append(t)
     shards: list[ShardEntry] = []
     out: list[TensorEntry] = []
     for number, plan in enumerate(plans):
         key = shard_key(nonce, rank, number)
-        size = sum(t.length for t in plan)
+        size = sum(t.stored_length for t in plan)  # encoded entries are copied as stored
         chunks = _stream(source, ref, manifest, plan, buffer)
         dest.write_object(f"{ref.prefix}/{key}", chunks, size=size)
         offset = 0
         for t in plan:
             out.append(t.model_copy(update={"shard": key, "offset": offset}))
-            offset += t.length
+            offset += t.stored_length
         shards.append(ShardEntry(key=key, rank=rank, bytes=size))
     return RankShards(rank=rank, shards=shards, tensors=out)
 
@@ -122,6 +123,9 @@ def _stream(
         h = blake3()
         if t.length == 0:
             require_checksum(t.name, t.checksum, h)
+        if t.encoding is not None:
+            yield from _stream_encoded(source, where, t, view)
+            continue
         for start in range(0, t.length, len(view)):
             chunk = view[: min(len(view), t.length - start)]
             source.read_into(where, t.offset + start, chunk)
@@ -129,6 +133,26 @@ def _stream(
             if start + len(chunk) == t.length:
                 require_checksum(t.name, t.checksum, h)  # before the last chunk leaves
             yield chunk
+
+
+def _stream_encoded(source: Store, where: str, t: TensorEntry, view: memoryview) -> Iterator[memoryview]:
+    """An encoded entry's frames as stored, each checked (its stored checksum, and decoded: the
+    entry's logical checksum) before the last leaves: the copy holds what a restore accepts."""
+    assert t.encoding is not None
+    h = blake3()
+    logical = np.empty(min(t.encoding.frame_bytes, t.length), dtype=np.uint8)
+    last = len(t.encoding.frames) - 1
+    for k, (start, end, s_start, s_end) in enumerate(frame_spans(t)):
+        size = s_end - s_start
+        stored = view[:size] if size <= len(view) else byte_view(np.empty(size, dtype=np.uint8))
+        source.read_into(where, t.offset + s_start, stored)
+        decode_frame(
+            stored, byte_view(logical)[: end - start], t.encoding.frames[k], f"tensors[{t.name}].encoding.frames[{k}]"
+        )
+        h.update(logical[: end - start])
+        if k == last:
+            require_checksum(t.name, t.checksum, h)
+        yield stored
 
 
 def _copy_history(source: Store, dest: Store, manifest: Manifest) -> None:

@@ -39,6 +39,7 @@ from blake3 import blake3
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
 from cairn.checkpoint.blocks import SEPARATOR, base_name, block_count, block_range
+from cairn.checkpoint.codec import check_encoding
 from cairn.checkpoint.content import CheckpointContent
 from cairn.checkpoint.layout import RUN_ID_PATTERN, attempt_prefix, checkpoint_prefix, index_key, linked_shard
 from cairn.checkpoint.manifest import (
@@ -362,7 +363,8 @@ def _check_entries(index: RankIndex, iref: IndexRef, parts: Mapping[str, PartSpe
             raise TensorSpecError(field=f"{at}.shape", expected=[stop - start], found=t.shape)
         if t.length != (stop - start) * dtype_from_tag(t.dtype).itemsize:
             raise TensorSpecError("byte length disagrees with dtype x shape", field=f"{at}.length", found=t.length)
-        require_in_shard(at, t.shard, t.offset, t.length, sizes)
+        check_encoding(at, t, dtype_from_tag(t.dtype).itemsize)
+        require_in_shard(at, t.shard, t.offset, t.stored_length, sizes)
         total += t.length
         digest += entry_digest(t.name, t.dtype, t.shape, t.checksum)
     if total != iref.total_bytes:

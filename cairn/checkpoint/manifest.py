@@ -54,6 +54,8 @@ __all__ = [
     "SUPPORTED_VERSIONS",
     "CheckpointKind",
     "TensorEntry",
+    "Encoding",
+    "Frame",
     "ShardEntry",
     "WriterInfo",
     "PartSpec",
@@ -106,6 +108,28 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class Frame(_Model):
+    """One stored frame of an encoded entry: its stored bytes and their BLAKE3."""
+
+    bytes: int = Field(ge=0)
+    checksum: str = Field(pattern=r"^blake3:[0-9a-f]{64}$")
+
+
+class Encoding(_Model):
+    """How an entry's bytes are stored when they are not stored raw (``cairn.checkpoint.codec``):
+    its logical bytes cut into frames of ``frame_bytes`` (the last may be shorter), each encoded
+    by ``codec`` and stored one after another from the entry's offset. Each frame's stored bytes
+    have their own checksum; the entry's ``checksum`` stays that of its logical bytes (what the
+    fingerprint and the index digest cover), so the same state has one fingerprint whatever
+    the codec."""
+
+    codec: Literal["blosc2-zstd"]
+    """Byte-plane shuffle by the dtype's width, then zstd, each plane its own stream: a
+    Blosc2 chunk (its own header declares its sizes)."""
+    frame_bytes: int = Field(gt=0)
+    frames: list[Frame]
+
+
 class TensorEntry(_Model):
     name: str = Field(min_length=1, max_length=256)
     dtype: str = Field(description="dtype tag (cairn.checkpoint.tensors.dtype_tag): '<f8', '<f2', 'bfloat16', ...")
@@ -113,7 +137,23 @@ class TensorEntry(_Model):
     shard: ShardKey = Field(description="shard key relative to the checkpoint prefix")
     offset: int = Field(ge=0)
     length: int = Field(ge=0)
+    """Logical bytes (dtype x shape); stored bytes are ``stored_length`` (``encoding``)."""
     checksum: str = Field(pattern=r"^blake3:[0-9a-f]{64}$")
+    """BLAKE3 of the logical bytes, however they are stored."""
+    encoding: Encoding | None = None
+    """None: stored raw (``length`` bytes from ``offset``), as every checkpoint before codecs."""
+
+    @property
+    def stored_length(self) -> int:
+        """Bytes the entry takes in its shard, from ``offset``."""
+        return self.length if self.encoding is None else sum(f.bytes for f in self.encoding.frames)
+
+    @model_serializer(mode="wrap")
+    def _raw_as_before(self, handler: Any) -> Any:
+        body = handler(self)
+        if body.get("encoding") is None:
+            body.pop("encoding", None)  # a raw entry is exactly as before
+        return body
 
 
 class ShardEntry(_Model):

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pydantic import ValidationError
 
 from cairn.checkpoint.blocks import check_parts, parts_json
+from cairn.checkpoint.codec import check_encoding
 from cairn.checkpoint.content import CheckpointContent, index_of
 from cairn.checkpoint.index import check_index_refs, expand, index_summary
 from cairn.checkpoint.layout import manifest_key
@@ -150,7 +151,8 @@ def _check_structure(manifest: Manifest, limits: Limits) -> None:
                 expected=want,
                 found=t.length,
             )
-        require_in_shard(where, t.shard, t.offset, t.length, sizes)
+        check_encoding(where, t, itemsize)
+        require_in_shard(where, t.shard, t.offset, t.stored_length, sizes)
         total += t.length
     if total != manifest.total_bytes:
         raise TensorSpecError(field="total_bytes", expected=total, found=manifest.total_bytes)

@@ -26,8 +26,11 @@ __all__ = [
     "DEFAULT_LIMITS",
     "CEILING_ENV",
     "INCREMENTAL_ENV",
+    "COMPRESSION_ENV",
+    "COMPRESSION_MODES",
     "parse_byte_count",
     "CheckpointOptions",
+    "checkpoint_overrides",
     "resolve_options",
 ]
 
@@ -35,6 +38,9 @@ __all__ = [
 CEILING_ENV = "CAIRN_MAX_CHECKPOINT_BYTES"
 """Overrides the ceiling on a checkpoint's total bytes (``Limits.max_total_bytes``)."""
 INCREMENTAL_ENV = "CAIRN_INCREMENTAL"
+COMPRESSION_ENV = "CAIRN_COMPRESSION"
+COMPRESSION_MODES = ("off", "zstd", "auto")
+"""``checkpoint.compression``: never, always, or where it makes saves faster (``cairn.checkpoint.compression``)."""
 """``1``/``true``/``on`` turns on incremental training checkpoints (``CheckpointOptions.incremental``)."""
 
 
@@ -102,17 +108,26 @@ class CheckpointOptions:
     (format v3), at the run's ``distributed.block_bytes`` or else ``block_bytes``."""
     block_bytes: int = 1 << 20
     """The block size of an incremental single-process run without a ``distributed`` section."""
+    compression: str = "off"
+    """Saves store their bytes raw (``off``), compressed (``zstd``: ``cairn.checkpoint.codec``),
+    or compressed where that makes them faster (``auto``: ``cairn.checkpoint.compression``).
+    Restores read any of them, whatever this says."""
 
     def __post_init__(self) -> None:
         if self.block_bytes < 64 or self.block_bytes % 8:
             raise ConfigError("checkpoint block_bytes", expected="a multiple of 8, >= 64", found=self.block_bytes)
+        if self.compression not in COMPRESSION_MODES:
+            raise ConfigError(
+                field="checkpoint.compression", expected=" | ".join(COMPRESSION_MODES), found=self.compression
+            )
 
     @classmethod
     def from_env(cls, **overrides: object) -> CheckpointOptions:
-        """The configured signer (``CAIRN_SIGNING_KEY[_FILE]``), ceilings (``Limits.from_env``)
-        and incremental saves (``CAIRN_INCREMENTAL``)."""
+        """The configured signer (``CAIRN_SIGNING_KEY[_FILE]``), ceilings (``Limits.from_env``),
+        incremental saves (``CAIRN_INCREMENTAL``) and compression (``CAIRN_COMPRESSION``)."""
         overrides.setdefault("limits", Limits.from_env())
         overrides.setdefault("incremental", _flag(INCREMENTAL_ENV))
+        overrides.setdefault("compression", _mode(COMPRESSION_ENV))
         return cls(signer=signer_from_env(), **overrides)  # type: ignore[arg-type]
 
 
@@ -123,6 +138,20 @@ def _flag(name: str) -> bool:
     if raw in ("1", "true", "on", "yes"):
         return True
     raise ConfigError(field=name, expected="1, true, on (or 0, false, off)", found=raw)
+
+
+def _mode(name: str) -> str:
+    raw = os.environ.get(name, "").strip().lower() or "off"
+    if raw not in COMPRESSION_MODES:
+        raise ConfigError(field=name, expected=" | ".join(COMPRESSION_MODES), found=raw)
+    return raw
+
+
+def checkpoint_overrides(incremental: bool | None, compression: str | None) -> dict[str, object]:
+    """``CheckpointOptions.from_env`` keywords for a run's ``checkpoint.incremental`` and
+    ``checkpoint.compression`` (None: the environment's setting stands)."""
+    given = {"incremental": incremental, "compression": compression}
+    return {name: value for name, value in given.items() if value is not None}
 
 
 def resolve_options(options: CheckpointOptions | None) -> CheckpointOptions:

@@ -25,6 +25,7 @@ import numpy as np
 from blake3 import blake3
 
 from cairn.checkpoint.blocks import base_name, plan_blocks
+from cairn.checkpoint.codec import decode_frame, frame_spans
 from cairn.checkpoint.layout import shard_object_key
 from cairn.checkpoint.manifest import Manifest, TensorEntry
 from cairn.checkpoint.manifest_read import (
@@ -113,6 +114,14 @@ def verify_tensors(
     view = byte_view(buffer)
     for entry in sorted(manifest.tensors, key=lambda t: (t.shard, t.offset, t.name)):
         dtype = dtype_from_tag(entry.dtype)
+        if entry.encoding is not None:
+            h = blake3()
+            for chunk in _decoded(store, ref, manifest, entry):
+                h.update(chunk)
+                if value_check is not None:
+                    value_check(base_name(entry.name) if manifest.parts else entry.name, chunk.view(dtype))
+            require_checksum(entry.name, entry.checksum, h)
+            continue
         step = buffer.size // dtype.itemsize * dtype.itemsize
         h = blake3()
         for start in range(0, entry.length, step):
@@ -122,6 +131,25 @@ def verify_tensors(
             if value_check is not None:
                 value_check(base_name(entry.name) if manifest.parts else entry.name, buffer[:size].view(dtype))
         require_checksum(entry.name, entry.checksum, h)
+
+
+def _decoded(store: Store, ref: CheckpointRef, manifest: Manifest, entry: TensorEntry) -> Iterator[np.ndarray]:
+    """An encoded entry's logical bytes, frame by frame (each frame's stored checksum and header
+    checked before it is decoded), through two buffers of one frame each, reused: use each
+    chunk before asking for the next."""
+    assert entry.encoding is not None
+    size = entry.encoding.frame_bytes
+    logical = np.empty(min(size, entry.length), dtype=np.uint8)
+    stored = np.empty(max((f.bytes for f in entry.encoding.frames), default=0), dtype=np.uint8)
+    for k, (start, end, s_start, s_end) in enumerate(frame_spans(entry)):
+        src = byte_view(stored)[: s_end - s_start]
+        store.read_into(_at(ref, manifest, entry.shard), entry.offset + s_start, src)
+        decode_frame(src, byte_view(logical)[: end - start], entry.encoding.frames[k], _frame_field(entry, k))
+        yield logical[: end - start]
+
+
+def _frame_field(entry: TensorEntry, k: int) -> str:
+    return f"tensors[{entry.name}].encoding.frames[{k}]"
 
 
 @functools.lru_cache(maxsize=8)
@@ -137,7 +165,10 @@ def _pools(workers: int, pid: int) -> tuple[ThreadPoolExecutor, ThreadPoolExecut
 
 
 def _pieces(entry: TensorEntry, piece_bytes: int) -> list[tuple[int, int]]:
-    """Byte ranges ``[start, end)`` of one tensor, each a whole number of its elements."""
+    """Byte ranges ``[start, end)`` of one tensor, each a whole number of its elements (an
+    encoded entry: its frames, logically)."""
+    if entry.encoding is not None:
+        return [(start, end) for start, end, _, _ in frame_spans(entry)]
     itemsize = dtype_from_tag(entry.dtype).itemsize
     step = max(itemsize, piece_bytes // itemsize * itemsize)
     return [(start, min(entry.length, start + step)) for start in range(0, entry.length, step)]
@@ -189,6 +220,7 @@ def read_tensors(
         arrays[e.name] = target
     check_name = base_name if manifest.parts else (lambda n: n)
     pieces = {e.name: _pieces(e, store.read_piece_bytes) for e in wanted}
+    spans = {e.name: frame_spans(e) for e in wanted if e.encoding is not None}
     largest_first = sorted(wanted, key=lambda e: -e.length)
     # Round-robin over tensors: piece 0 of each, then piece 1 of each, ...
     order = [
@@ -203,7 +235,15 @@ def read_tensors(
     def read_piece(entry: TensorEntry, k: int) -> None:
         start, end = pieces[entry.name][k]
         view = byte_view(arrays[entry.name])[start:end]
-        store.read_into(_at(ref, manifest, entry.shard), entry.offset + start, view)
+        if entry.encoding is None:
+            store.read_into(_at(ref, manifest, entry.shard), entry.offset + start, view)
+            return
+        # An encoded frame: its stored bytes into a buffer of their own (at most a frame + its
+        # header per reader thread), checked, then decoded straight into the destination.
+        _, _, s_start, s_end = spans[entry.name][k]
+        stored = byte_view(np.empty(s_end - s_start, dtype=np.uint8))
+        store.read_into(_at(ref, manifest, entry.shard), entry.offset + s_start, stored)
+        decode_frame(stored, view, entry.encoding.frames[k], _frame_field(entry, k))
 
     def check(entry: TensorEntry) -> None:
         flat = arrays[entry.name].reshape(-1)
@@ -281,6 +321,14 @@ def stream_logical(
         h = blake3()
         if entry.length == 0:
             require_checksum(entry.name, entry.checksum, h)
+        if entry.encoding is not None:  # frame by frame, through buffers of its own (a frame each)
+            last = len(entry.encoding.frames) - 1
+            for k, decoded in enumerate(_decoded(store, ref, manifest, entry)):
+                h.update(decoded)
+                if k == last:
+                    require_checksum(entry.name, entry.checksum, h)
+                yield memoryview(decoded)
+            continue
         for start in range(0, entry.length, step):
             chunk = view[: min(step, entry.length - start)]
             store.read_into(_at(ref, manifest, entry.shard), entry.offset + start, chunk)

@@ -39,7 +39,7 @@ import numpy as np
 from cairn.checkpoint.content import CheckpointContent, check_content
 from cairn.checkpoint.intents import write_intents
 from cairn.checkpoint.layout import linked_shard, manifest_key, shard_object_key
-from cairn.checkpoint.manifest import Manifest, ShardEntry, TensorEntry
+from cairn.checkpoint.manifest import Encoding, Manifest, ShardEntry, TensorEntry
 from cairn.checkpoint.options import CheckpointOptions, Limits
 from cairn.checkpoint.reader import parse_manifest
 from cairn.checkpoint.shards import RankShards, write_shards
@@ -73,7 +73,8 @@ class DurableBlocks:
     after checking it still exists, written by ``nonce`` (see the module)."""
     nonce: str
     """The writer nonce of that manifest: the attempt that committed the checkpoint."""
-    blocks: dict[Content, tuple[str, int]]
+    blocks: dict[Content, tuple[str, int, Encoding | None]]
+    """Content -> (shard key, offset, how its bytes are stored there)."""
     """content -> (full shard key, offset)."""
     shard_bytes: dict[str, int]
 
@@ -101,12 +102,12 @@ def remember_blocks(
     ``indexed`` for v3): later saves of this rank may reference them. Only shards of the
     standard layout are remembered."""
     sizes = {shard_object_key(run_id, kind, step, s.key, indexed=indexed): s.bytes for s in shards}
-    blocks: dict[Content, tuple[str, int]] = {}
+    blocks: dict[Content, tuple[str, int, Encoding | None]] = {}
     for t in entries:
         key = shard_object_key(run_id, kind, step, t.shard, indexed=indexed)
         if key in sizes and linked_shard(key, run_id, kind, None) is not None:
-            blocks.setdefault((t.checksum, t.dtype, t.length), (key, t.offset))
-    used = {key for key, _ in blocks.values()}
+            blocks.setdefault((t.checksum, t.dtype, t.length), (key, t.offset, t.encoding))
+    used = {key for key, *_ in blocks.values()}
     kept = {k: n for k, n in sizes.items() if k in used}
     durable = DurableBlocks(manifest_key(run_id, kind, step), nonce, blocks, kept)
     with _lock:
@@ -187,21 +188,21 @@ def write_rank_blocks(
     names = sorted(arrays)
     pool = _hashers(max(1, options.max_workers), os.getpid())
     sums = dict(zip(names, pool.map(lambda n: tensor_checksum(arrays[n]), names), strict=True))
-    reuse: dict[str, tuple[str, int]] = {}
+    reuse: dict[str, tuple[str, int, Encoding | None]] = {}
     for name in names:
         where = prior.blocks.get((sums[name], dtype_tag(arrays[name].dtype), arrays[name].nbytes))
         if where is not None and linked_shard(where[0], run, kind, step) is not None:
             reuse[name] = where
     if reuse:
-        sources = {linked_shard(key, run, kind, step) for key, _ in reuse.values()}
+        sources = {linked_shard(key, run, kind, step) for key, *_ in reuse.values()}
         write_intents(store, run, nonce, rank, ((s.kind, s.step, s.rest.split("/")[0]) for s in sources if s))
         committed = _committed_by(store, prior, options.limits)  # after the intents: see cairn.checkpoint.intents
-        live = _present(store, {k: prior.shard_bytes[k] for k, _ in reuse.values()}, pool) if committed else set()
+        live = _present(store, {k: prior.shard_bytes[k] for k, *_ in reuse.values()}, pool) if committed else set()
         reuse = {name: where for name, where in reuse.items() if where[0] in live}
     fresh = {n: a for n, a in arrays.items() if n not in reuse}
     written = write_shards(store, content, fresh, nonce=nonce, rank=rank, options=options, checksums=sums)
-    live = _present(store, {k: prior.shard_bytes[k] for k, _ in reuse.values()}, pool)
-    lost = {name for name, (key, _) in reuse.items() if key not in live}
+    live = _present(store, {k: prior.shard_bytes[k] for k, *_ in reuse.values()}, pool)
+    lost = {name for name, (key, *_) in reuse.items() if key not in live}
     if lost:  # deleted behind this writer's back: write those blocks too, as further shards
         more = write_shards(
             store,
@@ -224,10 +225,11 @@ def write_rank_blocks(
             offset=offset,
             length=arrays[name].nbytes,
             checksum=sums[name],
+            encoding=encoding,
         )
-        for name, (key, offset) in sorted(reuse.items())
+        for name, (key, offset, encoding) in sorted(reuse.items())
     ]
-    shards = sorted({key for key, _ in reuse.values()})
+    shards = sorted({key for key, *_ in reuse.values()})
     return RankShards(
         rank=rank,
         shards=written.shards,

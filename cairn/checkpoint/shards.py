@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 import uuid
+from collections import deque
 from collections.abc import Iterator, Mapping
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
@@ -20,12 +22,14 @@ from dataclasses import dataclass, field
 import numpy as np
 from blake3 import blake3
 
+from cairn.checkpoint.codec import FRAME_BYTES, encode_frame, new_encoding
+from cairn.checkpoint.compression import decide, record_write
 from cairn.checkpoint.content import CheckpointContent, check_content
 from cairn.checkpoint.layout import checkpoint_prefix, shard_key
-from cairn.checkpoint.manifest import ShardEntry, TensorEntry
+from cairn.checkpoint.manifest import Frame, ShardEntry, TensorEntry
 from cairn.checkpoint.options import CheckpointOptions
 from cairn.checkpoint.tensors import CHECKSUM_PREFIX, HASH_CHUNK, as_le_contiguous, byte_view, dtype_tag
-from cairn.stores.base import Store
+from cairn.stores.base import Chunk, Store
 
 __all__ = ["RankShards", "new_save_nonce", "write_shards"]
 
@@ -107,7 +111,9 @@ def _write_shard(
             consumed.append(True)  # reached only when the store asked past the last chunk
 
         try:
+            started = time.perf_counter()
             store.write_object(f"{prefix}/{plan.key}", chunks(), size=plan.size)
+            record_write(store.url, plan.size, time.perf_counter() - started)
         finally:
             futures.wait(pending)
     for job in pending:
@@ -132,6 +138,101 @@ def _write_shard(
     return ShardEntry(key=plan.key, rank=rank, bytes=plan.size), entries
 
 
+_LOOKAHEAD = 2
+MIN_ENCODED_BYTES = 64 << 10
+"""Smaller tensors are stored raw in a compressed save: a frame's headers would outweigh their gain."""
+"""Frames encoded ahead of the one the store is taking (each at most ``FRAME_BYTES``)."""
+
+
+def _write_encoded(
+    store: Store,
+    prefix: str,
+    plan: _ShardPlan,
+    arrays: Mapping[str, np.ndarray],
+    rank: int,
+    known: Mapping[str, str] | None = None,
+) -> tuple[ShardEntry, list[TensorEntry]]:
+    """``_write_shard`` with every tensor of ``MIN_ENCODED_BYTES`` or more stored in encoded frames
+    (``cairn.checkpoint.codec``): one encoding thread works ``_LOOKAHEAD`` frames ahead of the
+    store, the hashing thread hashes the logical bytes (the tensor's checksum) as before, and
+    each frame's stored bytes are hashed as they are encoded. The store's own time (the
+    write minus the waits for the encoder) is what ``record_write`` measures."""
+    known = known or {}
+    hashed: list[tuple[str, np.ndarray, blake3 | None]] = []
+    frames: dict[str, list[Frame]] = {name: [] for name in plan.names}
+    pending: list[futures.Future[object]] = []
+    consumed: list[bool] = []
+    waited = [0.0]
+    stored = [0]
+    with (
+        futures.ThreadPoolExecutor(1, thread_name_prefix="cairn-hash") as hashing,
+        futures.ThreadPoolExecutor(1, thread_name_prefix="cairn-encode") as encoding,
+    ):
+
+        def pieces() -> Iterator[tuple[str, memoryview, int]]:
+            for name in plan.names:
+                arr = arrays[name]
+                view = byte_view(arr)
+                h = None if name in known else blake3()
+                hashed.append((name, arr, h))
+                for start in range(0, len(view), FRAME_BYTES):
+                    piece = view[start : start + FRAME_BYTES]
+                    if h is not None:
+                        pending.append(hashing.submit(h.update, piece))  # in order: one hashing thread
+                    yield name, piece, arr.itemsize
+
+        def chunks() -> Iterator[Chunk]:
+            ahead: deque[tuple[str, memoryview | futures.Future[tuple[bytes, Frame]]]] = deque()
+            source = pieces()
+            while True:
+                for name, piece, itemsize in source:
+                    raw = len(byte_view(arrays[name])) < MIN_ENCODED_BYTES
+                    ahead.append((name, piece if raw else encoding.submit(encode_frame, piece, itemsize)))
+                    if len(ahead) > _LOOKAHEAD:
+                        break
+                if not ahead:
+                    break
+                name, job = ahead.popleft()
+                if isinstance(job, memoryview):  # a small tensor, stored raw
+                    stored[0] += len(job)
+                    yield job
+                    continue
+                began = time.perf_counter()
+                data, frame = job.result()
+                waited[0] += time.perf_counter() - began
+                frames[name].append(frame)
+                stored[0] += len(data)
+                yield data
+            consumed.append(True)  # reached only when the store asked past the last chunk
+
+        try:
+            started = time.perf_counter()
+            store.write_object(f"{prefix}/{plan.key}", chunks())
+            record_write(store.url, stored[0], time.perf_counter() - started - waited[0])
+        finally:
+            futures.wait(pending)
+    for job in pending:
+        job.result()
+    if not consumed:  # a store must consume every chunk
+        raise RuntimeError(f"store {store.url} did not consume shard {plan.key}")
+    entries: list[TensorEntry] = []
+    offset = 0
+    for name, arr, h in hashed:
+        entry = TensorEntry(
+            name=name,
+            dtype=dtype_tag(arr.dtype),
+            shape=list(arr.shape),
+            shard=plan.key,
+            offset=offset,
+            length=arr.nbytes,
+            checksum=known[name] if h is None else CHECKSUM_PREFIX + h.hexdigest(),
+            encoding=new_encoding(frames[name]) if frames[name] else None,
+        )
+        entries.append(entry)
+        offset += entry.stored_length
+    return ShardEntry(key=plan.key, rank=rank, bytes=offset), entries
+
+
 def write_shards(
     store: Store,
     content: CheckpointContent,
@@ -145,17 +246,20 @@ def write_shards(
 ) -> RankShards:
     """Phase 1, run by every rank for its own tensors: stream them out as shard files
     (numbered from ``first_shard``: a second call of the same attempt never reuses a key).
-    ``checksums``: of these arrays, computed by the caller just before (not hashed twice)."""
+    ``checksums``: of these arrays, computed by the caller just before (not hashed twice).
+    ``options.compression`` decides whether the shards store encoded frames (``_write_encoded``)."""
     options = options or CheckpointOptions()
     check_content(content, tensors, options.limits)
     arrays = {name: as_le_contiguous(a) for name, a in tensors.items()}
     prefix = checkpoint_prefix(content.run_id, content.kind, content.step)
     plans = _plan_shards(arrays, nonce, rank, options.shard_bytes, first_shard)
+    compress = decide(options.compression, store.url, arrays).compress
+    write = _write_encoded if compress else _write_shard
     if len(plans) <= 1:  # one shard: no thread to hand it to
-        results = [_write_shard(store, prefix, p, arrays, rank, checksums) for p in plans]
+        results = [write(store, prefix, p, arrays, rank, checksums) for p in plans]
     else:
         pool = _writers(max(1, options.max_workers), os.getpid())
-        jobs = [pool.submit(_write_shard, store, prefix, p, arrays, rank, checksums) for p in plans]
+        jobs = [pool.submit(write, store, prefix, p, arrays, rank, checksums) for p in plans]
         futures.wait(jobs)  # every shard finished (or failed) before anything is reported
         results = [j.result() for j in jobs]
     return RankShards(rank=rank, shards=[s for s, _ in results], tensors=[e for _, es in results for e in es])

@@ -26,6 +26,7 @@ from typing import Protocol
 from blake3 import blake3
 
 from cairn import faults
+from cairn.checkpoint.codec import frame_spans
 from cairn.checkpoint.history import segment_key
 from cairn.checkpoint.index import expand
 from cairn.checkpoint.latest import advance_latest
@@ -82,7 +83,12 @@ def checkpoint_objects(manifest: Manifest) -> dict[str, NeededObject]:
         out[key] = NeededObject(key, shard.bytes)
     for t in manifest.tensors:
         key = shard_object_key(run, kind, step, t.shard, indexed=indexed)
-        if key in out and t.length:
+        if key in out and t.encoding is not None:  # stored frames: each checked as stored
+            out[key].ranges += [
+                (t.offset + a, b - a, f.checksum)
+                for (_, _, a, b), f in zip(frame_spans(t), t.encoding.frames, strict=True)
+            ]
+        elif key in out and t.length:
             out[key].ranges.append((t.offset, t.length, t.checksum))
     for index in manifest.indexes or []:
         key = f"{checkpoint_prefix(run, kind, step)}/{index.key}"

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer
 
@@ -49,6 +49,8 @@ class GangJob(_Boundary):
     throttle_seconds_per_step: float = Field(default=0.0, ge=0)
     incremental: bool | None = None
     """Incremental saves (``CheckpointOptions.incremental``); None: the ranks' ``CAIRN_INCREMENTAL``."""
+    compression: Literal["off", "zstd", "auto"] | None = None
+    """``CheckpointOptions.compression``; None: the ranks' ``CAIRN_COMPRESSION``."""
     collective_timeout_seconds: float = Field(default=120.0, gt=0)
     reduction: ReductionOrder = "tree"
     """How microbatch sums are ordered: the canonical tree; ``rank-order`` is the naive left fold

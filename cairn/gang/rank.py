@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cairn.checkpoint.latest import latest_committed
-from cairn.checkpoint.options import CheckpointOptions
+from cairn.checkpoint.options import CheckpointOptions, checkpoint_overrides
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.config import TrainConfig
 from cairn.distributed.checkpoint import agree, failure_of
@@ -151,7 +151,7 @@ def run_rank(comm: Comm, job: GangJob, workdir: Path, local_rank: int = 0) -> Ra
 
 
 def _train(comm: Comm, job: GangJob, workdir: Path, local_rank: int) -> RankResult:
-    options = CheckpointOptions.from_env(**({} if job.incremental is None else {"incremental": job.incremental}))
+    options = CheckpointOptions.from_env(**checkpoint_overrides(job.incremental, job.compression))
     config = job.config
     store = open_store(job.store)
     target, every = job.target_step, job.checkpoint_every

@@ -82,6 +82,7 @@ def test_a_segments_result_and_a_ranks_are_one_flat_outcome() -> None:
         "blocked_save_seconds",
         "train_seconds",
         "worker_queue",
+        "compression",
         "durable_checkpoint",
         "durable_step",
     }
