@@ -160,6 +160,8 @@ def decode_frame(stored: memoryview, out: memoryview, frame: Frame, where: str) 
         nbytes, cbytes, _ = b2.get_cbuffer_sizes(stored)
     except Exception as exc:  # noqa: BLE001 - any failure to read the header is the frame's
         raise IntegrityError(f"stored frame has no readable header: {exc}", field=where) from None
+    # This check is what bounds the decode: the binding writes as many bytes as the header
+    # declares, whatever the destination's size (a larger claim would write past it).
     if nbytes != len(out) or cbytes != len(stored):
         raise IntegrityError(
             "stored frame's header disagrees with the manifest",

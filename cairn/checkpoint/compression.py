@@ -6,8 +6,8 @@ enough to pay for it. It decides from two figures measured in this process:
 
 - the store's bandwidth: the bytes of every save's shards over the seconds the store took to
   take them (a raw save: the write; a compressed one: the write minus the time spent encoding
-  while the store waited), per store, weighted by bytes so small objects' latency does not
-  dominate;
+  while the store waited), per store, weighted by bytes; objects under 1 MiB are not counted
+  (their time is latency, not bandwidth), so a run of tiny checkpoints stays raw;
 - the codec's throughput and ratio: one frame of each of the save's largest tensors, at most
   ``SAMPLE_BYTES``, encoded once per store and dtype mix (a few milliseconds) and again every
   ``RESAMPLE_SAVES`` saves.
@@ -47,6 +47,7 @@ MARGIN = 0.9
 """``auto`` compresses when the estimated compressed save takes at most this share of a raw one."""
 SAMPLE_BYTES = 8 << 20
 RESAMPLE_SAVES = 50
+_MIN_OBJECT_BYTES = 1 << 20
 _MIN_MEASURED_BYTES = 4 << 20
 """Writes that add up to less than this say more about latency than bandwidth: not yet measured."""
 
@@ -80,7 +81,7 @@ _last: dict[str, CompressionChoice] = {}
 
 def record_write(store_url: str, nbytes: int, seconds: float) -> None:
     """A store took ``nbytes`` in ``seconds`` (its own time: encoding excluded)."""
-    if seconds <= 0 or nbytes <= 0:
+    if seconds <= 0 or nbytes < _MIN_OBJECT_BYTES:  # a small object's time is mostly latency
         return
     with _lock:
         s = _stores.setdefault(store_url, _Store())

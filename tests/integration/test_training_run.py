@@ -21,13 +21,13 @@ from temporalio.worker import Replayer
 from activities.converter import DATA_CONVERTER
 from activities.inputs import TrainingRunInput
 from activities.views import RunSummary
-from cairn.checkpoint import latest_committed, list_checkpoints
+from cairn.checkpoint import latest_committed, list_checkpoints, read_manifest
 from cairn.checkpoint.compare import compare_states
 from cairn.config import TrainConfig
 from cairn.effects import load_journal
 from cairn.stores import LocalStore
 from cairn.training import load_training
-from tests.conftest import REPO
+from tests.conftest import REPO, small_config
 from tests.integration.conftest import (
     TemporalServer,
     assert_matches_reference,
@@ -400,4 +400,29 @@ async def test_a_rollback_by_more_than_a_segment_replays_to_the_end(
     [decision] = [e for e in load_journal(store, inp.run_id).entries if e.kind == "decision"]
     assert decision.detail["to_step"] == 10 and decision.detail["from_step"] >= 60, decision
     assert summary.steps == 80 and not summary.stopped_early
+    assert_matches_reference(summary, inp.config)
+
+
+async def test_a_compressed_run_reports_its_choice_and_ends_on_the_raw_runs_fingerprint(
+    client: Client, task_queue: str, tmp_path: Path
+) -> None:
+    """``checkpoint.compression: zstd``: every checkpoint's large tensors are stored in frames,
+    the summary says so, and the run ends on the fingerprint and bits of an uncompressed
+    in-process run (the fingerprint covers logical bytes, never the codec)."""
+    config = small_config(
+        model={"kind": "mlp", "hidden": 512, "init_scale": 1.0, "version": "mlp-v1"},
+        data={"source": "synthetic", "seed": 11, "n_examples": 256, "n_features": 64, "n_classes": 3,
+              "noise": 0.6, "version": "synthetic-v1"},
+    )  # fmt: skip
+    inp = run_input(
+        tmp_path, config=config.model_dump(mode="json"), total_steps=20, checkpoint={"every": 5, "compression": "zstd"}
+    )
+    async with serving(client, task_queue):
+        summary = await client.execute_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
+    assert summary.compression is not None and summary.compression.compress, summary.compression
+    assert summary.compression.mode == "zstd"
+    store = LocalStore(inp.store)
+    for ref in list_checkpoints(store, inp.run_id):
+        manifest = read_manifest(store, ref, expect_kind=None)
+        assert any(t.encoding is not None for t in manifest.tensors), ref  # theta/W1, Adam m, v of W1
     assert_matches_reference(summary, inp.config)

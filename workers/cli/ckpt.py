@@ -115,6 +115,8 @@ def cmd_ckpt_show(args: argparse.Namespace) -> int:
     reuse = referenced_of(manifest)
     body["written_bytes"], body["referenced_bytes"] = reuse.written_bytes, reuse.referenced_bytes
     body["tokenizer"] = tokenizer = _tokenizer(manifest)
+    encoded = [t for t in manifest.tensors if t.encoding is not None]
+    body["stored_bytes"] = stored = sum(t.stored_length for t in manifest.tensors)  # what the entries take
     if args.json:
         print(to_json(body))
         return 0
@@ -132,6 +134,11 @@ def cmd_ckpt_show(args: argparse.Namespace) -> int:
             + ("" if manifest.indexes is None else f", {len(manifest.indexes)} rank indexes")
         )
     print(f"written by   {manifest.writer.ranks} rank(s)")
+    if encoded:  # compressed (checkpoint.compression): the bytes above are logical
+        print(
+            f"stored       {stored} bytes ({manifest.total_bytes / max(1, stored):.2f}x smaller): "
+            f"{len(encoded)} of {len(manifest.tensors)} entries compressed ({encoded[0].encoding.codec})"  # type: ignore[union-attr]
+        )
     if reuse.shards:  # only a checkpoint that references something (JSON always has both fields)
         at = ", ".join(str(s) for s in reuse.steps)
         print(

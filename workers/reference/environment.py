@@ -82,6 +82,12 @@ VARIABLES: tuple[Variable, ...] = (
         "`checkpoint.incremental` is unset",
     ),
     Variable(
+        "CAIRN_COMPRESSION",
+        "workers, gang ranks, `cairn train`",
+        "`off` (default), `zstd` or `auto`: lossless checkpoint compression for saves whose "
+        "`checkpoint.compression` is unset (restores read any checkpoint whatever it says)",
+    ),
+    Variable(
         "CAIRN_NUMERICS",
         "every process that computes",
         "the numerics profile this process is pinned to (`x86-64-v2`, `x86-64-v3`, `x86-64-v4`, `native`); "

@@ -56,3 +56,27 @@ def test_show_names_the_configs_tokenizer_version(tmp_path: Path, capsys: pytest
     code, out, err = run(capsys, "train", "--config", CONFIG, "--steps", "1", "--store", str(tmp_path / "t"))
     code, shown, err = run(capsys, "ckpt", "show", out.strip(), "--json")  # none declared, none trained
     assert json.loads(shown)["tokenizer"] == "none"
+
+
+def test_show_says_how_many_bytes_a_compressed_checkpoint_stores(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Sizes stay logical (the state's bytes); a compressed checkpoint adds what it stores."""
+    import numpy as np
+
+    from cairn.checkpoint import CheckpointKind, CheckpointOptions
+    from cairn.checkpoint.commit import write_checkpoint
+    from cairn.checkpoint.content import CheckpointContent
+    from cairn.stores import LocalStore
+
+    weights = {"w": (np.random.default_rng(0).standard_normal(1 << 18) * 0.02).astype(np.float32)}
+    store = LocalStore(tmp_path / "s")
+    content = CheckpointContent(kind=CheckpointKind.INFERENCE, run_id="packed", step=1)
+    ref = str(write_checkpoint(store, content, weights, options=CheckpointOptions(compression="zstd")).ref)
+    code, out, err = run(capsys, "ckpt", "show", ref)
+    assert code == 0, err
+    line = next(line for line in out.splitlines() if line.startswith("stored "))
+    assert "x smaller): 1 of 1 entries compressed (blosc2-zstd)" in line, line
+    code, out, err = run(capsys, "ckpt", "show", ref, "--json")
+    body = json.loads(out)
+    assert body["total_bytes"] == 1 << 20 and 0 < body["stored_bytes"] < 0.95 * (1 << 20), body

@@ -1,0 +1,302 @@
+"""Lossless compression of checkpoint bytes (``cairn.checkpoint.codec``, ``.compression``): the
+same state has one fingerprint whatever the codec, every read path restores it bit for bit, a
+corrupt stored frame and a frame that decodes to other bytes are both refused with typed
+errors, no frame inflates past its declared size, and ``auto`` compresses only where the store
+is slower than the codec."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from cairn import errors as E
+from cairn.checkpoint import CheckpointKind, CheckpointOptions, copy_checkpoint, read_manifest, verify_tensors
+from cairn.checkpoint.codec import FRAME_BYTES, FRAME_OVERHEAD, MAX_FRAME_BYTES, encode_frame
+from cairn.checkpoint.commit import write_checkpoint
+from cairn.checkpoint.compression import decide, forget_measurements, last_choice, record_write
+from cairn.checkpoint.content import CheckpointContent
+from cairn.checkpoint.manifest import Manifest, TensorEntry
+from cairn.checkpoint.reader import read_logical, stream_logical
+from cairn.checkpoint.ref import CheckpointRef
+from cairn.checkpoint.reuse import referenced_of
+from cairn.stores import LocalStore
+from tests.conftest import refused_within_bounds, rewrite_manifest
+
+pytestmark = pytest.mark.usefixtures("no_signing_key")
+
+ZSTD = CheckpointOptions(compression="zstd")
+OFF = CheckpointOptions(compression="off")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_measurements() -> Iterator[None]:
+    forget_measurements()
+    yield
+    forget_measurements()
+
+
+def _state(seed: int = 0) -> dict[str, np.ndarray]:
+    """Trained-like values (small normal weights; moments), every dtype a checkpoint holds, a
+    tensor of several frames, tensors too small to encode and an empty one."""
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((1200, 1100)) * 0.02).astype(np.float32)  # 5.3 MB: 2 frames
+    return {
+        "theta/w": w,
+        "adam.v/w": (w * w * 1e-3).astype(np.float32),
+        "theta/bf16": w[:300].astype(ml_dtypes.bfloat16),
+        "theta/f16": w[300:400].astype(np.float16),
+        "theta/f64": w[:40].astype(np.float64),
+        "ids": np.arange(40_000, dtype=np.int64),
+        "mask": rng.random(100_000) > 0.5,
+        "small": np.ones(7, np.float32),
+        "empty": np.zeros((0, 3), np.float32),
+    }
+
+
+def _save(
+    store: LocalStore, run_id: str, tensors: dict[str, np.ndarray], options: CheckpointOptions, **kw: Any
+) -> CheckpointRef:
+    content = CheckpointContent(kind=CheckpointKind.TRAINING, run_id=run_id, step=kw.pop("step", 1))
+    return write_checkpoint(store, content, tensors, options=options, **kw).ref
+
+
+def _manifest(store: LocalStore, ref: CheckpointRef) -> Manifest:
+    return read_manifest(store, ref, expect_kind=None, options=OFF)
+
+
+def _same(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+    assert set(got) == set(want)
+    for name, arr in want.items():
+        assert got[name].dtype == arr.dtype and got[name].shape == arr.shape, name
+        assert got[name].tobytes() == arr.tobytes(), name
+
+
+@pytest.mark.parametrize("block_bytes", [None, 1 << 20], ids=["v1", "blocked"])
+def test_a_compressed_checkpoint_restores_bit_exact_with_the_raw_ones_fingerprint(
+    local_store: LocalStore, block_bytes: int | None
+) -> None:
+    state = _state()
+    raw = _save(local_store, "raw", state, OFF, block_bytes=block_bytes)
+    packed = _save(local_store, "packed", state, ZSTD, block_bytes=block_bytes)
+    m_raw, m_packed = _manifest(local_store, raw), _manifest(local_store, packed)
+    assert m_packed.fingerprint == m_raw.fingerprint  # one state, one fingerprint, whatever the codec
+    assert m_packed.total_bytes == m_raw.total_bytes  # logical bytes
+    encoded = [t for t in m_packed.tensors if t.encoding is not None]
+    assert {t.name.split("#")[0] for t in encoded} >= {"theta/w", "adam.v/w", "ids"}
+    assert all(t.encoding is None for t in m_packed.tensors if t.length < 64 << 10)  # too small to pay
+    assert all(t.encoding is None for t in m_raw.tensors)
+    stored, logical = sum(s.bytes for s in m_packed.shards), sum(s.bytes for s in m_raw.shards)
+    assert stored < 0.9 * logical, (stored, logical)
+    if block_bytes is None:
+        frames = next(t for t in m_packed.tensors if t.name == "theta/w").encoding
+        assert frames is not None and len(frames.frames) == 2 and frames.frame_bytes == FRAME_BYTES
+    _same(read_logical(local_store, packed, m_packed), state)
+    verify_tensors(local_store, packed, m_packed, value_check=lambda name, chunk: None)
+    buffer = np.empty(1 << 20, np.uint8)
+    for name in ("theta/w", "theta/bf16", "empty"):
+        got = b"".join(bytes(c) for c in stream_logical(local_store, packed, m_packed, name, buffer))
+        assert got == state[name].tobytes(), name
+
+
+def test_a_raw_entry_is_written_exactly_as_before() -> None:
+    """Checkpoints saved before the codec, and raw entries now, have no ``encoding`` key: the
+    same bytes, the same manifest schema, read as before."""
+    entry = TensorEntry(name="a", dtype="<f4", shape=[2], shard="s", offset=0, length=8, checksum="blake3:" + "0" * 64)
+    assert "encoding" not in json.loads(entry.model_dump_json())
+    assert entry.stored_length == 8
+
+
+def _entry_shard(store: LocalStore, ref: CheckpointRef, name: str) -> tuple[TensorEntry, Path]:
+    entry = next(t for t in _manifest(store, ref).tensors if t.name == name)
+    return entry, store.root / ref.prefix / entry.shard
+
+
+def test_a_corrupt_stored_frame_is_refused_before_it_is_decoded_on_every_read_path(
+    local_store: LocalStore, tmp_path: Path
+) -> None:
+    state = _state()
+    ref = _save(local_store, "bad", state, ZSTD)
+    entry, path = _entry_shard(local_store, ref, "theta/w")
+    assert entry.encoding is not None
+    data = bytearray(path.read_bytes())
+    data[entry.offset + entry.encoding.frames[0].bytes // 2] ^= 0x01  # inside frame 0's payload
+    path.write_bytes(bytes(data))
+    manifest = _manifest(local_store, ref)
+    where = "tensors[theta/w].encoding.frames[0]"
+    reads = {
+        "restore": lambda: read_logical(local_store, ref, manifest),
+        "verify": lambda: verify_tensors(local_store, ref, manifest),
+        "stream": lambda: list(stream_logical(local_store, ref, manifest, "theta/w", np.empty(1 << 20, np.uint8))),
+        "copy": lambda: copy_checkpoint(local_store, ref, LocalStore(tmp_path / "copy"), options=OFF),
+    }
+    for what, read in reads.items():
+        err = refused_within_bounds(read, E.IntegrityError)
+        assert err.field == f"{where}.checksum", (what, err)
+        assert "stored frame bytes do not match their checksum" in str(err), what
+
+
+def test_a_frame_that_decodes_to_other_bytes_is_refused_by_the_logical_checksum(local_store: LocalStore) -> None:
+    """Stored bytes that match their frame checksums but decode to another state (a writer's
+    bug, or frames swapped by hand): the logical checksum refuses them."""
+    state, other = _state(0), _state(1)
+    ref = _save(local_store, "a", state, ZSTD)
+    alien = _save(local_store, "b", other, ZSTD)
+    mine, path = _entry_shard(local_store, ref, "theta/w")
+    theirs, alien_path = _entry_shard(local_store, alien, "theta/w")
+    assert mine.encoding is not None and theirs.encoding is not None
+    frames = alien_path.read_bytes()[theirs.offset : theirs.offset + theirs.stored_length]
+    key = f"{ref.prefix}/alien-shard.bin"
+    local_store.write_object(key, [frames], size=len(frames))
+
+    def swap(body: dict[str, Any]) -> None:
+        body["shards"].append({"key": "alien-shard.bin", "rank": 0, "bytes": len(frames)})
+        for t in body["tensors"]:
+            if t["name"] == "theta/w":
+                t.update(shard="alien-shard.bin", offset=0, encoding=theirs.encoding.model_dump())  # type: ignore[union-attr]
+
+    rewrite_manifest(local_store, ref, swap)
+    manifest = _manifest(local_store, ref)
+    err = refused_within_bounds(lambda: read_logical(local_store, ref, manifest), E.IntegrityError)
+    assert err.field == "tensors[theta/w].checksum" and "do not match their checksum" in str(err)
+    err = refused_within_bounds(lambda: verify_tensors(local_store, ref, manifest), E.IntegrityError)
+    assert err.field == "tensors[theta/w].checksum"
+
+
+def test_a_frame_cannot_inflate_past_its_declared_logical_size(local_store: LocalStore) -> None:
+    """A frame whose own header declares more bytes than the manifest gives it (a zip bomb: 64
+    MiB of zeros encode to a few KiB) is refused from its header, before it is decoded."""
+    ref = _save(local_store, "bomb", {"z": np.ones(1 << 16, np.float32)}, ZSTD)  # 256 KiB: one frame
+    bomb, frame = encode_frame(memoryview(np.zeros(MAX_FRAME_BYTES, np.uint8)), 4)
+    assert len(bomb) < 1 << 20
+    key = f"{ref.prefix}/bomb.bin"
+    local_store.write_object(key, [bomb], size=len(bomb))
+
+    def plant(body: dict[str, Any]) -> None:
+        body["shards"].append({"key": "bomb.bin", "rank": 0, "bytes": len(bomb)})
+        (t,) = body["tensors"]
+        t.update(shard="bomb.bin", offset=0)
+        t["encoding"]["frames"] = [frame.model_dump()]
+
+    rewrite_manifest(local_store, ref, plant)
+    manifest = _manifest(local_store, ref)
+    err = refused_within_bounds(lambda: read_logical(local_store, ref, manifest), E.IntegrityError)
+    assert err.field == "tensors[z].encoding.frames[0]" and "header disagrees" in str(err)
+    assert f"found {MAX_FRAME_BYTES} / {len(bomb)}" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "field"),
+    [
+        (lambda enc, t: enc.update(codec="gzip"), E.ManifestError, "codec"),
+        (lambda enc, t: enc.update(frame_bytes=MAX_FRAME_BYTES + 16), E.SizeLimitError, "encoding.frame_bytes"),
+        (lambda enc, t: enc.update(frame_bytes=FRAME_BYTES - 2), E.TensorSpecError, "encoding.frame_bytes"),
+        (lambda enc, t: enc["frames"].append(enc["frames"][0]), E.TensorSpecError, "encoding.frames"),
+        (
+            lambda enc, t: enc["frames"][0].update(bytes=t["length"] + FRAME_OVERHEAD + 1),
+            E.SizeLimitError,
+            "encoding.frames[0].bytes",
+        ),
+    ],
+    ids=["unknown-codec", "frame-too-large", "partial-elements", "extra-frame", "stored-larger-than-it-can-be"],
+)
+def test_an_encoding_outside_what_this_build_writes_is_refused_from_the_manifest(
+    local_store: LocalStore, change: Any, error: type[E.CairnError], field: str
+) -> None:
+    ref = _save(local_store, "forged", {"x": np.ones(1 << 17, np.float32)}, ZSTD)
+
+    def forge(body: dict[str, Any]) -> None:
+        (t,) = body["tensors"]
+        change(t["encoding"], t)
+        body["shards"][0]["bytes"] += 1 << 20  # room, so the bound under test is the one that fires
+        with open(local_store.root / ref.prefix / body["shards"][0]["key"], "ab") as f:
+            f.write(b"\0" * (1 << 20))
+
+    rewrite_manifest(local_store, ref, forge)
+    err = refused_within_bounds(lambda: _manifest(local_store, ref), error)
+    assert field in str(err), err
+
+
+def test_incremental_saves_reference_compressed_blocks_and_restore_them(local_store: LocalStore) -> None:
+    state = _state()
+    first = _save(local_store, "inc", state, ZSTD, block_bytes=1 << 20, incremental=True, step=1)
+    changed = dict(state, **{"theta/bf16": (state["theta/bf16"].astype(np.float32) + 1).astype(ml_dtypes.bfloat16)})
+    second = _save(local_store, "inc", changed, ZSTD, block_bytes=1 << 20, incremental=True, step=2)
+    manifest = _manifest(local_store, second)
+    linked = {k for r in manifest.indexes or [] for k in r.linked}
+    reused = [t for t in manifest.tensors if t.shard in linked]
+    assert reused and any(t.encoding is not None for t in reused)  # compressed blocks referenced as stored
+    assert referenced_of(manifest).referenced_bytes > 0
+    _same(read_logical(local_store, second, manifest), changed)
+    _same(read_logical(local_store, first, _manifest(local_store, first)), state)
+
+
+def test_a_copy_of_a_compressed_checkpoint_keeps_its_frames_and_fingerprint(
+    local_store: LocalStore, tmp_path: Path
+) -> None:
+    state = _state()
+    ref = _save(local_store, "copied", state, ZSTD, block_bytes=1 << 20)
+    dest = LocalStore(tmp_path / "dest")
+    result = copy_checkpoint(local_store, ref, dest, options=OFF)
+    source, copy = _manifest(local_store, ref), _manifest(dest, result.ref)
+    assert copy.fingerprint == source.fingerprint
+    assert sum(s.bytes for s in copy.shards) == sum(s.bytes for s in source.shards)  # moved as stored
+    assert {t.name: t.encoding for t in copy.tensors} == {t.name: t.encoding for t in source.tensors}
+    _same(read_logical(dest, result.ref, copy), state)
+
+
+def test_the_options_and_the_environment_take_only_known_modes(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(E.ConfigError, match=r"checkpoint.compression.*off \| zstd \| auto.*gzip"):
+        CheckpointOptions(compression="gzip")
+    monkeypatch.setenv("CAIRN_COMPRESSION", "fast")
+    with pytest.raises(E.ConfigError, match="CAIRN_COMPRESSION"):
+        CheckpointOptions.from_env()
+    monkeypatch.setenv("CAIRN_COMPRESSION", "AUTO")
+    assert CheckpointOptions.from_env().compression == "auto"
+    monkeypatch.delenv("CAIRN_COMPRESSION")
+    assert CheckpointOptions.from_env().compression == "off"
+
+
+def test_auto_compresses_only_where_the_store_is_slower_than_the_codec() -> None:
+    state = _state()
+    first = decide("auto", "s3://slow", state)
+    assert not first.compress and first.store_mb_s is None and "not measured" in first.why
+    assert first.codec_mb_s and first.ratio and first.ratio > 1.1  # the sample is measured at once
+    record_write("s3://slow", 40_000_000, 2.0)  # 20 MB/s: a network store
+    slow = decide("auto", "s3://slow", state)
+    assert slow.compress and slow.store_mb_s == pytest.approx(20.0), slow
+    assert last_choice("s3://slow") == slow
+    record_write("file:///fast", 40_000_000_000, 1.0)  # 40 GB/s: faster than any codec here
+    fast = decide("auto", "file:///fast", state)
+    assert not fast.compress and "estimated save" in fast.why, fast
+    noise = {"r": np.random.default_rng(3).integers(0, 256, 8 << 20, dtype=np.uint8)}  # incompressible
+    record_write("s3://noise", 40_000_000, 2.0)
+    assert not decide("auto", "s3://noise", noise).compress
+    assert decide("zstd", "file:///fast", state).compress and not decide("off", "s3://slow", state).compress
+
+
+def test_an_auto_save_to_a_slow_store_is_written_compressed(local_store: LocalStore) -> None:
+    """The decision reaches the shards: once the store measured slow, ``auto`` writes frames."""
+    state = _state()
+    auto = CheckpointOptions(compression="auto")
+    first = _manifest(local_store, _save(local_store, "auto", state, auto, step=1))
+    assert all(t.encoding is None for t in first.tensors)  # bandwidth unknown: raw, measured
+    record_write(local_store.url, 1 << 30, 100.0)  # as if the disk took 10 MB/s
+    second = _manifest(local_store, _save(local_store, "auto", state, auto, step=2))
+    assert any(t.encoding is not None for t in second.tensors)
+    choice = last_choice(local_store.url)
+    assert choice is not None and choice.compress and choice.mode == "auto"
+    _same(read_logical(local_store, _ref(local_store, 2), second), state)
+
+
+def _ref(store: LocalStore, step: int) -> CheckpointRef:
+    return CheckpointRef(store.url, "auto", CheckpointKind.TRAINING, step)
+
+
+def test_frames_hold_whole_elements_of_every_width() -> None:
+    assert all(FRAME_BYTES % width == 0 for width in (1, 2, 4, 8, 16))
