@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 CODEC = "blosc2-zstd"
-FRAME_BYTES = 4 << 20
+FRAME_BYTES = 1 << 20
 """Logical bytes per frame written: a multiple of 16 (every dtype's width divides it)."""
 MAX_FRAME_BYTES = 64 << 20
 """The largest frame a manifest may declare: what one decode may allocate or write at once."""
