@@ -301,3 +301,32 @@ def _ref(store: LocalStore, step: int) -> CheckpointRef:
 
 def test_frames_hold_whole_elements_of_every_width() -> None:
     assert all(FRAME_BYTES % width == 0 for width in (1, 2, 4, 8, 16))
+
+
+@pytest.mark.parametrize("flip", [False, True], ids=["uploaded", "a-flipped-byte-is-never-uploaded"])
+def test_the_local_tier_uploads_frames_as_stored_each_checked(tmp_path: Path, flip: bool) -> None:
+    from cairn.checkpoint import latest_committed
+    from tests.unit.checkpoint.test_tier import _tier, _uploader
+
+    durable = LocalStore(tmp_path / "durable")
+    node, tiered = _tier(tmp_path, durable)
+    state = _state()
+    content = CheckpointContent(kind=CheckpointKind.TRAINING, run_id="tiered", step=1)
+    local = write_checkpoint(tiered, content, state, options=ZSTD).manifest
+    entry = next(t for t in local.tensors if t.name == "theta/w")
+    assert entry.encoding is not None
+    if flip:  # inside the tensor's last frame, on the node's disk
+        path = tiered.local.root / f"tiered/training/{1:012d}" / entry.shard
+        data = bytearray(path.read_bytes())
+        data[entry.offset + entry.stored_length - 100] ^= 0x01
+        path.write_bytes(bytes(data))
+    _uploader(node).drain()
+    if flip:
+        assert latest_committed(durable, "tiered") is None and node.stats.discarded == 1
+        return
+    ref = latest_committed(durable, "tiered")
+    assert ref is not None
+    uploaded = _manifest(durable, ref)
+    assert uploaded.fingerprint == local.fingerprint
+    assert sum(s.bytes for s in uploaded.shards) == sum(s.bytes for s in local.shards)  # as stored
+    _same(read_logical(durable, ref, uploaded), state)
