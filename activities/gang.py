@@ -158,7 +158,7 @@ def _train_gang_node(inp: GangNodeInput, info: activity.Info) -> tuple[TrainSegm
                 raise as_application_error(exc, reached) from None
     recomputed = recomputed_steps(reached_before, out.resumed_from_step, attempt)
     outcome = out.model_dump(include=set(SegmentOutcome.model_fields))
-    result = TrainSegmentResult(**outcome, attempt=attempt, recomputed_steps=recomputed)
+    result = TrainSegmentResult(**outcome, attempt=attempt, recomputed_steps=recomputed, compression=out.compression)
     log.info("run %s: gang segment ended at step %d (%s)", inp.run_id, result.step, result.checkpoint)
     return result, out.interrupted
 

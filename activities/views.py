@@ -71,4 +71,4 @@ class RunSummary(_Model):
     oldest first), each with the measurements behind it (``IntervalChoice.why``)."""
     compression: CompressionChoice | None = None
     """``checkpoint.compression``: whether the latest save compressed, and (``auto``) the store's
-    bandwidth and the codec's throughput and ratio it decided from; None: not reported (a gang)."""
+    bandwidth and the codec's throughput and ratio it decided from (a gang: its node's first rank's)."""

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer
 
+from cairn.checkpoint.compression import CompressionChoice
 from cairn.config import TrainConfig, config_error_from
 from cairn.distributed.reduce import ReductionOrder
 from cairn.jsonio import load_json_file
@@ -67,3 +68,5 @@ class RankResult(_Boundary, SegmentOutcome):
     interrupted: bool = False
     world_size: int
     reduction: ReductionOrder = "tree"
+    compression: CompressionChoice | None = None
+    """This rank's latest compression decision (each rank decides for its own shards)."""

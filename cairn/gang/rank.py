@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from cairn.checkpoint.compression import last_choice
 from cairn.checkpoint.latest import latest_committed
 from cairn.checkpoint.options import CheckpointOptions, checkpoint_overrides
 from cairn.checkpoint.ref import CheckpointRef
@@ -232,6 +233,7 @@ def _train(comm: Comm, job: GangJob, workdir: Path, local_rank: int) -> RankResu
         interrupted=interrupted,
         world_size=comm.world,
         reduction=reduction_order(),
+        compression=last_choice(store.url),
     )
 
 

@@ -233,7 +233,8 @@ def reference_fingerprint(tmp_path: Path, inp: TrainingRunInput) -> str:
 async def test_two_nodes_of_two_ranks_on_temporal_train_bit_identically(
     client: Client, temporal_server: TemporalServer, task_queue: str, tmp_path: Path
 ) -> None:
-    inp = dist_run_input(tmp_path, nodes=["host-a", "host-b"])
+    # compression reaches the ranks and their decision the summary (64-byte blocks stay raw)
+    inp = dist_run_input(tmp_path, nodes=["host-a", "host-b"], checkpoint={"every": 3, "compression": "zstd"})
     workers = [gang_worker(temporal_server, task_queue, tmp_path, n) for n in ("host-a", "host-b")]
     try:
         handle = await client.start_workflow(TrainingRun.run, inp, id=inp.run_id, task_queue=task_queue)
@@ -243,6 +244,7 @@ async def test_two_nodes_of_two_ranks_on_temporal_train_bit_identically(
             w.stop()
     assert summary.steps == 12 and summary.segments == 2
     assert summary.fingerprint == reference_fingerprint(tmp_path, inp)
+    assert summary.compression is not None and summary.compression.mode == "zstd", summary.compression
     store = open_store(inp.store)
     manifest = read_manifest(store, latest_committed(store, inp.run_id), expect_kind=None)  # type: ignore[arg-type]
     assert manifest.writer.ranks == 4
