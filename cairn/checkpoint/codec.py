@@ -19,7 +19,6 @@ can inflate past what the manifest declared. Nothing here unpickles.
 from __future__ import annotations
 
 import functools
-import os
 from types import ModuleType
 from typing import Any
 
@@ -34,6 +33,9 @@ __all__ = [
     "FRAME_BYTES",
     "MAX_FRAME_BYTES",
     "FRAME_OVERHEAD",
+    "MIN_FRAME_BYTES",
+    "FRAME_RECORD_BYTES",
+    "warm_up",
     "FrameSpan",
     "frame_spans",
     "check_encoding",
@@ -47,6 +49,11 @@ FRAME_BYTES = 1 << 20
 """Logical bytes per frame written: a multiple of 16 (every dtype's width divides it)."""
 MAX_FRAME_BYTES = 64 << 20
 """The largest frame a manifest may declare: what one decode may allocate or write at once."""
+MIN_FRAME_BYTES = 64 << 10
+"""The smallest frame size a manifest may declare: bounds the frames per byte of state (their
+records in a manifest, and the calls a restore makes)."""
+FRAME_RECORD_BYTES = 128
+"""The most one frame's record adds to a manifest or rank index (its size and checksum, in JSON)."""
 FRAME_OVERHEAD = 32
 """The most a Blosc2 chunk adds to its bytes (``blosc2.MAX_OVERHEAD``: an incompressible frame
 is stored as a copy behind its header), so a frame's stored size is at most its logical + this."""
@@ -59,10 +66,6 @@ def _blosc2() -> ModuleType:
     import blosc2  # imported on first use: a restore of raw checkpoints never loads it
 
     return blosc2
-
-
-def _threads() -> int:
-    return max(1, min(4, os.cpu_count() or 1))
 
 
 FrameSpan = tuple[int, int, int, int]
@@ -89,9 +92,11 @@ def check_encoding(where: str, entry: TensorEntry, itemsize: int) -> None:
     enc = entry.encoding
     if enc is None:
         return
-    if enc.frame_bytes > MAX_FRAME_BYTES:
+    if not MIN_FRAME_BYTES <= enc.frame_bytes <= MAX_FRAME_BYTES:
         raise SizeLimitError(
-            field=f"{where}.encoding.frame_bytes", expected=f"<= {MAX_FRAME_BYTES}", found=enc.frame_bytes
+            field=f"{where}.encoding.frame_bytes",
+            expected=f"{MIN_FRAME_BYTES}..{MAX_FRAME_BYTES}",
+            found=enc.frame_bytes,
         )
     if enc.frame_bytes % itemsize:
         raise TensorSpecError(
@@ -119,6 +124,12 @@ def check_encoding(where: str, entry: TensorEntry, itemsize: int) -> None:
             )
 
 
+def warm_up() -> None:
+    """Load the codec (its import and first call cost a few hundred milliseconds), so that what
+    is timed afterwards is the codec's throughput."""
+    encode_frame(memoryview(bytes(4096)), 4)
+
+
 def stored_checksum(data: Any) -> str:
     """BLAKE3 of a frame's stored bytes."""
     return CHECKSUM_PREFIX + blake3(data).hexdigest()
@@ -131,7 +142,7 @@ def encode_frame(data: memoryview, itemsize: int) -> tuple[bytes, Frame]:
         codec=b2.Codec.ZSTD,
         clevel=1,
         typesize=itemsize,
-        nthreads=_threads(),
+        nthreads=1,  # a thread pool per call costs more than it gains on a 1 MiB frame
         filters=[b2.Filter.SHUFFLE],
         splitmode=b2.SplitMode.ALWAYS_SPLIT,
     )
@@ -170,7 +181,7 @@ def decode_frame(stored: memoryview, out: memoryview, frame: Frame, where: str) 
             found=f"{nbytes} / {cbytes}",
         )
     try:
-        got = b2.decompress2(stored, dst=out, dparams=b2.DParams(nthreads=_threads()))
+        got = b2.decompress2(stored, dst=out, dparams=b2.DParams(nthreads=1))
     except Exception as exc:  # noqa: BLE001 - a frame that fails to decode is refused, typed
         raise IntegrityError(f"stored frame does not decode: {exc}", field=where) from None
     if got is not None and got != len(out):

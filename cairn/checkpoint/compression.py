@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
+from blake3 import blake3
 from pydantic import BaseModel, ConfigDict
 
-from cairn.checkpoint.codec import FRAME_BYTES, encode_frame
+from cairn.checkpoint.codec import FRAME_BYTES, encode_frame, warm_up
 from cairn.checkpoint.options import COMPRESSION_MODES
 from cairn.checkpoint.tensors import byte_view
 
@@ -47,6 +48,8 @@ MARGIN = 0.9
 """``auto`` compresses when the estimated compressed save takes at most this share of a raw one."""
 SAMPLE_BYTES = 8 << 20
 RESAMPLE_SAVES = 50
+MIN_ENCODED_BYTES = 64 << 10
+"""Smaller tensors are stored raw in a compressed save: a frame's headers would outweigh their gain."""
 _MIN_OBJECT_BYTES = 1 << 20
 _MIN_MEASURED_BYTES = 4 << 20
 """Writes that add up to less than this say more about latency than bandwidth: not yet measured."""
@@ -72,6 +75,8 @@ class _Store:
     seconds: float = 0.0
     codec: dict[tuple[str, ...], tuple[float, float, int]] = field(default_factory=dict)
     """dtype mix -> (codec MB/s, ratio, saves since sampled)."""
+    compressed_since_raw: int = 0
+    """Compressed saves since the last raw one (which is what measures the store)."""
 
 
 _lock = threading.Lock()
@@ -80,8 +85,9 @@ _last: dict[str, CompressionChoice] = {}
 
 
 def record_write(store_url: str, nbytes: int, seconds: float) -> None:
-    """A store took ``nbytes`` in ``seconds`` (its own time: encoding excluded)."""
-    if seconds <= 0 or nbytes < _MIN_OBJECT_BYTES:  # a small object's time is mostly latency
+    """A raw save wrote ``nbytes`` of shards to the store in ``seconds`` of wall time (all its
+    shards, however many went at once)."""
+    if seconds <= 0 or nbytes < _MIN_OBJECT_BYTES:  # a small save's time is mostly latency
         return
     with _lock:
         s = _stores.setdefault(store_url, _Store())
@@ -103,15 +109,20 @@ def forget_measurements() -> None:
 
 
 def _sample(arrays: Mapping[str, np.ndarray]) -> tuple[float, float]:
-    """(codec MB/s, ratio) of one frame of each of the largest arrays, up to ``SAMPLE_BYTES``."""
+    """(codec MB/s, ratio) of a save's CPU work per byte — the encoding, and the BLAKE3 of the
+    stored and of the logical bytes — on one frame of each of up to ``SAMPLE_BYTES // FRAME_BYTES``
+    arrays spread over the state (its tensors, or the blocks of all its tensors)."""
+    warm_up()
+    large = [arrays[name] for name in sorted(arrays) if arrays[name].nbytes >= MIN_ENCODED_BYTES]
+    count = max(1, SAMPLE_BYTES // FRAME_BYTES)
+    picked = large[:: max(1, len(large) // count)][:count]
     logical = stored = 0
     seconds = 0.0
-    for arr in sorted(arrays.values(), key=lambda a: -a.nbytes):
-        if logical >= SAMPLE_BYTES or arr.nbytes == 0:
-            break
+    for arr in picked:
         view = byte_view(arr)[: min(FRAME_BYTES, arr.nbytes // arr.itemsize * arr.itemsize)]
         started = time.perf_counter()
-        data, _ = encode_frame(view, arr.itemsize)
+        blake3(view)
+        data, _ = encode_frame(view, arr.itemsize)  # hashes the stored bytes too
         seconds += time.perf_counter() - started
         logical, stored = logical + len(view), stored + len(data)
     if logical == 0 or seconds <= 0:
@@ -165,6 +176,11 @@ def _auto(store_url: str, arrays: Mapping[str, np.ndarray]) -> CompressionChoice
         f"estimated save {compressed / raw:.2f}x a raw one: store {store_mb_s:.0f} MB/s, "
         f"codec {codec_mb_s:.0f} MB/s at {ratio:.2f}x"
     )
+    with _lock:
+        probe = pays and s.compressed_since_raw >= RESAMPLE_SAVES
+        s.compressed_since_raw = 0 if not pays or probe else s.compressed_since_raw + 1
+    if probe:  # the store is measured by raw saves only: one now and then keeps its figure fresh
+        pays, why = False, f"a raw save after {RESAMPLE_SAVES} compressed ones re-measures the store ({why})"
     return CompressionChoice(
         mode="auto", compress=pays, store_mb_s=store_mb_s, codec_mb_s=codec_mb_s, ratio=ratio, why=why
     )

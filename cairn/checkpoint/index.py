@@ -39,7 +39,7 @@ from blake3 import blake3
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
 from cairn.checkpoint.blocks import SEPARATOR, base_name, block_count, block_range
-from cairn.checkpoint.codec import check_encoding
+from cairn.checkpoint.codec import FRAME_RECORD_BYTES, MIN_FRAME_BYTES, check_encoding
 from cairn.checkpoint.content import CheckpointContent
 from cairn.checkpoint.layout import RUN_ID_PATTERN, attempt_prefix, checkpoint_prefix, index_key, linked_shard
 from cairn.checkpoint.manifest import (
@@ -186,6 +186,12 @@ def write_rank_index(store: Store, content: CheckpointContent, shards: RankShard
     )
 
 
+def index_bound(entries: int, total_bytes: int) -> int:
+    """The most an index of ``entries`` block entries over ``total_bytes`` logical bytes may
+    weigh: each entry, and the frame records of compressed entries (``cairn.checkpoint.codec``)."""
+    return INDEX_BYTES_PER_ENTRY * (entries + 1) + FRAME_RECORD_BYTES * -(-total_bytes // MIN_FRAME_BYTES)
+
+
 def _range_bytes(spec: PartSpec, first: int, stop: int) -> int:
     itemsize = dtype_from_tag(str(spec.dtype)).itemsize
     return (block_range(spec, stop - 1)[1] - block_range(spec, first)[0]) * itemsize
@@ -209,11 +215,12 @@ def check_index_refs(manifest: Manifest, limits: Limits) -> None:
                 field=f"{where}.key", expected=index_key(manifest.writer.nonce, ref.rank), found=ref.key[:80]
             )
         _check_linked(manifest, ref, where)
-        if ref.bytes > min(limits.max_index_bytes, INDEX_BYTES_PER_ENTRY * (ref.entries + 1)):
+        bound = min(limits.max_index_bytes, index_bound(ref.entries, ref.total_bytes))
+        if ref.bytes > bound:
             raise SizeLimitError(
                 field=f"{where}.bytes",
-                expected=f"<= {min(limits.max_index_bytes, INDEX_BYTES_PER_ENTRY * (ref.entries + 1))} "
-                f"({INDEX_BYTES_PER_ENTRY} a block entry, at most {limits.max_index_bytes})",
+                expected=f"<= {bound} ({INDEX_BYTES_PER_ENTRY} a block entry, {FRAME_RECORD_BYTES} a "
+                f"compressed frame of >= {MIN_FRAME_BYTES} bytes, at most {limits.max_index_bytes})",
                 found=ref.bytes,
             )
         covered, nbytes = 0, 0

@@ -127,7 +127,7 @@ class Encoding(_Model):
     """Byte-plane shuffle by the dtype's width, then zstd, each plane its own stream: a
     Blosc2 chunk (its own header declares its sizes)."""
     frame_bytes: int = Field(gt=0)
-    frames: list[Frame]
+    frames: list[Frame] = Field(fail_fast=True)  # a forged list of junk: one error, not millions
 
 
 class TensorEntry(_Model):

@@ -38,10 +38,10 @@ __all__ = [
 CEILING_ENV = "CAIRN_MAX_CHECKPOINT_BYTES"
 """Overrides the ceiling on a checkpoint's total bytes (``Limits.max_total_bytes``)."""
 INCREMENTAL_ENV = "CAIRN_INCREMENTAL"
+"""``1``/``true``/``on`` turns on incremental training checkpoints (``CheckpointOptions.incremental``)."""
 COMPRESSION_ENV = "CAIRN_COMPRESSION"
 COMPRESSION_MODES = ("off", "zstd", "auto")
 """``checkpoint.compression``: never, always, or where it makes saves faster (``cairn.checkpoint.compression``)."""
-"""``1``/``true``/``on`` turns on incremental training checkpoints (``CheckpointOptions.incremental``)."""
 
 
 @dataclass(frozen=True)

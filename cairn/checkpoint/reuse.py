@@ -74,8 +74,7 @@ class DurableBlocks:
     nonce: str
     """The writer nonce of that manifest: the attempt that committed the checkpoint."""
     blocks: dict[Content, tuple[str, int, Encoding | None]]
-    """Content -> (shard key, offset, how its bytes are stored there)."""
-    """content -> (full shard key, offset)."""
+    """Content -> (full shard key, offset, how its bytes are stored there)."""
     shard_bytes: dict[str, int]
 
 

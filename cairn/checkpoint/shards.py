@@ -23,7 +23,7 @@ import numpy as np
 from blake3 import blake3
 
 from cairn.checkpoint.codec import FRAME_BYTES, encode_frame, new_encoding
-from cairn.checkpoint.compression import decide, record_write
+from cairn.checkpoint.compression import MIN_ENCODED_BYTES, decide, record_write
 from cairn.checkpoint.content import CheckpointContent, check_content
 from cairn.checkpoint.layout import checkpoint_prefix, shard_key
 from cairn.checkpoint.manifest import Frame, ShardEntry, TensorEntry
@@ -111,9 +111,7 @@ def _write_shard(
             consumed.append(True)  # reached only when the store asked past the last chunk
 
         try:
-            started = time.perf_counter()
             store.write_object(f"{prefix}/{plan.key}", chunks(), size=plan.size)
-            record_write(store.url, plan.size, time.perf_counter() - started)
         finally:
             futures.wait(pending)
     for job in pending:
@@ -139,8 +137,6 @@ def _write_shard(
 
 
 _LOOKAHEAD = 2
-MIN_ENCODED_BYTES = 64 << 10
-"""Smaller tensors are stored raw in a compressed save: a frame's headers would outweigh their gain."""
 """Frames encoded ahead of the one the store is taking (each at most ``FRAME_BYTES``)."""
 
 
@@ -155,14 +151,12 @@ def _write_encoded(
     """``_write_shard`` with every tensor of ``MIN_ENCODED_BYTES`` or more stored in encoded frames
     (``cairn.checkpoint.codec``): one encoding thread works ``_LOOKAHEAD`` frames ahead of the
     store, the hashing thread hashes the logical bytes (the tensor's checksum) as before, and
-    each frame's stored bytes are hashed as they are encoded. The store's own time (the
-    write minus the waits for the encoder) is what ``record_write`` measures."""
+    each frame's stored bytes are hashed as they are encoded."""
     known = known or {}
     hashed: list[tuple[str, np.ndarray, blake3 | None]] = []
     frames: dict[str, list[Frame]] = {name: [] for name in plan.names}
     pending: list[futures.Future[object]] = []
     consumed: list[bool] = []
-    waited = [0.0]
     stored = [0]
     with (
         futures.ThreadPoolExecutor(1, thread_name_prefix="cairn-hash") as hashing,
@@ -197,18 +191,14 @@ def _write_encoded(
                     stored[0] += len(job)
                     yield job
                     continue
-                began = time.perf_counter()
                 data, frame = job.result()
-                waited[0] += time.perf_counter() - began
                 frames[name].append(frame)
                 stored[0] += len(data)
                 yield data
             consumed.append(True)  # reached only when the store asked past the last chunk
 
         try:
-            started = time.perf_counter()
             store.write_object(f"{prefix}/{plan.key}", chunks())
-            record_write(store.url, stored[0], time.perf_counter() - started - waited[0])
         finally:
             futures.wait(pending)
     for job in pending:
@@ -255,6 +245,7 @@ def write_shards(
     plans = _plan_shards(arrays, nonce, rank, options.shard_bytes, first_shard)
     compress = decide(options.compression, store.url, arrays).compress
     write = _write_encoded if compress else _write_shard
+    started = time.perf_counter()
     if len(plans) <= 1:  # one shard: no thread to hand it to
         results = [write(store, prefix, p, arrays, rank, checksums) for p in plans]
     else:
@@ -262,4 +253,6 @@ def write_shards(
         jobs = [pool.submit(write, store, prefix, p, arrays, rank, checksums) for p in plans]
         futures.wait(jobs)  # every shard finished (or failed) before anything is reported
         results = [j.result() for j in jobs]
+    if not compress:  # what measures the store for ``auto``: a raw save's bytes over its wall time
+        record_write(store.url, sum(p.size for p in plans), time.perf_counter() - started)
     return RankShards(rank=rank, shards=[s for s, _ in results], tensors=[e for _, es in results for e in es])

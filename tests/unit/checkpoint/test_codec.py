@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from cairn import errors as E
-from cairn.checkpoint import CheckpointKind, CheckpointOptions, copy_checkpoint, read_manifest, verify_tensors
+from cairn.checkpoint import CheckpointKind, CheckpointOptions, Limits, copy_checkpoint, read_manifest, verify_tensors
 from cairn.checkpoint.codec import FRAME_BYTES, FRAME_OVERHEAD, MAX_FRAME_BYTES, encode_frame
 from cairn.checkpoint.commit import write_checkpoint
-from cairn.checkpoint.compression import decide, forget_measurements, last_choice, record_write
+from cairn.checkpoint.compression import RESAMPLE_SAVES, decide, forget_measurements, last_choice, record_write
 from cairn.checkpoint.content import CheckpointContent
 from cairn.checkpoint.manifest import Manifest, TensorEntry
 from cairn.checkpoint.reader import read_logical, stream_logical
@@ -197,6 +197,7 @@ def test_a_frame_cannot_inflate_past_its_declared_logical_size(local_store: Loca
         (lambda enc, t: enc.update(codec="gzip"), E.ManifestError, "codec"),
         (lambda enc, t: enc.update(frame_bytes=MAX_FRAME_BYTES + 16), E.SizeLimitError, "encoding.frame_bytes"),
         (lambda enc, t: enc.update(frame_bytes=FRAME_BYTES - 2), E.TensorSpecError, "encoding.frame_bytes"),
+        (lambda enc, t: enc.update(frame_bytes=1024), E.SizeLimitError, "encoding.frame_bytes"),
         (lambda enc, t: enc["frames"].append(enc["frames"][0]), E.TensorSpecError, "encoding.frames"),
         (
             lambda enc, t: enc["frames"][0].update(bytes=t["length"] + FRAME_OVERHEAD + 1),
@@ -204,7 +205,14 @@ def test_a_frame_cannot_inflate_past_its_declared_logical_size(local_store: Loca
             "encoding.frames[0].bytes",
         ),
     ],
-    ids=["unknown-codec", "frame-too-large", "partial-elements", "extra-frame", "stored-larger-than-it-can-be"],
+    ids=[
+        "unknown-codec",
+        "frame-too-large",
+        "partial-elements",
+        "frames-too-small-to-bound-their-count",
+        "extra-frame",
+        "stored-larger-than-it-can-be",
+    ],
 )
 def test_an_encoding_outside_what_this_build_writes_is_refused_from_the_manifest(
     local_store: LocalStore, change: Any, error: type[E.CairnError], field: str
@@ -330,3 +338,39 @@ def test_the_local_tier_uploads_frames_as_stored_each_checked(tmp_path: Path, fl
     assert uploaded.fingerprint == local.fingerprint
     assert sum(s.bytes for s in uploaded.shards) == sum(s.bytes for s in local.shards)  # as stored
     _same(read_logical(durable, ref, uploaded), state)
+
+
+def test_a_junk_frame_list_is_refused_at_its_first_junk_frame(local_store: LocalStore) -> None:
+    """A forged list of 300,000 empty frames: one error, in bounded memory, not one per field
+    of every frame (which took gigabytes before ``fail_fast``)."""
+    ref = _save(local_store, "junk", {"x": np.ones(1 << 17, np.float32)}, ZSTD)
+
+    def junk(body: dict[str, Any]) -> None:
+        body["tensors"][0]["encoding"]["frames"] = [{}] * 300_000
+
+    rewrite_manifest(local_store, ref, junk)
+    options = CheckpointOptions(compression="off", limits=Limits(max_manifest_bytes=64 << 20))
+    err = refused_within_bounds(
+        lambda: read_manifest(local_store, ref, expect_kind=None, options=options), E.ManifestError
+    )
+    assert "encoding.frames.0.bytes" in str(err), err
+
+
+def test_a_blocked_save_of_large_blocks_commits_compressed(local_store: LocalStore) -> None:
+    """Each frame adds its record to its block's index entry: the index bound counts frames, so
+    blocks of many frames commit (they were refused as an oversized index before)."""
+    w = (np.random.default_rng(0).standard_normal(12 << 20) * 0.02).astype(np.float32)  # 48 MiB
+    ref = _save(local_store, "big", {"w": w}, ZSTD, block_bytes=64 << 20)  # one block of 48 frames
+    manifest = _manifest(local_store, ref)
+    assert [len(t.encoding.frames) for t in manifest.tensors if t.encoding] == [48]
+    _same(read_logical(local_store, ref, manifest), {"w": w})
+
+
+def test_auto_saves_raw_now_and_then_to_measure_the_store_again() -> None:
+    """The store is measured by raw saves only, so after ``RESAMPLE_SAVES`` compressed saves one
+    is raw; a store that became fast is then seen as fast."""
+    state = _state()
+    record_write("s3://slow", 40_000_000, 2.0)
+    choices = [decide("auto", "s3://slow", state) for _ in range(RESAMPLE_SAVES + 2)]
+    assert [c.compress for c in choices] == [True] * RESAMPLE_SAVES + [False, True]
+    assert "re-measures the store" in choices[RESAMPLE_SAVES].why
