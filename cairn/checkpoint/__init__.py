@@ -7,6 +7,7 @@ Modules: ``layout`` (where things live in a store), ``manifest`` (the data model
 bytes and checksums), ``shards`` (phase 1 of a save), ``commit`` (phase 2: the commit protocol),
 ``committed`` (what counts as committed; listing), ``latest`` (the latest pointer, the latest committed checkpoint),
 ``manifest_read`` (a manifest checked before anything is allocated), ``reader`` (the read path),
+``placement`` (where a restore's bytes land, and in which order they are read),
 ``options`` (signer, limits, shard settings), ``signing`` (HMAC over the manifest), ``blocks``
 (the blocked layout), ``index`` (format v3's per-rank indexes), ``reuse`` (incremental saves),
 ``intents`` (a save's notice before it references another checkpoint's shards), ``training`` (a

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -24,8 +25,8 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 import numpy as np
 from blake3 import blake3
 
-from cairn.checkpoint.blocks import base_name, plan_blocks
-from cairn.checkpoint.codec import decode_frame, frame_spans
+from cairn.checkpoint.blocks import base_name, block_name, plan_blocks
+from cairn.checkpoint.codec import FRAME_BYTES, FrameSpan, decode_frame, frame_spans
 from cairn.checkpoint.layout import shard_object_key
 from cairn.checkpoint.manifest import Manifest, TensorEntry
 from cairn.checkpoint.manifest_read import (
@@ -35,6 +36,7 @@ from cairn.checkpoint.manifest_read import (
     read_manifest,
     verify_manifest,
 )
+from cairn.checkpoint.placement import Read, fresh, schedule, slabs_of
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.tensors import (
     CHECK_CHUNK,
@@ -164,11 +166,23 @@ def _pools(workers: int, pid: int) -> tuple[ThreadPoolExecutor, ThreadPoolExecut
     )
 
 
-def _pieces(entry: TensorEntry, piece_bytes: int) -> list[tuple[int, int]]:
+def _frame_groups(entry: TensorEntry, group_bytes: int) -> list[list[FrameSpan]]:
+    """An encoded entry's frames, in runs read with one request each: consecutive frames of at
+    most ``group_bytes`` stored bytes together (a frame larger than that alone)."""
+    groups: list[list[FrameSpan]] = []
+    for span in frame_spans(entry):
+        if groups and span[3] - groups[-1][0][2] <= group_bytes:
+            groups[-1].append(span)
+        else:
+            groups.append([span])
+    return groups
+
+
+def _pieces(entry: TensorEntry, piece_bytes: int, groups: list[list[FrameSpan]] | None = None) -> list[tuple[int, int]]:
     """Byte ranges ``[start, end)`` of one tensor, each a whole number of its elements (an
-    encoded entry: its frames, logically)."""
-    if entry.encoding is not None:
-        return [(start, end) for start, end, _, _ in frame_spans(entry)]
+    encoded entry: its ``groups`` of frames, logically)."""
+    if groups is not None:
+        return [(group[0][0], group[-1][1]) for group in groups]
     itemsize = dtype_from_tag(entry.dtype).itemsize
     step = max(itemsize, piece_bytes // itemsize * itemsize)
     return [(start, min(entry.length, start + step)) for start in range(0, entry.length, step)]
@@ -187,13 +201,14 @@ def read_tensors(
     """Allocate each tensor from its declared dtype/shape, fill it by ranged reads, verify its
     checksum and (optionally) its values.
 
-    Reading and checking overlap: every tensor is read in pieces (``store.read_piece_bytes``) by a
-    pool of readers (largest tensors first, their pieces interleaved so that all of them
-    progress together), while one checker per tensor hashes and ``value_check``s each piece
-    as soon as it has landed, in order, in cache-sized chunks. Reads, BLAKE3 and numpy all
-    release the GIL, so the checks run on the other cores while the bytes stream in; every
-    byte is still hashed and every value checked before anything is returned. Every tensor is
-    allocated whole: to check a checkpoint without holding it, use ``verify_tensors``.
+    Reading and checking overlap: every tensor is read in pieces (``store.read_piece_bytes``;
+    small tensors stored back to back together, into one allocation) by a pool of readers, the
+    tensor with the most bytes left to read first, while one checker per tensor hashes and
+    ``value_check``s each piece as soon as it has landed, in order, in cache-sized chunks.
+    Reads, BLAKE3 and numpy all release the GIL, so the checks run on the other cores while
+    the bytes stream in; every byte is still hashed and every value checked before anything
+    is returned. Every tensor is allocated whole: to check a checkpoint without holding it,
+    use ``verify_tensors``.
 
     ``only`` reads just these entries (a rank's blocks); ``out`` gives, per entry, the
     C-contiguous array of its dtype and size to fill instead of allocating one (a view into a
@@ -212,25 +227,34 @@ def read_tensors(
         target = None if out is None else out.get(e.name)
         dtype = dtype_from_tag(e.dtype)
         if target is None:
-            target = np.empty(e.shape, dtype=dtype)
-        elif target.dtype != dtype or target.size != math.prod(e.shape) or not target.flags.c_contiguous:
+            continue
+        if target.dtype != dtype or target.size != math.prod(e.shape) or not target.flags.c_contiguous:
             raise TensorSpecError(
                 field=f"tensors[{e.name}]", expected=f"{e.dtype} x {e.shape}", found=f"{target.dtype} x {target.shape}"
             )
         arrays[e.name] = target
+    piece_bytes = store.read_piece_bytes
+    slabs = slabs_of([e for e in wanted if e.name not in arrays], piece_bytes)
+    for run, raw in slabs:
+        for e in run:
+            at = e.offset - run[0].offset
+            arrays[e.name] = raw[at : at + e.length].view(dtype_from_tag(e.dtype)).reshape(e.shape)
+    for e in wanted:
+        if e.name not in arrays:
+            arrays[e.name] = fresh(e.shape, dtype_from_tag(e.dtype), e.offset if e.encoding is None else None)
     check_name = base_name if manifest.parts else (lambda n: n)
-    pieces = {e.name: _pieces(e, store.read_piece_bytes) for e in wanted}
-    spans = {e.name: frame_spans(e) for e in wanted if e.encoding is not None}
-    largest_first = sorted(wanted, key=lambda e: -e.length)
-    # Round-robin over tensors: piece 0 of each, then piece 1 of each, ...
-    order = [
-        (entry, k)
-        for k in range(max((len(p) for p in pieces.values()), default=0))
-        for entry in largest_first
-        if k < len(pieces[entry.name])
-    ]
-    landed: dict[tuple[str, int], Future[None]] = {}
-    verdicts: list[Future[None]] = []
+    # Encoded entries are read in runs of frames: together at most 5% of what they decode to
+    # (at least 4 MiB) in flight, so a compressed restore holds little beyond the state.
+    encoded = sum(e.length for e in wanted if e.encoding is not None)
+    workers = max(1, max_workers)
+    group_bytes = min(piece_bytes, max(FRAME_BYTES, max(4 << 20, encoded // 20) // workers))
+    holding = threading.BoundedSemaphore(workers)
+    groups = {e.name: _frame_groups(e, group_bytes) for e in wanted if e.encoding is not None}
+    pieces = {e.name: _pieces(e, piece_bytes, groups.get(e.name)) for e in wanted}
+    in_slab = {e.name for run, _ in slabs for e in run}
+
+    def read_slab(run: list[TensorEntry], raw: np.ndarray) -> None:
+        store.read_into(_at(ref, manifest, run[0].shard), run[0].offset, byte_view(raw))
 
     def read_piece(entry: TensorEntry, k: int) -> None:
         start, end = pieces[entry.name][k]
@@ -238,12 +262,19 @@ def read_tensors(
         if entry.encoding is None:
             store.read_into(_at(ref, manifest, entry.shard), entry.offset + start, view)
             return
-        # An encoded frame: its stored bytes into a buffer of their own (at most a frame + its
-        # header per reader thread), checked, then decoded straight into the destination.
-        _, _, s_start, s_end = spans[entry.name][k]
-        stored = byte_view(np.empty(s_end - s_start, dtype=np.uint8))
-        store.read_into(_at(ref, manifest, entry.shard), entry.offset + s_start, stored)
-        decode_frame(stored, view, entry.encoding.frames[k], _frame_field(entry, k))
+        # Encoded frames: their stored bytes, one request, into a buffer of their own (at most
+        # ``max_workers`` such buffers at once: ``holding``), each frame checked, then decoded
+        # straight into the destination.
+        group = groups[entry.name][k]
+        first, stored_start = group[0][0], group[0][2]
+        with holding:
+            stored = byte_view(np.empty(group[-1][3] - stored_start, dtype=np.uint8))
+            store.read_into(_at(ref, manifest, entry.shard), entry.offset + stored_start, stored)
+            for start, end, s_start, s_end in group:
+                frame = start // entry.encoding.frame_bytes
+                out = view[start - first : end - first]
+                src = stored[s_start - stored_start : s_end - stored_start]
+                decode_frame(src, out, entry.encoding.frames[frame], _frame_field(entry, frame))
 
     def check(entry: TensorEntry) -> None:
         flat = arrays[entry.name].reshape(-1)
@@ -259,22 +290,39 @@ def read_tensors(
                     value_check(check_name(entry.name), chunk)
         require_checksum(entry.name, entry.checksum, h)
 
+    units: list[list[Read]] = [
+        [
+            (functools.partial(read_piece, e, k), [(e.name, k)], end - start)
+            for k, (start, end) in enumerate(pieces[e.name])
+        ]
+        for e in wanted
+        if e.name not in in_slab
+    ]
+    units += [[(functools.partial(read_slab, run, raw), [(e.name, 0) for e in run], raw.nbytes)] for run, raw in slabs]
+    order = schedule(units)
+    arrival = {name: i for i, (_, keys, _) in reversed(list(enumerate(order))) for name, _ in keys}
+    by_arrival = sorted(wanted, key=lambda e: arrival.get(e.name, -1))  # checks start as their bytes land
+    landed: dict[tuple[str, int], Future[None]] = {}
+    verdicts: list[Future[None]] = []
+
     try:
-        for entry, k in order:
-            landed[(entry.name, k)] = readers.submit(read_piece, entry, k)
-        verdicts = [checkers.submit(check, e) for e in largest_first]
+        for read, keys, _ in order:
+            done = readers.submit(read)
+            for key in keys:
+                landed[key] = done
+        verdicts = [checkers.submit(check, e) for e in by_arrival]
         failures = [f.exception() for f in verdicts]  # wait for all; report in manifest order
     finally:
         # On any failure (or interruption) no read of this restore stays queued or running.
         for f in [*landed.values(), *verdicts]:
             f.cancel()
         futures.wait([*landed.values(), *verdicts])
-    by_name = dict(zip((e.name for e in largest_first), failures, strict=True))
+    by_name = dict(zip((e.name for e in by_arrival), failures, strict=True))
     for entry in wanted:
         failure = by_name[entry.name]
         if failure is not None:
             raise failure
-    return arrays
+    return {e.name: arrays[e.name] for e in wanted}
 
 
 def read_logical(
@@ -291,8 +339,9 @@ def read_logical(
     if manifest.parts is None:
         return read_tensors(store, ref, manifest, max_workers=max_workers, value_check=value_check, only=names)
     dtype_of = {base_name(t.name): dtype_from_tag(t.dtype) for t in manifest.tensors}
-    logical = {
-        name: np.empty(spec.shape, dtype=dtype_of[name])
+    stored_at = {t.name: t.offset for t in manifest.tensors if t.encoding is None}
+    logical = {  # placed as its first block is stored: blocks stored back to back are read from disk
+        name: fresh(spec.shape, dtype_of[name], stored_at.get(block_name(name, 0)))
         for name, spec in manifest.parts.items()
         if names is None or name in names
     }

@@ -14,7 +14,9 @@ read. ``list`` shows regular files only.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
+import fcntl
 import os
 import stat
 import uuid
@@ -36,6 +38,11 @@ __all__ = ["LocalStore"]
 TMP_MARK = ".tmp-"
 
 _READ_CHUNK = 1 << 20
+_PAGE = 4096
+_DIRECT_MIN = 1 << 20
+"""The least a read skips the page cache for (``LocalStore.read_into``)."""
+_DIRECT_IO = all(hasattr(os, name) for name in ("O_DIRECT", "RWF_NOWAIT", "posix_fadvise"))
+"""Whether this system has direct reads (Linux)."""
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -244,20 +251,23 @@ class LocalStore(Store):
             os.close(fd)
 
     def read_into(self, key: str, offset: int, out: memoryview) -> None:
+        """Fill ``out`` from ``key`` at ``offset``. A large read from a file whose pages are not
+        cached goes around the page cache (``O_DIRECT``: the disk writes straight into ``out``,
+        no copy, no cached pages to allocate) where ``out``'s address and ``offset`` agree
+        modulo a page; its unaligned ends, and every other read, are plain reads."""
         view = out.cast("B") if out.format != "B" else out
         fd, path = self._open_object(key)
         try:
-            pos = 0
-            while pos < len(view):
-                n = os.preadv(fd, [view[pos:]], offset + pos)
-                if n == 0:
-                    raise StorageError(
-                        f"{path}: short object",
-                        field=key,
-                        expected=f">= {offset + len(view)} bytes",
-                        found=f"{offset + pos} bytes",
-                    )
-                pos += n
+            start, end = _direct_span(view, offset)
+            if end > start:  # no read-ahead: not for the probe, nor for the unaligned ends
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            if end > start and not _cached(fd, view[start : start + _PAGE], offset + start):
+                _read_span(fd, path, key, view, offset, 0, start)
+                _read_span(fd, path, key, view, offset, end, len(view))
+                if _direct_read(fd, path, key, view, offset, start, end):
+                    return
+                view, offset = view[start:end], offset + start  # the file system refused it
+            _read_span(fd, path, key, view, offset, 0, len(view))
         except OSError as exc:
             raise StorageError(f"cannot read {path}: {exc.strerror or exc}") from exc
         finally:
@@ -340,6 +350,56 @@ class LocalStore(Store):
                         break
                     raise StorageError(f"cannot remove {parent}: {exc.strerror}") from exc
                 parent = parent.parent
+
+
+def _direct_span(view: memoryview, offset: int) -> tuple[int, int]:
+    """The part ``[start, end)`` of ``view`` that a direct read fills: page-aligned in memory
+    and in the file, at least ``_DIRECT_MIN`` bytes; empty when the two disagree modulo a page
+    or the system has no direct reads."""
+    if len(view) < _DIRECT_MIN or view.readonly or not _DIRECT_IO:
+        return 0, 0
+    address = ctypes.addressof(ctypes.c_char.from_buffer(view))
+    start = -address % _PAGE
+    end = start + (len(view) - start) // _PAGE * _PAGE
+    return (start, end) if (address - offset) % _PAGE == 0 and end - start >= _DIRECT_MIN else (0, 0)
+
+
+def _cached(fd: int, page: memoryview, at: int) -> bool:
+    """Whether the file's bytes at ``at`` are in the page cache: a read that may not wait for
+    the disk (its bytes land where they belong, in ``page``)."""
+    try:
+        return os.preadv(fd, [page], at, os.RWF_NOWAIT) == len(page)
+    except OSError:
+        return False
+
+
+def _direct_read(fd: int, path: Path, key: str, view: memoryview, offset: int, start: int, end: int) -> bool:
+    """Fill ``view[start:end]`` (page-aligned) with ``O_DIRECT``; False where the file system
+    refuses it (nothing is then known to have been read)."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_DIRECT)
+        _read_span(fd, path, key, view, offset, start, end)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+        return False
+    return True
+
+
+def _read_span(fd: int, path: Path, key: str, view: memoryview, offset: int, start: int, end: int) -> None:
+    """Fill ``view[start:end]`` from the file's bytes at ``offset + start``."""
+    pos = start
+    while pos < end:
+        n = os.preadv(fd, [view[pos:end]], offset + pos)
+        if n == 0:
+            raise StorageError(
+                f"{path}: short object",
+                field=key,
+                expected=f">= {offset + len(view)} bytes",
+                found=f"{offset + pos} bytes",
+            )
+        pos += n
 
 
 def _all_before(directory: str, start_after: str | None) -> bool:

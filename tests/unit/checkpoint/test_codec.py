@@ -374,3 +374,21 @@ def test_auto_saves_raw_now_and_then_to_measure_the_store_again() -> None:
     choices = [decide("auto", "s3://slow", state) for _ in range(RESAMPLE_SAVES + 2)]
     assert [c.compress for c in choices] == [True] * RESAMPLE_SAVES + [False, True]
     assert "re-measures the store" in choices[RESAMPLE_SAVES].why
+
+
+def test_a_compressed_restore_holds_little_beyond_the_state(local_store: LocalStore) -> None:
+    """Frames are read in runs into buffers of their own, at most ``max_workers`` at once and
+    5% of the state (at least 4 MiB) in flight: a 64 MiB restore peaks within 10% of it."""
+    import tracemalloc
+
+    w = (np.random.default_rng(0).standard_normal(16 << 20) * 0.02).astype(np.float32)  # 64 MiB
+    ref = _save(local_store, "rss", {"w": w}, ZSTD)
+    manifest = _manifest(local_store, ref)
+    tracemalloc.start()
+    try:
+        got = read_logical(local_store, ref, manifest)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    _same(got, {"w": w})
+    assert w.nbytes <= peak <= 1.1 * w.nbytes, peak / w.nbytes
