@@ -91,6 +91,12 @@ BENCHMARKS = (
         "FSDP2: per-rank checkpoints vs the floor, peak RSS, resharding vs DCP, the cost of sharding",
         plot="FSDP saves and restores per rank, peak RSS, resharding, step time",
     ),
+    Benchmark(
+        "compression",
+        21,
+        "Compression: fewer bytes than the floor",
+        plot="compressed and raw checkpoints vs the raw-bytes floor on S3, auto vs off on local disk",
+    ),
 )
 
 

@@ -1,0 +1,241 @@
+# ruff: noqa: E501  (markdown table rows and sentences read better unbroken)
+"""Section 21 of ``BENCHMARKS.md`` (lossless compression) and ``compression.png``, from the
+results of ``bench.suites.compression``: compressed and raw checkpoints of trained states on S3
+against the floor, ``auto`` against ``off`` on local disk, peak RSS of a restore; their targets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bench.harness.measure import MiB
+from bench.sections import Targets, spread
+
+NAMES = {
+    "digits_adam": "digits CNN, fp32 weights + AdamW m, v",
+    "lm_adam": "LM, fp32 weights + AdamW m, v",
+    "lm_bf16": "LM weights cast to bf16",
+}
+S3_TARGETS = {"digits_adam": 1.15, "lm_adam": 1.15, "lm_bf16": 1.3}
+"""Save and restore with zstd on S3, in floor seconds / Cairn seconds (issue 42)."""
+AUTO_SLOWER = 1.03
+"""``auto``'s median save at most 3% slower than ``off``'s."""
+RSS_TARGET = 1.10
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e3:.0f} kB" if n < 1e6 else f"{n / 1e6:.1f} MB" if n < 10e6 else f"{n / 1e6:.0f} MB"
+
+
+def encoded(x: dict[str, Any]) -> int:
+    """How many of a state's tensors were stored compressed (with zstd)."""
+    return sum(g["encoded_tensors"] for g in x["stored"]["zstd"]["groups"].values())
+
+
+def section(r: dict[str, Any], targets: Targets) -> list[str]:
+    mach, st, s3 = r["machine"], r["states"], r["s3"]
+    d, lm = st["digits_adam"], st["lm_adam"]
+    lmo = lm["options"]
+    out = [
+        "Three states, each trained in the suite's own process before anything is timed (`TrainingSession`, "
+        "in memory), none of them random tensors: "
+        f"(1) the digits CNN, `{d['example']}` as shipped, after {d['steps']} updates (loss {d['first_loss']:.2f} → "
+        f"{d['last_loss']:.2f}): its training tensors (`training_tensors`: weights, AdamW's m and v, the history), "
+        f"{_mb(d['bytes'])} in {d['tensors']} tensors — **small**: only {encoded(s3['digits_adam'])} of them reach 64 KiB, the "
+        "size from which a tensor is compressed at all; (2) the LM example, "
+        f"`{lm['example']}` (`ByteLM`, a byte-level GPT) made bigger — {lm['changes']} — after {lm['steps']} updates "
+        f"of batch {lm['batch_size']} (loss {lm['first_loss']:.2f} → {lm['last_loss']:.2f}): "
+        "its training tensors in float32, "
+        f"{_mb(lm['bytes'])} in {lm['tensors']} tensors; (3) that run's weights cast to bfloat16 with `ml_dtypes`, as a "
+        f"mixed-precision run stores them, {_mb(st['lm_bf16']['bytes'])} in {st['lm_bf16']['tensors']} tensors "
+        f"(width {lmo['width']}, {lmo['layers']} layers).",
+        "",
+        '**S3** (SeaweedFS on loopback, on the same machine): `write_checkpoint` with `CheckpointOptions(compression="zstd")` '
+        "(every tensor of 64 KiB or more in 4 MiB frames, each a Blosc2 chunk: byte-plane shuffle + zstd level 1) and with "
+        '`"off"`, against the floor: one boto3 multipart upload of the same logical bytes with the store\'s part size (16 MiB) '
+        "and concurrency (8). Restores: `read_manifest` + `read_logical` with the finite check (every stored frame's BLAKE3 "
+        "before it is decoded, the decode straight into the destination, every logical BLAKE3, every value finite), against "
+        "the floor: one parallel ranged download into one fresh buffer. Each restore is checked bit for bit once. All nine "
+        f"cases (3 states × floor, zstd, off) interleaved rep by rep, median (min–max) of {r['reps']} reps, in one run on "
+        f"{mach['cpu']} ({mach['cores']} cores, load average {mach['loadavg_at_start'][0]:.1f} at the start). "
+        "Ratio = floor seconds / Cairn seconds (> 1: faster than moving the raw bytes). Compression = logical / stored bytes "
+        "(from the manifest).",
+        "",
+        "| state | logical | compression | op | floor (raw bytes) | Cairn zstd | zstd vs floor | Cairn off | off vs floor |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, x in s3.items():
+        for op in ("save", "restore"):
+            y = x[op]
+            out.append(
+                f"| {NAMES[name]} | {_mb(x['bytes'])} | {x['stored']['zstd']['ratio']:.3f}× | {op} | {spread(y['floor'])} | "
+                f"{spread(y['zstd']['cairn'])} | **{y['zstd']['ratio']:.2f}×** | {spread(y['off']['cairn'])} | {y['off']['ratio']:.2f}× |"
+            )
+    out += [
+        "",
+        "Compression per group of tensors (logical / stored bytes with zstd; tensors under 64 KiB are stored raw):",
+        "",
+        "| state | " + " | ".join(g for g in ("weights", "Adam m", "Adam v", "other")) + " |",
+        "|---|---|---|---|---|",
+    ]
+    for name, x in s3.items():
+        groups = x["stored"]["zstd"]["groups"]
+        cells = [
+            f"{g['logical'] / g['stored']:.3f}× of {_mb(g['logical'])}" if (g := groups.get(k)) else "–"
+            for k in ("weights", "Adam m", "Adam v", "other")
+        ]
+        out.append(f"| {NAMES[name]} | " + " | ".join(cells) + " |")
+    mem = r.get("memory", {})
+    if mem:
+        out += [
+            "",
+            "The same saves and restores into and from an in-memory store (no I/O, no network: the encoding, the hashes, "
+            "the decoding and the checks alone), interleaved, median (min–max):",
+            "",
+            "| state | save zstd | save off | restore zstd | restore off |",
+            "|---|---|---|---|---|",
+        ]
+        for name, x in mem.items():
+            nbytes = s3[name]["bytes"]
+            out.append(
+                f"| {NAMES[name]} | "
+                + " | ".join(
+                    f"{spread(x[op][m])} ({nbytes / 1e6 / x[op][m]['median']:.0f} MB/s)"
+                    for op in ("save", "restore")
+                    for m in ("zstd", "off")
+                )
+                + " |"
+            )
+    for name, x in mem.items():
+        on_s3, floor = s3[name]["restore"]["zstd"]["cairn"]["median"], s3[name]["restore"]["floor"]["median"]
+        alone = x["restore"]["zstd"]["median"]
+        out += [
+            "",
+            f"Where a compressed S3 restore of the {NAMES[name]} goes: {on_s3:.2f} s, against {alone:.2f} s for the same "
+            f"restore from memory (decoding, both hashes, the checks) and {floor:.2f} s for the floor's download of the raw "
+            f"bytes; the two one after the other would take {alone + floor:.2f} s"
+            + (": the compressed restore takes longer than the two in sequence." if on_s3 > alone + floor else "."),
+        ]
+    local = r["local"]
+    out += [
+        "",
+        f"**Local disk, `auto` vs `off`**: a run's sequence of {r['local_saves']} saves (each a new checkpoint, the previous "
+        "one deleted untimed, `os.sync` before each), `auto` and `off` each to its own store in the temp dir, interleaved save "
+        f"by save; the first {r['warmup']} of each excluded (`auto`'s first save to a store is raw and measures it). The "
+        "decision after each `auto` save is `last_choice(store.url)`. Ratio = `off` seconds / `auto` seconds.",
+        "",
+        "| state | `off` save | `auto` save | off / auto | `auto`'s choice (last save) |",
+        "|---|---|---|---|---|",
+    ]
+    for name, x in local.items():
+        c = x["choices"][-1]
+        made = {ch["compress"] for ch in x["choices"][r["warmup"] :]}
+        out.append(
+            f"| {NAMES[name]} | {spread(x['off'])} | {spread(x['auto'])} | **{x['ratio']:.3f}×** | "
+            f"{'compress' if c['compress'] else 'raw'}{'' if len(made) == 1 else ' (changed during the timed saves)'}: {c['why']} |"
+        )
+    for name, x in local.items():
+        timed = x["choices"][r["warmup"] :]
+        measured = [c["store_mb_s"] for c in timed if c["store_mb_s"] is not None]
+        codec = [c["codec_mb_s"] for c in timed if c["codec_mb_s"] is not None]
+        seen_off = x["bytes"] / 1e6 / x["off"]["median"]
+        seen_codec = mem[name]["save"]["zstd"]["median"] if name in mem else None
+        out += [
+            "",
+            f"What `auto` decided from, {NAMES[name]}: the store's bandwidth as it measured it, "
+            f"{min(measured):.0f}–{max(measured):.0f} MB/s over the timed saves, while `off`'s saves to the same disk moved "
+            f"{seen_off:.0f} MB/s of logical bytes (median); the codec's sampled throughput {codec[-1]:.0f} MB/s"
+            + (
+                f", while a whole compressed save into memory ran at {x['bytes'] / 1e6 / seen_codec:.0f} MB/s"
+                if seen_codec
+                else ""
+            )
+            + f"; it compressed in {sum(c['compress'] for c in timed)} of the {len(timed)} timed saves.",
+        ]
+    rss = r["rss"]
+    out += [
+        "",
+        "**Peak RSS of a restore**: one restore from S3 in a fresh process per state and mode "
+        "(`python -m bench.suites.compression --child`), above that process's RSS after its imports (so the codec "
+        "library's load is inside it), sampled every 2 ms and from the kernel's high-water mark (reset just before), "
+        "in state bytes (the restored state itself is 1×).",
+        "",
+        "| state | zstd | off |",
+        "|---|---|---|",
+    ]
+    for name, x in rss.items():
+        out.append(
+            f"| {NAMES[name]} | "
+            + " | ".join(
+                f"{x[m]['peak_over_imports'] / MiB:.0f} MiB ({x[m]['ratio_to_state']:.2f}×)" for m in ("zstd", "off")
+            )
+            + " |"
+        )
+    out += ["", f"The whole suite took {r['seconds']['total']:.0f} s, {r['seconds']['training']:.0f} s of it training."]
+    for name, x in s3.items():
+        want = S3_TARGETS[name]
+        got = {op: x[op]["zstd"]["ratio"] for op in ("save", "restore")}
+        targets.add(
+            f"compressed save and restore ≥ {want:.2f}× the raw-bytes floor on S3, {NAMES[name]}",
+            f"save {got['save']:.2f}×, restore {got['restore']:.2f}× ({_mb(x['bytes'])}, stored {x['stored']['zstd']['ratio']:.3f}× smaller)",
+            min(got.values()) >= want,
+            f"off: save {x['save']['off']['ratio']:.2f}×, restore {x['restore']['off']['ratio']:.2f}×",
+        )
+    for name, x in local.items():
+        slower = x["auto"]["median"] / x["off"]["median"]
+        targets.add(
+            f"`auto` save never more than 3% slower than `off` on local disk, {NAMES[name]}",
+            f"auto / off = {slower:.3f}",
+            slower <= AUTO_SLOWER,
+            f"auto chose {'compress' if x['choices'][-1]['compress'] else 'raw'}",
+        )
+    peaks = {f"{name} {m}": x[m]["ratio_to_state"] for name, x in rss.items() for m in ("zstd", "off")}
+    over = [k for k, v in peaks.items() if v > RSS_TARGET]
+    targets.add(
+        "peak RSS of a compressed / raw restore in a fresh process ≤ the state + 10%",
+        ", ".join(f"{k} {v:.2f}×" for k, v in peaks.items()),
+        not over,
+        ("over in: " + ", ".join(over)) if over else "every state, compressed and raw",
+    )
+    return out
+
+
+def plot(r: dict[str, Any], folder: Path) -> list[Path]:
+    """``compression.png``: ratio to the floor on S3 per state and op (zstd and off), and
+    ``auto`` vs ``off`` save times on local disk."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 1]})
+    labels, zstd, off = [], [], []
+    for name, x in r["s3"].items():
+        for op in ("save", "restore"):
+            labels.append(f"{name}\n{op}")
+            zstd.append(x[op]["zstd"]["ratio"])
+            off.append(x[op]["off"]["ratio"])
+    xs = np.arange(len(labels))
+    ax.bar(xs - 0.2, zstd, 0.4, label="Cairn zstd")
+    ax.bar(xs + 0.2, off, 0.4, label="Cairn off")
+    ax.axhline(1.0, color="k", lw=0.8, ls="--")
+    for xi, z in zip(xs, zstd, strict=True):
+        ax.text(xi - 0.2, z, f"{z:.2f}×", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(xs, labels, fontsize=7)
+    ax.set_ylabel("floor seconds / Cairn seconds (median)")
+    ax.set_title("SeaweedFS S3 (loopback): vs the raw-bytes floor")
+    ax.legend(fontsize=8)
+    names = list(r["local"])
+    xs = np.arange(len(names))
+    bx.bar(xs - 0.2, [r["local"][n]["off"]["median"] for n in names], 0.4, label="off")
+    bx.bar(xs + 0.2, [r["local"][n]["auto"]["median"] for n in names], 0.4, label="auto")
+    bx.set_xticks(xs, names, fontsize=7)
+    bx.set_ylabel("save seconds (median)")
+    bx.set_title("local disk: auto vs off")
+    bx.legend(fontsize=8)
+    fig.tight_layout()
+    path = folder / "compression.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
