@@ -327,6 +327,103 @@ def cpu_only(states: list[TrainedState], reps: int) -> dict[str, Any]:
     }
 
 
+LINK_MB_S = 100.0
+"""The simulated store's bandwidth: about what SeaweedFS on loopback takes on this machine, and
+a modest network store's."""
+
+
+class BandwidthBound:
+    """An in-memory store behind one shared link of ``mb_s``: every byte written or read
+    crosses it, one transfer after another, as a delay (a sleep: no CPU), so the store's
+    bandwidth, not this machine's cores, bounds a transfer — a network store whose server runs
+    elsewhere. The floor and Cairn cross the same link."""
+
+    def __init__(self, name: str, mb_s: float) -> None:
+        import threading
+
+        from cairn.stores.memory import MemoryStore
+
+        self.inner = MemoryStore(name)
+        self.url = self.inner.url
+        self.read_piece_bytes = 16 << 20
+        self.rate = mb_s * 1e6
+        self._free_at = 0.0
+        self._lock = threading.Lock()
+
+    def _cross(self, n: int) -> None:
+        with self._lock:
+            start = max(time.perf_counter(), self._free_at)
+            self._free_at = start + n / self.rate
+            until = self._free_at
+        time.sleep(max(0.0, until - time.perf_counter()))
+
+    def write_object(self, key: str, chunks: Any, size: int | None = None) -> None:
+        def paced() -> Any:
+            for chunk in chunks:
+                self._cross(memoryview(chunk).nbytes)
+                yield chunk
+
+        self.inner.write_object(key, paced(), size)
+
+    def read_into(self, key: str, offset: int, out: memoryview) -> None:
+        self.inner.read_into(key, offset, out)
+        self._cross(out.nbytes)
+
+    def __getattr__(self, name: str) -> Any:  # put_if_absent, read, size, list, delete, ...
+        return getattr(self.inner, name)
+
+
+def bench_bandwidth_bound(states: list[TrainedState], reps: int) -> dict[str, Any]:
+    """Saves and restores through ``BandwidthBound`` at ``LINK_MB_S``: zstd, off and the floor
+    (the raw bytes written as one object / read into one fresh buffer over the same link)."""
+    big = [s for s in states if s.nbytes >= 16 * MiB]
+    stores = {(s.name, m): BandwidthBound(f"link-{s.name}-{m}", LINK_MB_S) for s in big for m in (*MODES, "floor")}
+
+    def clear(case: str) -> None:
+        m, _, name = case.partition(":")
+        store = stores[(name, m)]
+        store.delete([o.key for o in store.list("")])
+
+    def floor_up(s: TrainedState) -> None:
+        arrays = [memoryview(a.reshape(-1).view(np.uint8)) for a in s.tensors.values()]
+        stores[(s.name, "floor")].write_object("floor.bin", arrays, size=s.nbytes)
+
+    def floor_down(s: TrainedState) -> np.ndarray:
+        out = np.empty(s.nbytes, dtype=np.uint8)
+        stores[(s.name, "floor")].read_into("floor.bin", 0, memoryview(out))
+        return out
+
+    save_cases: dict[str, Callable[[], object]] = {}
+    for s in big:
+        save_cases[f"floor:{s.name}"] = lambda s=s: floor_up(s)
+        for m in MODES:
+            save_cases[f"{m}:{s.name}"] = lambda m=m, s=s: save(stores[(s.name, m)], s, m)  # type: ignore[arg-type]
+    saves = interleaved(save_cases, reps, before=clear)
+    refs = {}
+    for s in big:
+        for m in MODES:
+            clear(f"{m}:{s.name}")
+            refs[(s.name, m)] = save(stores[(s.name, m)], s, m)  # type: ignore[arg-type]
+        floor_up(s)
+    restore_cases: dict[str, Callable[[], object]] = {}
+    for s in big:
+        restore_cases[f"floor:{s.name}"] = lambda s=s: floor_down(s)
+        for m in MODES:
+            restore_cases[f"{m}:{s.name}"] = lambda m=m, s=s: restore(stores[(s.name, m)], refs[(s.name, m)])  # type: ignore[arg-type]
+    restores = interleaved(restore_cases, reps, before=lambda _case: gc.collect())
+    out: dict[str, Any] = {"mb_s": LINK_MB_S}
+    for s in big:
+        for m in MODES:
+            assert _same(restore(stores[(s.name, m)], refs[(s.name, m)]), s.tensors), (s.name, m)  # type: ignore[arg-type]
+        res: dict[str, Any] = {"bytes": s.nbytes}
+        for op, times in (("save", saves), ("restore", restores)):
+            res[op] = {"floor": stats(times[f"floor:{s.name}"])}
+            for m in MODES:
+                res[op][m] = _pairs(times, f"floor:{s.name}", f"{m}:{s.name}")
+        out[s.name] = res
+    return out
+
+
 def bench_local(states: list[TrainedState], saves: int, warmup: int, workdir: Path) -> dict[str, Any]:
     """A run's sequence of saves, ``auto`` and ``off`` each to its own store, interleaved save by save."""
     from cairn.stores import LocalStore
@@ -462,10 +559,19 @@ def main() -> int:
                 if s.nbytes >= 16 * MiB:
                     rss[s.name] = {m: fresh_process_rss(where, s.name, m) for m in MODES}
         memory = cpu_only(states, reps)
+        link = bench_bandwidth_bound(states, reps)
         local_dir = Path(tmp) / "local"
         local_dir.mkdir()
         local = bench_local(states, saves, warmup, local_dir)
     report(s3, local)
+    for name, x in link.items():
+        if name != "mb_s":
+            print(
+                f"{name}: through a {LINK_MB_S:.0f} MB/s link: save zstd {x['save']['zstd']['ratio']:.2f}x off "
+                f"{x['save']['off']['ratio']:.2f}x, restore zstd {x['restore']['zstd']['ratio']:.2f}x off "
+                f"{x['restore']['off']['ratio']:.2f}x the floor",
+                flush=True,
+            )
     payload = {
         "machine": started_on,
         "reps": reps,
@@ -474,6 +580,7 @@ def main() -> int:
         "states": {s.name: {"bytes": s.nbytes, "tensors": len(s.tensors), **s.info} for s in states},
         "s3": s3,
         "memory": memory,
+        "bandwidth_bound": link,
         "local": local,
         "rss": rss,
         "seconds": {"training": trained_s, "total": time.perf_counter() - started},
