@@ -35,6 +35,7 @@ import argparse
 import dataclasses
 import gc
 import json
+import statistics
 import os
 import subprocess
 import sys
@@ -54,7 +55,7 @@ from bench.harness.results import REPO, write_result
 from bench.harness.servers import seaweedfs
 from cairn.checkpoint import CheckpointContent, CheckpointKind, CheckpointOptions, CheckpointRef, read_manifest
 from cairn.checkpoint.commit import write_checkpoint
-from cairn.checkpoint.compression import last_choice
+from cairn.checkpoint.compression import RESAMPLE_SAVES, decide, last_choice
 from cairn.checkpoint.reader import read_logical
 from cairn.checkpoint.training import training_content, training_tensors
 from cairn.stores.base import Store
@@ -72,7 +73,7 @@ LM_CHANGES = (
     "update takes ~40x longer)"
 )
 QUICK_LM: dict[str, Any] = {"width": 256, "layers": 2, "accumulation": 1, "threads": 2}
-LOCAL_SAVES = 10
+LOCAL_SAVES = 25
 WARMUP = 3
 
 
@@ -449,11 +450,29 @@ def bench_local(states: list[TrainedState], saves: int, warmup: int, workdir: Pa
             assert choice is not None
             choices[name].append({"save": step[key], **choice.model_dump()})
 
-    cases = {f"{m}:{s.name}": (lambda m=m, n=s.name: one(n, m)) for s in big for m in ("auto", "off")}
-    times = interleaved(cases, saves, before=previous_gone)
+    # Paired: each state's auto and off saves one after the other, which goes first alternating
+    # every rep, so that each follows the other as often (what the disk did just before — a
+    # large write, a delete — weighs on both alike).
+    times: dict[str, list[float]] = {f"{m}:{s.name}": [] for s in big for m in ("auto", "off")}
+    for rep in range(saves):
+        for s in big:
+            for m in ("auto", "off") if rep % 2 == 0 else ("off", "auto"):
+                case = f"{m}:{s.name}"
+                previous_gone(case)
+                started = time.perf_counter()
+                one(s.name, m)
+                times[case].append(time.perf_counter() - started)
     out: dict[str, Any] = {}
     for s in big:
         auto, off = times[f"auto:{s.name}"][warmup:], times[f"off:{s.name}"][warmup:]
+        # auto's own work, apart from the disk's noise: the decision as a save makes it, over
+        # enough saves to include its periodic codec samples (their mean is the cost per save).
+        own = []
+        for _ in range(4 * (RESAMPLE_SAVES + 1)):
+            started = time.perf_counter()
+            decide("auto", stores[(s.name, "auto")].url, s.tensors)
+            own.append(time.perf_counter() - started)
+        quartiles = statistics.quantiles(off, n=4)
         out[s.name] = {
             "bytes": s.nbytes,
             "auto": stats(auto),
@@ -462,6 +481,11 @@ def bench_local(states: list[TrainedState], saves: int, warmup: int, workdir: Pa
             "warmup_off": times[f"off:{s.name}"][:warmup],
             "ratio": stats(off)["median"] / stats(auto)["median"],
             "ratio_per_rep": stats([o / a for o, a in zip(off, auto, strict=True)]),
+            "own_seconds_per_save": statistics.fmean(own),
+            "own_seconds_max": max(own),
+            "own_decisions": len(own),
+            "resample_saves": RESAMPLE_SAVES,
+            "off_interquartile": [quartiles[0], quartiles[2]],
             "choices": choices[s.name],
         }
     return out
@@ -576,6 +600,7 @@ def main() -> int:
         "machine": started_on,
         "reps": reps,
         "local_saves": saves,
+        "local_order": "paired",
         "warmup": warmup,
         "states": {s.name: {"bytes": s.nbytes, "tensors": len(s.tensors), **s.info} for s in states},
         "s3": s3,

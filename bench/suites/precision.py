@@ -263,7 +263,7 @@ def report(p: str, r: dict[str, Any]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--quick", action="store_true", help="a 2-layer model, 3 reps: a smoke run")
     parser.add_argument("--child", choices=["save", "restore"], help=argparse.SUPPRESS)
     parser.add_argument("--precision", choices=sorted(PRECISIONS), help=argparse.SUPPRESS)

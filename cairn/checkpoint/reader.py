@@ -65,6 +65,9 @@ __all__ = [
     "stream_logical",
 ]
 
+ENCODED_IN_FLIGHT = 4 << 20
+"""The least stored bytes of encoded frames a restore holds in flight (more for a large state:
+5% of what its encoded entries decode to)."""
 ValueCheck = Callable[[str, np.ndarray], None]
 """``value_check(name, chunk)``: raise to refuse a tensor from a 1-D chunk of its values."""
 
@@ -247,7 +250,7 @@ def read_tensors(
     # (at least 4 MiB) in flight, so a compressed restore holds little beyond the state.
     encoded = sum(e.length for e in wanted if e.encoding is not None)
     workers = max(1, max_workers)
-    group_bytes = min(piece_bytes, max(FRAME_BYTES, max(4 << 20, encoded // 20) // workers))
+    group_bytes = min(piece_bytes, max(FRAME_BYTES, max(ENCODED_IN_FLIGHT, encoded // 20) // workers))
     holding = threading.BoundedSemaphore(workers)
     groups = {e.name: _frame_groups(e, group_bytes) for e in wanted if e.encoding is not None}
     pieces = {e.name: _pieces(e, piece_bytes, groups.get(e.name)) for e in wanted}

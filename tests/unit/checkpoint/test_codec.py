@@ -17,7 +17,7 @@ import pytest
 
 from cairn import errors as E
 from cairn.checkpoint import CheckpointKind, CheckpointOptions, Limits, copy_checkpoint, read_manifest, verify_tensors
-from cairn.checkpoint.codec import FRAME_BYTES, FRAME_OVERHEAD, MAX_FRAME_BYTES, encode_frame
+from cairn.checkpoint.codec import FRAME_BYTES, FRAME_OVERHEAD, MAX_FRAME_BYTES, decode_frame, encode_frame
 from cairn.checkpoint.commit import write_checkpoint
 from cairn.checkpoint.compression import RESAMPLE_SAVES, decide, forget_measurements, last_choice, record_write
 from cairn.checkpoint.content import CheckpointContent
@@ -305,6 +305,19 @@ def test_an_auto_save_to_a_slow_store_is_written_compressed(local_store: LocalSt
 
 def _ref(store: LocalStore, step: int) -> CheckpointRef:
     return CheckpointRef(store.url, "auto", CheckpointKind.TRAINING, step)
+
+
+def test_frames_are_encoded_and_decoded_with_the_interpreter_lock_released() -> None:
+    """What lets a save's encoding thread run beside its writer and hashing threads: the binding
+    holds the lock through every call unless ``set_releasegil`` says otherwise."""
+    import blosc2
+
+    data = np.arange(1 << 16, dtype=np.float32)
+    stored, frame = encode_frame(memoryview(data).cast("B"), 4)
+    out = np.empty_like(data)
+    decode_frame(memoryview(stored), memoryview(out).cast("B"), frame, "t")
+    assert np.array_equal(out, data)
+    assert blosc2.set_releasegil(True) is True  # returns the setting it replaces
 
 
 def test_frames_hold_whole_elements_of_every_width() -> None:
