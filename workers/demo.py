@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from workers.demo_progress import StepProgress, running_segment
+from workers.demo_progress import ProgressDisplay, StepProgress, running_segment
 from workers.stack.devstack import StackConfig, default_state_dir, stack_up
 
 if TYPE_CHECKING:
@@ -103,7 +103,6 @@ async def temporal_drill() -> tuple[bool, str]:
     from datetime import timedelta
 
     from temporalio.service import RPCError
-    from tqdm import tqdm
 
     from activities.inputs import TrainingRunInput
     from activities.views import RunSummary
@@ -155,7 +154,7 @@ async def temporal_drill() -> tuple[bool, str]:
         print(f"SIGKILL worker A (pid {first.pid}) mid-segment; last durable checkpoint: step {durable.step}")
         second = worker("worker-b")
         print(f"started worker B (pid {second.pid}); Temporal retries the segment after the heartbeat timeout")
-        bar = tqdm(total=total, desc=run_id, unit="step")
+        bar = ProgressDisplay(run_id, total)  # a bar on a terminal, lines into a pipe or a log
         steps = StepProgress()  # the bar shows the highest step reached; a retry's recomputation is said
         phase: dict[str, object] = {}
         while True:
@@ -163,13 +162,12 @@ async def temporal_drill() -> tuple[bool, str]:
             segment = running_segment(desc)
             if segment is not None:
                 for note in steps.see(segment[1], segment[0], durable.step):
-                    bar.write(note)
+                    bar.note(note)
             with contextlib.suppress(RPCError):  # the killed worker held the run's workflow: no answer until B polls
                 progress = await handle.query(TrainingRun.progress, rpc_timeout=timedelta(seconds=5))
                 phase = {"phase": progress.phase, "attempts": progress.attempts}
                 steps.highest = max(steps.highest, progress.step)  # the segments done (no step within one)
-            bar.n = steps.highest
-            bar.set_postfix(**phase, **steps.postfix(), refresh=True)
+            bar.show(steps.highest, {**phase, **steps.postfix()})
             if desc.status is not None and desc.status.name != "RUNNING":
                 break
             await asyncio.sleep(0.3)

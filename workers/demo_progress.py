@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO
 
 from temporalio.api.enums.v1 import PendingActivityState
 
 from workers.reports.timeline import SEGMENT_ACTIVITIES
 
-__all__ = ["StepProgress", "running_segment"]
+__all__ = ["StepProgress", "ProgressDisplay", "running_segment"]
 
 
 @dataclass
@@ -84,3 +86,43 @@ def running_segment(desc: Any) -> tuple[tuple[str, int], int | None] | None:
                 step = value["step"] if isinstance(value.get("step"), int) else step
         return (pending.activity_id, pending.attempt), step
     return None
+
+
+class ProgressDisplay:
+    """Where the demo shows its progress: a bar on a terminal; where stderr is none (a pipe, a
+    log, CI), a line when the shown fields change, else at most one every ``every`` seconds
+    while the step moves — never a redrawn bar (its ``\\r`` frames fill a log). Notes are lines
+    either way."""
+
+    def __init__(self, name: str, total: int, stream: TextIO | None = None, every: float = 5.0) -> None:
+        from tqdm import tqdm
+
+        self.stream = stream or sys.stderr
+        self.name, self.total, self.every = name, total, every
+        self.bar = tqdm(total=total, desc=name, unit="step", file=self.stream) if self.stream.isatty() else None
+        self._last: tuple[int, dict[str, Any]] | None = None
+        self._at = float("-inf")
+
+    def show(self, step: int, fields: dict[str, Any], now: float | None = None) -> None:
+        if self.bar is not None:
+            self.bar.n = step
+            self.bar.set_postfix(**fields, refresh=True)
+            return
+        now = time.monotonic() if now is None else now
+        if self._last is not None:
+            same_fields, moved = self._last[1] == fields, self._last[0] != step
+            if same_fields and not (moved and now - self._at >= self.every):
+                return
+        self._last, self._at = (step, dict(fields)), now
+        shown = "".join(f" {k}={v}" for k, v in fields.items())
+        print(f"{self.name}: step {step}/{self.total}{shown}", file=self.stream, flush=True)
+
+    def note(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text, file=self.stream)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

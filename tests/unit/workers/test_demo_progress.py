@@ -86,3 +86,46 @@ def test_a_heartbeat_of_an_earlier_attempt_is_not_the_retrys_step() -> None:
     assert running_segment(desc(pending(2, started=1.0, heartbeat=2.0, step=47, state=SCHEDULED))) == ((SEG, 2), None)
     assert running_segment(desc(pending(2, started=3.0, heartbeat=3.5, step=42))) == ((SEG, 2), 42)
     assert running_segment(desc()) is None
+
+
+def test_into_a_pipe_the_demo_prints_lines_not_a_redrawn_bar() -> None:
+    """``make demo | tee demo.log``: a line when what is shown changes, else at most one every
+    ``every`` seconds while the step moves; notes as lines; no ``\\r`` frame anywhere."""
+    import io
+
+    from workers.demo_progress import ProgressDisplay
+
+    out = io.StringIO()
+    shown = ProgressDisplay("demo-run", 120, stream=out, every=5.0)
+    assert shown.bar is None
+    shown.show(0, {"phase": "training"}, now=0.0)
+    shown.show(10, {"phase": "training"}, now=1.0)  # moved, but within 5 s of the last line
+    shown.show(20, {"phase": "training"}, now=6.0)
+    shown.show(20, {"phase": "training"}, now=20.0)  # nothing moved
+    shown.show(25, {"phase": "training", "recomputing": "45/52"}, now=21.0)  # what is shown changed
+    shown.note("the retry resumed from step 40")
+    shown.close()
+    assert "\r" not in out.getvalue()
+    assert out.getvalue().splitlines() == [
+        "demo-run: step 0/120 phase=training",
+        "demo-run: step 20/120 phase=training",
+        "demo-run: step 25/120 phase=training recomputing=45/52",
+        "the retry resumed from step 40",
+    ]
+
+
+def test_on_a_terminal_the_demo_draws_its_bar() -> None:
+    import io
+
+    from workers.demo_progress import ProgressDisplay
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Terminal()
+    shown = ProgressDisplay("demo-run", 120, stream=out)
+    assert shown.bar is not None
+    shown.show(30, {"phase": "training"})
+    shown.close()
+    assert "\r" in out.getvalue() and "30/120" in out.getvalue()

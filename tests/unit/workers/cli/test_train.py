@@ -207,3 +207,28 @@ def test_cli_names_the_trainer_and_run_start_checks_its_options(
     run_file.write_text(json.dumps(run))
     assert cli(["run", "start", str(run_file), "--address", "127.0.0.1:1"]) == 2  # before connecting
     assert "config.trainer.options: depth: Extra inputs are not permitted" in capsys.readouterr().err
+
+
+def test_into_a_pipe_train_and_export_draw_no_bar(tmp_path: Path) -> None:
+    """``cairn train ... 2>&1 | tee log`` and an export: their progress bars are off where stderr
+    is no terminal (no ``\\r`` frame in the log), and what they print is still there."""
+    store = tmp_path / "store"
+
+    def cairn(*args: str) -> subprocess.CompletedProcess[bytes]:
+        done = subprocess.run(
+            [sys.executable, "-m", "workers.cli", *args],
+            capture_output=True,  # stdout and stderr are pipes; bytes: text mode would turn \r into \n
+            cwd=tmp_path,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        return done
+
+    cfg = REPO / "examples" / "config.json"
+    trained = cairn("train", "--config", str(cfg), "--steps", "300", "--store", str(store), "--run-id", "piped")
+    ref = trained.stdout.decode().strip().splitlines()[-1]
+    assert ref == str(store / "piped" / "training" / "000000000300"), trained.stdout
+    exported = cairn("ckpt", "export", ref, str(tmp_path / "out"), "--format", "safetensors")
+    for done in (trained, exported):
+        assert b"\r" not in done.stderr + done.stdout, done.stderr
+    assert b"run piped: steps 0..300" in trained.stderr, trained.stderr
