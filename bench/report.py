@@ -31,10 +31,23 @@ def load(name: str, folder: Path = RESULTS) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def machine_section(results: dict[str, dict[str, Any]]) -> list[str]:
+def machine_section(every: dict[str, dict[str, Any]]) -> list[str]:
+    # Sections measured on a GPU machine (``make gpu-check``) say so on a line of their own: it is
+    # not the CPU machines' size, and its load and versions are its own.
+    on_gpu = {n: r for n, r in every.items() if r["machine"].get("gpu")}
+    results = {n: r for n, r in every.items() if n not in on_gpu} or every
     m = next(iter(results.values()))["machine"]
     loads = ", ".join(f"{n}: {r['machine']['loadavg_at_start'][0]:.1f}" for n, r in results.items())
     v = ", ".join(f"{k} {val}" for k, val in m["versions"].items())
+    gpu_lines = [
+        f"- {n} ran on a GPU machine of its own: {g['gpu']} (CUDA {g.get('cuda')}), {g['cpu']}, {g['cores']} cores, "
+        f"memory {g['memory_bytes'] / 2**30:.0f} GiB, Linux {g['kernel']}; "
+        + ", ".join(f"{k} {val}" for k, val in g["versions"].items())
+        + f"; load average {g['loadavg_at_start'][0]:.1f} when it started"
+        for n, r in on_gpu.items()
+        for g in [r["machine"]]
+        if on_gpu is not every
+    ]
     return [
         "## Machine",
         "",
@@ -56,6 +69,7 @@ def machine_section(results: dict[str, dict[str, Any]]) -> list[str]:
         "run** (two other engineers' test suites and drills share its 2 cores), so single runs are noisy: every "
         "comparison is interleaved rep by rep and reported as a median with its min–max, and ratios are taken "
         "within one run.",
+        *gpu_lines,
         "",
     ]
 

@@ -35,8 +35,8 @@ import argparse
 import dataclasses
 import gc
 import json
-import statistics
 import os
+import statistics
 import subprocess
 import sys
 import tempfile

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal, cast
 
 from blake3 import blake3
 
@@ -46,7 +46,7 @@ __all__ = [
     "stored_checksum",
 ]
 
-CODEC = "blosc2-zstd"
+CODEC: Literal["blosc2-zstd"] = "blosc2-zstd"
 FRAME_BYTES = 1 << 20
 """Logical bytes per frame written: a multiple of 16 (every dtype's width divides it)."""
 MAX_FRAME_BYTES = 64 << 20
@@ -72,7 +72,7 @@ def _blosc2() -> ModuleType:
     # its writer and hashing threads, and a restore's decodes beside its reads; the cost the
     # binding warns of is per call, negligible on 1 MiB frames.
     blosc2.set_releasegil(True)
-    return blosc2
+    return cast(ModuleType, blosc2)
 
 
 FrameSpan = tuple[int, int, int, int]

@@ -149,7 +149,7 @@ def _stream_encoded(source: Store, where: str, t: TensorEntry, view: memoryview)
         decode_frame(
             stored, byte_view(logical)[: end - start], t.encoding.frames[k], f"tensors[{t.name}].encoding.frames[{k}]"
         )
-        h.update(logical[: end - start])
+        h.update(byte_view(logical)[: end - start])
         if k == last:
             require_checksum(t.name, t.checksum, h)
         yield stored

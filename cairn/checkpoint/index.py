@@ -205,8 +205,9 @@ def check_index_refs(manifest: Manifest, limits: Limits) -> None:
         raise ManifestError("a rank index is listed twice", field="indexes", found=[r.rank for r in refs][:20])
     blocks = sum(r.entries for r in refs)
     if blocks > limits.max_blocks:
-        bound = f"<= {limits.max_blocks} blocks ({limits.sized_by})"
-        raise SizeLimitError(field="indexes", expected=bound, found=blocks)
+        raise SizeLimitError(
+            field="indexes", expected=f"<= {limits.max_blocks} blocks ({limits.sized_by})", found=blocks
+        )
     ranges: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for ref in refs:
         where = f"indexes[{ref.rank}]"

@@ -122,7 +122,7 @@ def verify_tensors(
         if entry.encoding is not None:
             h = blake3()
             for chunk in _decoded(store, ref, manifest, entry):
-                h.update(chunk)
+                h.update(byte_view(chunk))
                 if value_check is not None:
                     value_check(base_name(entry.name) if manifest.parts else entry.name, chunk.view(dtype))
             require_checksum(entry.name, entry.checksum, h)
@@ -376,10 +376,10 @@ def stream_logical(
         if entry.encoding is not None:  # frame by frame, through buffers of its own (a frame each)
             last = len(entry.encoding.frames) - 1
             for k, decoded in enumerate(_decoded(store, ref, manifest, entry)):
-                h.update(decoded)
+                h.update(byte_view(decoded))
                 if k == last:
                     require_checksum(entry.name, entry.checksum, h)
-                yield memoryview(decoded)
+                yield byte_view(decoded)
             continue
         for start in range(0, entry.length, step):
             chunk = view[: min(step, entry.length - start)]

@@ -6,7 +6,9 @@ gang resumed at W = 1 (with two GPUs)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -88,3 +90,31 @@ def test_an_nccl_gang_of_two_resumed_at_one(tmp_path: Path) -> None:
     straight = TrainingSession.fresh("s", tmp_path / "s", config)
     straight.run(12, checkpoint_at_end=False)
     assert compare_states(resumed, straight.state) == []
+
+
+def test_a_one_rank_fsdp_gang_on_nccl_resumes_bit_exact(tmp_path: Path) -> None:
+    """FSDP2 on CUDA over NCCL (one GPU: a gang of one rank under torchrun, the CPU/gloo tests'
+    path with ``cuda:LOCAL_RANK``): 5 updates, a new gang restoring that checkpoint, 7 more,
+    equal 12 straight, bit for bit; the checkpoint records the sharding."""
+    body = digits_dp_config(device="cuda").to_json()
+    body["distributed"]["strategy"] = "fsdp"
+    config = parse_config(body)
+
+    def gang(store: Path, target: int, workdir: Path) -> Any:
+        job = GangJob(run_id="fsdp", store=str(store), config=config, target_step=target, checkpoint_every=5)
+        g = Gang(GangSpec(nproc_per_node=1), job, workdir)
+        g.start()
+        return g.supervise(on_progress=lambda doc: None, cancelled=lambda: False)
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "straight").mkdir()
+    first = gang(tmp_path / "run", 5, tmp_path / "w1")
+    resumed = gang(tmp_path / "run", 12, tmp_path / "w2")
+    straight = gang(tmp_path / "straight", 12, tmp_path / "w3")
+    assert (first.step, resumed.resumed_from_step, resumed.step, straight.step) == (5, 5, 12, 12)
+    assert resumed.fingerprint == straight.fingerprint
+    local = LocalStore(tmp_path / "run")
+    manifest = read_manifest(local, CheckpointRef.parse(resumed.checkpoint), expect_kind=CheckpointKind.TRAINING)
+    runtime = manifest.meta["runtime"]
+    assert runtime["sharding"]["strategy"] == "fsdp" and runtime["sharding"]["world_size"] == 1, runtime
+    assert "cuda" in json.dumps(runtime), runtime  # computed on the GPU, and recorded so

@@ -55,5 +55,7 @@ def test_a_wrong_trainer_option_is_flagged_by_the_trainers_schema(name: str) -> 
     kind, trainer = _kind_and_trainer(document)
     assert trainer is not None
     _options(document)["no_such_option"] = 1
-    wrong = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema(kind, trainer)).iter_errors(document))
+    wrong = jsonschema.exceptions.best_match(
+        jsonschema.Draft202012Validator(schema(kind, trainer)).iter_errors(document)
+    )
     assert wrong is not None and "'no_such_option' was unexpected" in wrong.message, wrong
