@@ -92,12 +92,15 @@ class ProgressDisplay:
     """Where the demo shows its progress: a bar on a terminal; where stderr is none (a pipe, a
     log, CI), a line when the shown fields change, else at most one every ``every`` seconds
     while the step moves — never a redrawn bar (its ``\\r`` frames fill a log). Notes are lines
-    either way."""
+    either way, on stdout with the demo's other lines."""
 
-    def __init__(self, name: str, total: int, stream: TextIO | None = None, every: float = 5.0) -> None:
+    def __init__(
+        self, name: str, total: int, stream: TextIO | None = None, notes: TextIO | None = None, every: float = 5.0
+    ) -> None:
         from tqdm import tqdm
 
-        self.stream = stream or sys.stderr
+        self.stream = stream or sys.stderr  # the bar or the progress lines, where tqdm draws
+        self.notes = notes or sys.stdout  # the notes, with the demo's other lines
         self.name, self.total, self.every = name, total, every
         self.bar = tqdm(total=total, desc=name, unit="step", file=self.stream) if self.stream.isatty() else None
         self._last: tuple[int, dict[str, Any]] | None = None
@@ -119,9 +122,9 @@ class ProgressDisplay:
 
     def note(self, text: str) -> None:
         if self.bar is not None:
-            self.bar.write(text, file=self.stream)
+            self.bar.write(text, file=self.notes)  # above the bar, which is drawn again below it
         else:
-            print(text, file=self.stream, flush=True)
+            print(text, file=self.notes, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:

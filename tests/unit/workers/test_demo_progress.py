@@ -96,7 +96,7 @@ def test_into_a_pipe_the_demo_prints_lines_not_a_redrawn_bar() -> None:
     from workers.demo_progress import ProgressDisplay
 
     out = io.StringIO()
-    shown = ProgressDisplay("demo-run", 120, stream=out, every=5.0)
+    shown = ProgressDisplay("demo-run", 120, stream=out, notes=out, every=5.0)
     assert shown.bar is None
     shown.show(0, {"phase": "training"}, now=0.0)
     shown.show(10, {"phase": "training"}, now=1.0)  # moved, but within 5 s of the last line
