@@ -19,6 +19,7 @@ import json
 import os
 import shlex
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,8 @@ __all__ = [
 STATE_DIR_ENV = "CAIRN_STATE_DIR"
 REPO = Path(__file__).resolve().parents[2]
 WORKER_READY_S = 180.0
+BUCKET_WAIT_SECONDS = 30.0
+"""How long a new SeaweedFS may refuse to create the stack's bucket before ``up`` fails."""
 """How long ``up`` waits for its worker to poll (a torch trainer's preload takes seconds)."""
 
 
@@ -286,12 +289,24 @@ def _worker_command(cfg: StackConfig) -> str:
 
 
 def _ensure_bucket(cfg: StackConfig) -> None:
+    from cairn.errors import StorageError
     from cairn.stores import S3Store
 
     env = stack_env(cfg)
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
         os.environ.setdefault(key, env[key])
-    S3Store(S3_BUCKET, endpoint_url=cfg.s3_endpoint).ensure_bucket()
+    store = S3Store(S3_BUCKET, endpoint_url=cfg.s3_endpoint)
+    # SeaweedFS answers on its S3 port before its filer is ready: a create then fails "not
+    # found" for a few seconds (seen in CI-like runs). Wait for the bucket, not a fixed time.
+    deadline = time.monotonic() + BUCKET_WAIT_SECONDS
+    while True:
+        try:
+            store.ensure_bucket()
+            return
+        except StorageError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.25)
 
 
 def stack_down(cfg: StackConfig, echo: Callable[[str], None] = print) -> None:
