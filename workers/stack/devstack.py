@@ -53,9 +53,9 @@ __all__ = [
 STATE_DIR_ENV = "CAIRN_STATE_DIR"
 REPO = Path(__file__).resolve().parents[2]
 WORKER_READY_S = 180.0
+"""How long ``up`` waits for its worker to poll (a torch trainer's preload takes seconds)."""
 BUCKET_WAIT_SECONDS = 30.0
 """How long a new SeaweedFS may refuse to create the stack's bucket before ``up`` fails."""
-"""How long ``up`` waits for its worker to poll (a torch trainer's preload takes seconds)."""
 
 
 def default_state_dir() -> Path:
