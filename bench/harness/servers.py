@@ -14,7 +14,7 @@ from workers.stack.servers import (
     seaweedfs_command,
     temporal_command,
     wait_for_http,
-    wait_for_tcp,
+    wait_for_temporal,
 )
 
 
@@ -44,7 +44,7 @@ def temporal_server(workdir: Path) -> Iterator[str]:
         "temporal", temporal_command(port, None, workdir / "temporal.db"), workdir / "temporal.log"
     ).start()
     try:
-        wait_for_tcp("127.0.0.1", port, timeout=60, alive=server.alive)
+        wait_for_temporal("127.0.0.1", port, timeout=60, alive=server.alive)
         yield f"127.0.0.1:{port}"
     finally:
         server.stop(grace=5.0)

@@ -107,7 +107,7 @@ class TemporalServer:
 
 @pytest.fixture(scope="session")
 def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TemporalServer]:
-    from workers.stack.servers import temporal_command, wait_for_tcp
+    from workers.stack.servers import temporal_command, wait_for_temporal
 
     root = tmp_path_factory.mktemp("temporal")
     for attempt in range(1, TEMPORAL_STARTS + 1):
@@ -117,7 +117,7 @@ def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tempor
         argv = temporal_command(port, None, root / f"temporal-{attempt}.db")
         server = ServerProcess("temporal", argv, root / f"temporal-{attempt}.log").start()
         try:
-            wait_for_tcp("127.0.0.1", port, timeout=60, alive=server.alive)
+            wait_for_temporal("127.0.0.1", port, timeout=60, alive=server.alive)
         except RuntimeError:  # it exited
             server.stop()
             if attempt == TEMPORAL_STARTS:

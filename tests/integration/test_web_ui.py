@@ -35,7 +35,7 @@ from cairn.config import TrainConfig
 from tests.conftest import REPO
 from tests.integration.conftest import assert_matches_reference
 from workers.client import connect
-from workers.stack.servers import ServerProcess, free_port, temporal_command, wait_for_http, wait_for_tcp
+from workers.stack.servers import ServerProcess, free_port, temporal_command, wait_for_http, wait_for_temporal
 from workers.worker import serving
 
 pytestmark = pytest.mark.integration
@@ -99,7 +99,7 @@ def temporal_with_ui(chromium: str, tmp_path_factory: pytest.TempPathFactory) ->
         argv = temporal_command(port, ui_port, root / f"temporal-{attempt}.db")
         server = ServerProcess("temporal", argv, root / f"temporal-{attempt}.log").start()
         try:
-            wait_for_tcp("127.0.0.1", port, timeout=60, alive=server.alive)
+            wait_for_temporal("127.0.0.1", port, timeout=60, alive=server.alive)
             wait_for_http(f"http://127.0.0.1:{ui_port}/", timeout=60, alive=server.alive)
         except RuntimeError:
             server.stop()

@@ -25,7 +25,7 @@ from workers.stack.servers import (
     seaweedfs_command,
     temporal_command,
     wait_for_http,
-    wait_for_tcp,
+    wait_for_temporal,
 )
 
 __all__ = ["DrillStack", "EmbeddedStack", "EnvStack", "Restart", "S3_BUCKET"]
@@ -119,7 +119,7 @@ class EmbeddedStack(DrillStack):
                 ServerProcess(
                     "temporal", temporal_command(t_port, ui_port, state_dir / "temporal.db"), logs / "temporal.log"
                 ),
-                lambda p: wait_for_tcp("127.0.0.1", t_port, 90, p.alive),
+                lambda p: wait_for_temporal("127.0.0.1", t_port, 90, p.alive),
             ),
             "s3": _Server(
                 ServerProcess(

@@ -35,7 +35,7 @@ from workers.stack.servers import (
     temporal_command,
     wait_for_http,
     wait_for_log,
-    wait_for_tcp,
+    wait_for_temporal,
 )
 
 __all__ = [
@@ -165,7 +165,7 @@ def _services(cfg: StackConfig) -> list[tuple[str, list[str], Ready, str]]:
         (
             "temporal",
             temporal_command(cfg.temporal_port, cfg.ui_port, cfg.state_dir / "temporal.db"),
-            lambda p, _: wait_for_tcp("127.0.0.1", cfg.temporal_port, 90, p.alive),
+            lambda p, _: wait_for_temporal("127.0.0.1", cfg.temporal_port, 90, p.alive),
             f"--port {cfg.temporal_port}",
         ),
         (

@@ -10,6 +10,8 @@ Used by ``cairn dev up`` and by the test fixtures. Nothing here downloads anythi
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -38,6 +40,7 @@ __all__ = [
     "wait_for_http",
     "wait_for_log",
     "wait_for_tcp",
+    "wait_for_temporal",
     "stop_pid",
 ]
 
@@ -67,6 +70,52 @@ def wait_for_tcp(host: str, port: int, timeout: float, alive: Callable[[], bool]
             return
         time.sleep(0.2)
     raise TimeoutError(f"{host}:{port} did not accept connections within {timeout:.0f}s")
+
+
+def wait_for_temporal(host: str, port: int, timeout: float, alive: Callable[[], bool] = lambda: True) -> None:
+    """Until a client connects to the Temporal frontend at ``host:port`` and its health check says
+    SERVING. An accepting port is not enough: for a moment after the dev server binds, its frontend
+    answers ``Frontend is not healthy yet`` and a client connecting then fails (a CI run failed so)."""
+    deadline = time.monotonic() + timeout
+    wait_for_tcp(host, port, timeout, alive)
+    last = "no answer yet"
+    while time.monotonic() < deadline:
+        if not alive():
+            raise RuntimeError(f"process exited before the Temporal frontend at {host}:{port} was healthy")
+        why = temporal_unhealthy(f"{host}:{port}", max(0.5, min(PROBE_S, deadline - time.monotonic())))
+        if why is None:
+            return
+        last = why
+        time.sleep(0.2)
+    raise TimeoutError(f"the Temporal frontend at {host}:{port} was not healthy within {timeout:.0f}s (last: {last})")
+
+
+PROBE_S = 5.0
+"""The longest one health probe may take (a port that accepts and never answers holds a client's
+connect for much longer)."""
+
+
+def temporal_unhealthy(address: str, timeout: float = PROBE_S) -> str | None:
+    """None when a client connects to ``address`` and the frontend's health check says SERVING
+    within ``timeout`` seconds; else why not, in one line. Runs on a thread of its own, so it may
+    be called from async code."""
+    from temporalio.client import Client
+
+    async def connect_and_check() -> str | None:
+        client = await Client.connect(address)
+        return None if await client.service_client.check_health() else "health check: not serving"
+
+    async def probe() -> str | None:
+        try:
+            return await asyncio.wait_for(connect_and_check(), timeout)
+        except TimeoutError:
+            return f"no answer within {timeout:.1f} s"
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        try:
+            return pool.submit(asyncio.run, probe()).result()
+        except Exception as exc:  # connection refused, "not healthy yet", an RPC error: all mean "not yet"
+            return " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
 
 
 def wait_for_http(url: str, timeout: float, alive: Callable[[], bool] = lambda: True) -> None:

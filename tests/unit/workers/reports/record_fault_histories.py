@@ -36,7 +36,7 @@ from cairn.runs.record import run_record
 from cairn.stores import LocalStore
 from tests.integration.conftest import run_input, start_worker_process
 from workers.client import WORKFLOW_TASK_TIMEOUT, connect
-from workers.stack.servers import ServerProcess, free_port, temporal_command, wait_for_tcp
+from workers.stack.servers import ServerProcess, free_port, temporal_command, wait_for_temporal
 from workflows.training_run import TrainingRun
 
 HERE = Path(__file__).resolve().parent / "histories"
@@ -242,7 +242,7 @@ async def main(names: list[str]) -> None:
     port = free_port()
     server = ServerProcess("temporal", temporal_command(port, None, root / "t.db"), root / "t.log").start()
     try:
-        wait_for_tcp("127.0.0.1", port, timeout=60, alive=server.alive)
+        wait_for_temporal("127.0.0.1", port, timeout=60, alive=server.alive)
         client = await connect(f"127.0.0.1:{port}")
         for name in names or list(SCENARIOS):
             scene = Scene(client, f"127.0.0.1:{port}", root / f"{name}-{uuid.uuid4().hex[:6]}")
