@@ -14,6 +14,7 @@ non-finite value is a diverged run), agreed; then the history segments, the coor
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Protocol
 
 import numpy as np
@@ -90,13 +91,18 @@ def check_blocked(manifest: Manifest, block_bytes: int) -> None:
             )
 
 
-def whole_buffers(manifest: Manifest, *, history: bool) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Uninitialised whole arrays for a blocked checkpoint's history (or for its state's tensors),
-    and the views of their blocks that a read fills (block entry name -> view)."""
+def whole_buffers(
+    manifest: Manifest, *, history: bool, exclude: Collection[str] = ()
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Uninitialised whole arrays for a blocked checkpoint's history (or for its state's tensors,
+    but those named in ``exclude``), and the views of their blocks that a read fills (block entry
+    name -> view)."""
     assert manifest.parts is not None
     specs = logical_specs(manifest)
     arrays = {
-        name: np.empty(shape, dtype=dtype) for name, (dtype, shape) in specs.items() if is_history(name) == history
+        name: np.empty(shape, dtype=dtype)
+        for name, (dtype, shape) in specs.items()
+        if is_history(name) == history and name not in exclude
     }
     return arrays, split_blocks(arrays, {name: manifest.parts[name] for name in arrays})
 

@@ -44,9 +44,11 @@ DCP_SOURCE = "dcp:"
 """How a lineage's reference names weights read from a PyTorch Distributed Checkpoint directory."""
 
 
-def initial_state(trainer: Trainer, *, options: CheckpointOptions) -> TrainState:
-    """Step 0 of a run: fresh, or — with ``init_from`` — a new stage on a reference's weights."""
-    state = trainer.init_state()
+def initial_state(trainer: Trainer, *, options: CheckpointOptions, fresh: TrainState | None = None) -> TrainState:
+    """Step 0 of a run: fresh, or — with ``init_from`` — a new stage on a reference's weights.
+    ``fresh`` is the trainer's ``init_state()`` when the caller made it (an FSDP rank: its
+    sharded weights stood in for by their whole shapes, which the imports check against)."""
+    state = trainer.init_state() if fresh is None else fresh
     init = trainer.config.init_from
     if init is None:
         return state

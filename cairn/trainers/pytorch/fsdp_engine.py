@@ -19,17 +19,20 @@ from typing import Any
 
 import numpy as np
 
-from cairn.checkpoint.blocks import Block, block_elems_for, plan_blocks, split_blocks
+from cairn.checkpoint.blocks import Block, block_elems_for, logical_specs, plan_blocks, split_blocks
 from cairn.checkpoint.manifest import Manifest, PartSpec
 from cairn.checkpoint.options import CheckpointOptions
 from cairn.checkpoint.tensors import dtype_tag
+from cairn.checkpoint.training import is_history
 from cairn.distributed.comm import Comm
 from cairn.distributed.engine import whole_buffers
 from cairn.errors import InvariantError
+from cairn.state import TrainState
 from cairn.stores.base import Store
 from cairn.trainers.pytorch.data_parallel import TorchDP
 from cairn.trainers.pytorch.fsdp import ShardedTensors, check_fsdp, rows_of, shard_model
 from cairn.trainers.pytorch.parts import LiveTrainer
+from cairn.trainers.stages import initial_state
 
 __all__ = ["TorchFSDP"]
 
@@ -52,9 +55,12 @@ class TorchFSDP(TorchDP):
         super().__init__(trainer, comm, run_id, store, options)
         live: Any = trainer
         check_fsdp(live)
-        live.optimizer_probe()  # on the whole model, before sharding (it steps a copy)
         live.weight_specs()
         shard_model(live, comm)
+        # On the shards: a probe step of the whole model holds the whole state (the parameters
+        # twice, their gradients and the optimizer's moments), which a rank may have no room for.
+        # A DTensor's shape is its global shape, so the probe's specs are the whole model's.
+        live.optimizer_probe()
         self.shards = ShardedTensors(live, comm)
         live.shards = self.shards
         self._reading_blocks: dict[str, np.ndarray] = {}
@@ -64,7 +70,30 @@ class TorchFSDP(TorchDP):
     def start_fresh(self) -> None:
         if not getattr(self.trainer, "pristine", True):
             raise InvariantError("an FSDP engine starts from the state build() made", field="trainer.pristine")
-        super().start_fresh()
+        if self.trainer.config.init_from is None:
+            super().start_fresh()
+            return
+        self._adopt(self._imported())
+
+    def _imported(self) -> TrainState:
+        """Step 0 of a new stage on imported weights (``init_from``): the imports check and
+        return whole tensors, so each sharded weight is offered to them by its whole shape (a
+        read-only stand-in that holds no memory), and this rank keeps its rows of what came in."""
+        live: Any = self.trainer
+        fresh = live.init_state()
+        mine: dict[str, np.ndarray] = {}  # this rank's rows, kept where the import does not replace them
+        stand_ins: dict[str, np.ndarray] = {}
+        for name, spec in live.weight_specs().items():
+            if name in fresh.tensors and tuple(fresh.tensors[name].shape) != tuple(spec.shape):
+                mine[name] = fresh.tensors[name]
+                stand_ins[name] = np.broadcast_to(np.zeros((), mine[name].dtype), spec.shape)
+        fresh.tensors.update(stand_ins)
+        state = initial_state(live, options=self.options, fresh=fresh)
+        for name, stand_in in stand_ins.items():
+            got = state.tensors[name]
+            lo, hi = rows_of(stand_in.shape[0], self.comm.world, self.comm.rank)
+            state.tensors[name] = mine[name] if got is stand_in else np.ascontiguousarray(got[lo:hi])
+        return state
 
     # -- geometry ------------------------------------------------------------------------------
     def _sharded(self, name: str, shape: tuple[int, ...]) -> bool:
@@ -179,30 +208,28 @@ class TorchFSDP(TorchDP):
         """Whole tensors FSDP2 does not shard; of each sharded one, only the blocks that overlap
         this rank's new shard: a block inside the shard is read straight into its place, one
         straddling a shard boundary (at most two per tensor) into a buffer of its own. A rank
-        holds its shard and at most two blocks per tensor, never a whole sharded tensor."""
+        holds its shard and at most two blocks per tensor, never a whole sharded tensor (not even
+        as unused address space: a rank's memory may be capped near its share)."""
         assert manifest.parts is not None
-        whole, whole_blocks = whole_buffers(manifest, history=False)  # np.empty: pages never touched
-        parts = {n: manifest.parts[n] for n in whole}
-        specs = {n: (str(p.dtype), tuple(p.shape)) for n, p in parts.items()}
+        specs = {n: (dtype, shape) for n, (dtype, shape) in logical_specs(manifest).items() if not is_history(n)}
         sharded = {n for n, (_, shape) in specs.items() if self._sharded(n, shape)}
-        self._reading = {n: a for n, a in whole.items() if n not in sharded}
+        self._reading, targets = whole_buffers(manifest, history=False, exclude=sharded)
         self._read_specs = {n: specs[n] for n in sharded}
-        targets = {k: v for k, v in whole_blocks.items() if k.rpartition("#")[0] not in sharded}
+        dtypes = {n: np.dtype(specs[n][0]) for n in sharded}
         self._shard_out = {}
         for name in sharded:
             lo, hi = self._flat_range(specs[name][1], self.comm.rank)
-            self._shard_out[name] = np.empty(hi - lo, dtype=whole[name].dtype)
+            self._shard_out[name] = np.empty(hi - lo, dtype=dtypes[name])
         self._reading_blocks = {}
+        parts = manifest.parts
         for block in plan_blocks({n: parts[n] for n in sharded}):
             lo, hi = self._flat_range(parts[block.tensor].shape, self.comm.rank)
             if lo <= block.start and block.stop <= hi and block.size > 0:
                 targets[block.name] = self._shard_out[block.tensor][block.start - lo : block.stop - lo]
             elif block.start < hi and lo < block.stop or (block.size == 0 and self.comm.rank == 0):
-                buf = np.empty(block.size, dtype=whole[block.tensor].dtype)
+                buf = np.empty(block.size, dtype=dtypes[block.tensor])
                 self._reading_blocks[block.name] = buf
                 targets[block.name] = buf
-        for name in sharded:  # the whole arrays of sharded tensors are never filled: drop them
-            del whole[name]
         return targets
 
     def tensors_read(self) -> dict[str, np.ndarray]:
