@@ -39,7 +39,9 @@ from cairn.errors import GangFailedError
 from cairn.gang.job import GangJob, RankResult
 from cairn.gang.launch import Gang, GangSpec, gang_processes
 from cairn.gang.rank import run_rank
+from cairn.interop import export_dcp
 from cairn.stores import LocalStore
+from cairn.trainers.loading import load_trainer
 from cairn.training import load_training
 from tests.conftest import digits_dp_config
 from workers.cli.main import main
@@ -255,3 +257,21 @@ def test_the_one_process_commands_read_an_fsdp_checkpoint(
     params = {n.removeprefix("param/"): a for n, a in state.tensors.items() if n.startswith("param/")}
     assert set(params) <= set(exported)
     assert all(exported[n].numpy().tobytes() == a.tobytes() for n, a in params.items())
+
+
+def test_a_new_stage_on_imported_weights_starts_each_rank_on_its_rows_of_them(at17: Path, tmp_path: Path) -> None:
+    """``init_from.dcp`` under FSDP: the import is checked against the whole tensors and each rank
+    keeps its rows, so the stage's step 0 (written in the whole layout) holds the imported weights
+    bit for bit. (Before: each whole tensor was compared with the rank's shard and refused.)"""
+    source = LocalStore(at17)
+    ref = next(r for r in list_checkpoints(source, RUN) if r.step == 17)
+    state, _ = load_training(source, ref)
+    export_dcp(state, load_trainer(config()), tmp_path / "dcp")
+    body = config().to_json()
+    stage = TrainConfig.model_validate({**body, "stage": "import", "init_from": {"dcp": str(tmp_path / "dcp")}})
+    (tmp_path / "store").mkdir()
+    result = gang(2, tmp_path / "store", tmp_path / "w", stage, 2)
+    assert (result.world_size, result.step) == (2, 2)
+    imported, theirs = checkpoint(tmp_path / "store", 0)[0], checkpoint(at17, 17)[0]
+    assert imported.keys() == theirs.keys()
+    assert all(imported[n].tobytes() == theirs[n].tobytes() for n in theirs)
