@@ -177,8 +177,7 @@ def _notes(r: dict[str, Any]) -> list[str]:
     shards = [s for w in worlds.values() for s in w["shard_bytes"]]
     pairs = [(s, q) for w in worlds.values() for s, q in zip(w["shard_bytes"], w["rss"], strict=True)]
     saves_within = all(q["save"]["peak_extra"] <= s + block for s, q in pairs)
-    restores_over = all(q["restore"]["peak_extra"] > s + block for s, q in pairs)
-    one = f" ({restore_over[-1]:.2f}×)" if "1" in worlds and list(worlds)[-1] == "1" else ""
+    restores_within = sum(q["restore"]["peak_extra"] <= s + block for s, q in pairs)
     out = [
         "**What the numbers say.**",
         "",
@@ -191,13 +190,12 @@ def _notes(r: dict[str, Any]) -> list[str]:
         "its shard + one block; a save holds more than one block wherever several tensors' boundaries straddle "
         "blocks.",
         f"- *A restore holds the shard about {statistics.median(restore_over):.1f} times over, above its start* "
-        f"({_span(restore_over)} per rank){', well over' if restores_over else ', within'} the shard + one block. "
-        f"At W = 1{one} that is about 1 + 2/3: the rows the rank reads (its blocks, then its rows assembled from "
-        "them, `tensors_read`) and fresh storage for both Adam moments (`ShardedTensors.install` copies them while "
-        "the engine's previous export still holds the old ones, released when the new state is adopted); at W > 1 "
-        "also the blocks that overlap a neighbour's rows. The whole-tensor arrays that `whole_buffers` allocates for every tensor before "
-        "`blocks_to_read` drops the sharded ones (the whole state, at any W) are never written: they cost "
-        "address space, not resident memory, so RSS cannot show them and this benchmark does not measure them.",
+        f"({_span(restore_over)} per rank); {restores_within} of {len(pairs)} ranks stayed within the shard + one "
+        "block. What a rank reads (its blocks, then its rows assembled from them, `TorchFSDP.tensors_read`) becomes "
+        "its optimizer state and buffers as it is (`ShardedTensors.install` adopts the restore's own buffers) and "
+        "is copied only into the parameters' FSDP2 storage; the rest, at W > 1, is the blocks that overlap a "
+        "neighbour's rows, read whole and cut (at most two per sharded tensor). No whole buffer is reserved for a "
+        "sharded tensor, not even as untouched address space.",
     ]
     if multi:
         gang = [w["save"]["floor"]["median"] / w["save"]["cairn"]["median"] for w in multi]

@@ -1,10 +1,11 @@
-"""A trainer whose FSDP engine records each rank's peak resident memory during every save.
+"""A trainer whose FSDP engine records each rank's peak resident memory during every save and restore.
 
 Test-only code for ``test_fsdp_memory``: the gang's rank processes import it by its factory path
 (``tests.integration.peak_rss_trainer:PeakRSSMLP``, the repository root on their
 ``PYTHONPATH``). The trainer is the tutorial's digits MLP; its engine is the product's
 ``TorchFSDP``, whose ``save`` is wrapped: the resident set before it, the kernel's high-water
 mark reset (``/proc/self/clear_refs``), the save, the high-water mark read back (``VmHWM``).
+Its ``load`` (a restore) is weighed the same way.
 ``gather_at_step`` makes the save at that step hold the whole state first (every sharded
 parameter and optimizer state all-gathered, as a save through a gather would): the control that
 shows the measurement sees a gather.
@@ -19,7 +20,9 @@ from typing import Any
 
 import torch
 
+from cairn.checkpoint.manifest import Manifest
 from cairn.checkpoint.options import CheckpointOptions
+from cairn.checkpoint.ref import CheckpointRef
 from cairn.distributed.checkpoint import SaveOutcome
 from cairn.distributed.comm import Comm
 from cairn.stores.base import Store
@@ -81,6 +84,21 @@ class MeasuredFSDP(TorchFSDP):
         path = Path(options.report) / f"rank{self.comm.rank}-step{step}.json"
         path.write_text(json.dumps(report))
         return saved
+
+    def load(self, ref: CheckpointRef) -> Manifest:
+        """The restore, weighed as a save is: ``rank{R}-load{S}.json``."""
+        options = self.trainer.options
+        assert isinstance(options, PeakRSSOptions)
+        before = _status_bytes("VmRSS")
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        manifest = super().load(ref)
+        peak = _status_bytes("VmHWM")
+        assert self.state is not None
+        shard = sum(a.nbytes for a in self.state.tensors.values())
+        report = {"rank": self.comm.rank, "step": ref.step, "rss_before": before, "peak": peak, "shard_bytes": shard}
+        (Path(options.report) / f"rank{self.comm.rank}-load{ref.step}.json").write_text(json.dumps(report))
+        return manifest
 
 
 class PeakRSSMLP(DigitsMLP):

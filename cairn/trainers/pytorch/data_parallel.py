@@ -243,12 +243,13 @@ class TorchDP:
 
     # -- state -----------------------------------------------------------------------------
 
-    def _adopt(self, state: TrainState) -> None:
+    def _adopt(self, state: TrainState, *, owned: bool = False) -> None:
         """Install ``state`` in the live objects (the adapter's validated import) and hold the
-        live export; ``self.state`` stays the same object (callers keep a reference to it)."""
+        live export; ``self.state`` stays the same object (callers keep a reference to it).
+        ``owned``: ``state``'s arrays are given up (``LiveTrainer.load_state``)."""
         trainer = self.trainer
         with trainer.runtime():
-            trainer.load_state(state)
+            trainer.load_state(state, owned=owned)
             live = trainer.export_state(state.step, {k: list(v) for k, v in state.history.items()}, state.lineage)
         self._hold(live)
 

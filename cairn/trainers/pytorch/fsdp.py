@@ -251,17 +251,25 @@ class ShardedTensors:
         }
 
     # -- import -------------------------------------------------------------------------------
-    def install(self, tensors: Mapping[str, np.ndarray], saved_optimizer: Mapping[str, Any]) -> None:
+    def install(
+        self, tensors: Mapping[str, np.ndarray], saved_optimizer: Mapping[str, Any], *, owned: bool = False
+    ) -> None:
         """Shards of ``tensors`` (arrays of this rank's rows, as ``TorchFSDP`` reads them) into
-        the live parameters and a fresh optimizer state, in fresh storage."""
+        the live parameters and a fresh optimizer state, in fresh storage; or, when ``owned``
+        (a restore's own buffers, given up), the optimizer state and buffers in the arrays'
+        storage (no second copy of the shard: a restore holds the rows read and the parameters)."""
         trainer = self.trainer
         self.prepared()
+
+        def tensor(arr: np.ndarray) -> torch.Tensor:
+            return from_numpy(arr if owned and arr.flags.writeable else np.array(arr, copy=True))
+
         with torch.no_grad():
             for name, p in trainer.params.items():
-                local = _local(p)
-                local.copy_(from_numpy(np.array(tensors[f"param/{name}"], copy=True)).reshape(local.shape))
+                local = _local(p)  # FSDP2's own storage: copied into
+                local.copy_(tensor(tensors[f"param/{name}"]).reshape(local.shape))
             for name, b in trainer.buffers.items():
-                b.data = from_numpy(np.array(tensors[f"buffer/{name}"], copy=True)).to(trainer.device)
+                b.data = tensor(tensors[f"buffer/{name}"]).to(trainer.device)
         optimizer = trainer.optimizer
         optimizer.state.clear()
         host_steps = {  # as ``Optimizer.load_state_dict`` places a step counter (``import_optimizer``)
@@ -274,7 +282,7 @@ class ShardedTensors:
             for key, arr in tensors.items():
                 if not key.startswith(prefix):
                     continue
-                value = from_numpy(np.array(arr, copy=True))
+                value = tensor(arr)
                 if value.dim() == 0 and not (key.endswith("/step") and host_steps[id(param)]):
                     value = value.to(param.device)
                 elif hasattr(param, "to_local") and value.dim() > 0:

@@ -67,6 +67,10 @@ class TorchFSDP(TorchDP):
         self._read_specs: dict[str, tuple[str, tuple[int, ...]]] = {}
         self._shard_out: dict[str, np.ndarray] = {}
 
+    def install(self, state: TrainState) -> None:
+        """A restore's state, read into buffers of this engine's own: adopted, not copied."""
+        self._adopt(state, owned=True)
+
     def start_fresh(self) -> None:
         if not getattr(self.trainer, "pristine", True):
             raise InvariantError("an FSDP engine starts from the state build() made", field="trainer.pristine")

@@ -110,8 +110,10 @@ class LiveTrainer(Trainer):
         """The process-wide settings the live objects run under (threads, deterministic mode)."""
 
     @abstractmethod
-    def load_state(self, state: TrainState) -> None:
-        """Make the live objects hold ``state`` (validated import; ``state`` is not modified)."""
+    def load_state(self, state: TrainState, *, owned: bool = False) -> None:
+        """Make the live objects hold ``state`` (validated import; ``state`` is not modified).
+        ``owned``: the caller gives ``state``'s arrays up (a restore's freshly read buffers,
+        held by nothing else): their storage may be adopted instead of copied."""
 
     @abstractmethod
     def export_state(self, step: int, history: dict[str, list[float]], lineage: Lineage) -> TrainState:

@@ -322,13 +322,15 @@ class TorchTrainer(LiveTrainer):
             meta=meta,
         )
 
-    def load_state(self, state: TrainState) -> None:
+    def load_state(self, state: TrainState, *, owned: bool = False) -> None:
         """Make the live objects hold ``state`` — in fresh storage, so nothing the caller holds
-        aliases what training will mutate (``state`` itself is never modified)."""
+        aliases what training will mutate (``state`` itself is never modified); unless ``owned``
+        (the caller gives the arrays up, ``LiveTrainer.load_state``): a sharded model then adopts
+        the arrays' storage for its optimizer state and buffers instead of copying them."""
         t = state.tensors
         self.pristine, self._live = False, None
         if self.shards is not None:  # this rank's shards into the sharded model
-            self.shards.install(t, state.meta["optimizer"])
+            self.shards.install(t, state.meta["optimizer"], owned=owned)
         else:
             import_whole(self.optimizer, self.params, self.buffers, t, state.meta["optimizer"], self.device)
         if self.scheduler is not None:
