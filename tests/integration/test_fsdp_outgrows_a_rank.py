@@ -8,8 +8,9 @@ training state (fp32 parameters, gradients and both Adam moments: 16 bytes a par
 what it holds when its trainer is built (imports, the process group). The kernel enforces it
 (``RLIMIT_DATA``, private writable memory whether touched or not). Measured on this model
 (26 M parameters, a 396 MiB state; peak ``VmData`` above that baseline): a replicated rank needs
-about 2.9 times its state, an FSDP rank 1.45 times at 2 ranks (its save and restore included)
-and 1.15 times at 4; the control below shows the replicated run refused by the cap.
+about 2.9 times its state (4 updates and 2 saves, uncapped), an FSDP rank 1.5 times at 2
+ranks and 1.3 times at 4 (its save and restore included); the control below shows the replicated
+run refused by the cap.
 """
 
 from __future__ import annotations
