@@ -370,6 +370,11 @@ class BandwidthBound:
         self.inner.read_into(key, offset, out)
         self._cross(out.nbytes)
 
+    def read_spans(self, key: str, offset: int, sizes: Any, buffer: memoryview) -> Any:
+        from cairn.stores.base import Store
+
+        return Store.read_spans(self, key, offset, sizes, buffer)  # type: ignore[arg-type]  # each span paced
+
     def __getattr__(self, name: str) -> Any:  # put_if_absent, read, size, list, delete, ...
         return getattr(self.inner, name)
 

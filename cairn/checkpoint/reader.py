@@ -14,6 +14,7 @@ its signature.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -65,9 +66,6 @@ __all__ = [
     "stream_logical",
 ]
 
-ENCODED_IN_FLIGHT = 4 << 20
-"""The least stored bytes of encoded frames a restore holds in flight (more for a large state:
-5% of what its encoded entries decode to)."""
 ValueCheck = Callable[[str, np.ndarray], None]
 """``value_check(name, chunk)``: raise to refuse a tensor from a 1-D chunk of its values."""
 
@@ -246,13 +244,10 @@ def read_tensors(
         if e.name not in arrays:
             arrays[e.name] = fresh(e.shape, dtype_from_tag(e.dtype), e.offset if e.encoding is None else None)
     check_name = base_name if manifest.parts else (lambda n: n)
-    # Encoded entries are read in runs of frames: together at most 5% of what they decode to
-    # (at least 4 MiB) in flight, so a compressed restore holds little beyond the state.
-    encoded = sum(e.length for e in wanted if e.encoding is not None)
-    workers = max(1, max_workers)
-    group_bytes = min(piece_bytes, max(FRAME_BYTES, max(ENCODED_IN_FLIGHT, encoded // 20) // workers))
-    holding = threading.BoundedSemaphore(workers)
-    groups = {e.name: _frame_groups(e, group_bytes) for e in wanted if e.encoding is not None}
+    # Encoded entries are read in runs of frames of up to a piece (one request on S3), one
+    # frame of each reader in memory at a time: a compressed restore holds little beyond the state.
+    holding = threading.BoundedSemaphore(max(1, max_workers))
+    groups = {e.name: _frame_groups(e, max(piece_bytes, FRAME_BYTES)) for e in wanted if e.encoding is not None}
     pieces = {e.name: _pieces(e, piece_bytes, groups.get(e.name)) for e in wanted}
     in_slab = {e.name for run, _ in slabs for e in run}
 
@@ -265,19 +260,22 @@ def read_tensors(
         if entry.encoding is None:
             store.read_into(_at(ref, manifest, entry.shard), entry.offset + start, view)
             return
-        # Encoded frames: their stored bytes, one request, into a buffer of their own (at most
-        # ``max_workers`` such buffers at once: ``holding``), each frame checked, then decoded
-        # straight into the destination.
+        # Encoded frames: the group's stored bytes as consecutive spans (one request on S3),
+        # one frame at a time through a buffer of this reader's own (at most ``max_workers``
+        # such buffers at once: ``holding``), each frame checked, then decoded straight into
+        # the destination.
         group = groups[entry.name][k]
-        first, stored_start = group[0][0], group[0][2]
+        first = group[0][0]
+        sizes = [s_end - s_start for _, _, s_start, s_end in group]
         with holding:
-            stored = byte_view(np.empty(group[-1][3] - stored_start, dtype=np.uint8))
-            store.read_into(_at(ref, manifest, entry.shard), entry.offset + stored_start, stored)
-            for start, end, s_start, s_end in group:
-                frame = start // entry.encoding.frame_bytes
-                out = view[start - first : end - first]
-                src = stored[s_start - stored_start : s_end - stored_start]
-                decode_frame(src, out, entry.encoding.frames[frame], _frame_field(entry, frame))
+            buffer = byte_view(np.empty(max(sizes), dtype=np.uint8))
+            spans = store.read_spans(_at(ref, manifest, entry.shard), entry.offset + group[0][2], sizes, buffer)
+            with contextlib.closing(spans):
+                for (start, end, _, _), src in zip(group, spans, strict=True):
+                    frame = start // entry.encoding.frame_bytes
+                    decode_frame(
+                        src, view[start - first : end - first], entry.encoding.frames[frame], _frame_field(entry, frame)
+                    )
 
     def check(entry: TensorEntry) -> None:
         flat = arrays[entry.name].reshape(-1)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import builtins
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from cairn.errors import InvalidObjectError, ObjectNotFoundError, SizeLimitError
@@ -120,6 +120,20 @@ class Store(ABC):
     @abstractmethod
     def read_into(self, key: str, offset: int, out: memoryview) -> None:
         """Fill ``out`` with ``len(out)`` bytes of ``key`` starting at ``offset``."""
+
+    def read_spans(
+        self, key: str, offset: int, sizes: Sequence[int], buffer: memoryview
+    ) -> Generator[memoryview, None, None]:
+        """Consecutive spans of ``key`` from ``offset``, ``sizes[i]`` bytes each, each yielded
+        as ``buffer[:sizes[i]]`` once filled (valid until the next is asked for): many spans,
+        one span's memory. Here one ``read_into`` a span; a store whose requests cost (S3)
+        reads them all with one request."""
+        at = offset
+        for size in sizes:
+            view = buffer[:size]
+            self.read_into(key, at, view)
+            at += size
+            yield view
 
     @abstractmethod
     def size(self, key: str) -> int:

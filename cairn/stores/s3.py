@@ -29,7 +29,7 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -310,6 +310,48 @@ class S3Store(Store):
         futures = [self._pool.submit(self._read_range, full, offset + a, view[a:b], where) for a, b in ranges]
         for f in futures:
             f.result()
+
+    def read_spans(
+        self, key: str, offset: int, sizes: Sequence[int], buffer: memoryview
+    ) -> Generator[memoryview, None, None]:
+        """``Store.read_spans`` with one ranged GET for all the spans, its body read a span at a
+        time (a compressed restore: many frames a request, one frame in memory). A response that
+        is not exactly the range asked for is not used, and a body that breaks off midway is not
+        read on: the spans left are read with ranged GETs of their own (and their retries)."""
+        view_of = buffer.cast("B") if buffer.format != "B" else buffer
+        total = sum(sizes)
+        full, where = self._key(key), f"{self.url}/{key}"
+        body: Any = None
+        if total:
+            span = f"bytes={offset}-{offset + total - 1}"
+            with _translate(f"get {where}"):
+                response = self._call(lambda: self.client.get_object(Bucket=self.bucket, Key=full, Range=span))
+            body = response["Body"]
+            if int(response.get("ContentLength", -1)) != total:  # a server that ignored the Range
+                body.close()
+                body = None
+        at = offset
+        try:
+            for size in sizes:
+                view = view_of[:size]
+                data = b""
+                if body is not None:
+                    try:
+                        data = body.read(size)
+                    except Exception:  # a broken stream: what is left is read range by range
+                        data = b""
+                    if len(data) != size:
+                        body.close()
+                        body = None
+                if len(data) == size:
+                    view[:] = data
+                else:
+                    self._read_range(full, at, view, where)
+                at += size
+                yield view
+        finally:
+            if body is not None:
+                body.close()
 
     def size(self, key: str) -> int:
         with _translate(f"head {self.url}/{key}"):

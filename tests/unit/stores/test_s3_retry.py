@@ -144,6 +144,7 @@ class ScriptedClient:
         self.ignore_range = False
         self.short_bodies = 0
         self.body_bytes = 0
+        self.gets = 0
 
     def _enter(self, op: str) -> None:
         with self.lock:
@@ -185,7 +186,14 @@ class ScriptedClient:
     def abort_multipart_upload(self, **_: Any) -> dict[str, Any]:
         return {}
 
+    def head_object(self, Bucket: str, Key: str) -> dict[str, Any]:  # noqa: N803
+        if Key not in self.objects:
+            raise ClientError({"Error": {"Code": "404"}, "ResponseMetadata": {"HTTPStatusCode": 404}}, "HeadObject")
+        return {"ContentLength": len(self.objects[Key])}
+
     def get_object(self, Bucket: str, Key: str, Range: str | None = None) -> dict[str, Any]:  # noqa: N803
+        if Key not in self.objects:
+            raise ClientError({"Error": {"Code": "NoSuchKey"}, "ResponseMetadata": {"HTTPStatusCode": 404}}, "GetObject")
         data = self.objects[Key]
         if Range is not None:
             first, last = (int(x) for x in Range.removeprefix("bytes=").split("-"))
@@ -198,12 +206,18 @@ class ScriptedClient:
             self.short_bodies -= 1
             data = data[: len(data) // 2]  # the connection ended early; Content-Length said more
         client = self
+        with self.lock:
+            self.gets += 1
 
         class Body:
+            at = 0  # a stream: each read goes on from the last
+
             def read(self, amt: int | None = None) -> bytes:
                 client._enter("body")  # the body read is part of the request: retried as one
-                client.body_bytes += len(data) if amt is None else min(amt, len(data))
-                return data if amt is None else data[:amt]
+                chunk = data[self.at :] if amt is None else data[self.at : self.at + amt]
+                self.at += len(chunk)
+                client.body_bytes += len(chunk)
+                return chunk
 
             def close(self) -> None:
                 pass
