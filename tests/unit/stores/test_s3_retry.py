@@ -193,7 +193,8 @@ class ScriptedClient:
 
     def get_object(self, Bucket: str, Key: str, Range: str | None = None) -> dict[str, Any]:  # noqa: N803
         if Key not in self.objects:
-            raise ClientError({"Error": {"Code": "NoSuchKey"}, "ResponseMetadata": {"HTTPStatusCode": 404}}, "GetObject")
+            missing = {"Error": {"Code": "NoSuchKey"}, "ResponseMetadata": {"HTTPStatusCode": 404}}
+            raise ClientError(missing, "GetObject")
         data = self.objects[Key]
         if Range is not None:
             first, last = (int(x) for x in Range.removeprefix("bytes=").split("-"))
