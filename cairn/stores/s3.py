@@ -86,6 +86,26 @@ def _session() -> boto3.session.Session:
     return boto3.session.Session(botocore_session=core)
 
 
+STREAM_READ_BYTES = 256 << 10
+"""How much of a streamed body one read takes (``S3Store.read_spans``): a span is filled a few
+such reads at a time, so a reader holds its span's buffer and little more."""
+
+
+def _fill_from(body: Any, view: memoryview) -> bool:
+    """Fill ``view`` from a response body; False if the stream broke off or ended first."""
+    at = 0
+    try:
+        while at < len(view):
+            data = body.read(min(STREAM_READ_BYTES, len(view) - at))
+            if not data:
+                return False
+            view[at : at + len(data)] = data
+            at += len(data)
+    except Exception:  # a broken stream: the caller reads what is left range by range
+        return False
+    return True
+
+
 class S3Store(Store):
     """Objects under ``s3://bucket/prefix``; keys are relative to the prefix."""
 
@@ -334,18 +354,10 @@ class S3Store(Store):
         try:
             for size in sizes:
                 view = view_of[:size]
-                data = b""
-                if body is not None:
-                    try:
-                        data = body.read(size)
-                    except Exception:  # a broken stream: what is left is read range by range
-                        data = b""
-                    if len(data) != size:
-                        body.close()
-                        body = None
-                if len(data) == size:
-                    view[:] = data
-                else:
+                if body is not None and not _fill_from(body, view):
+                    body.close()
+                    body = None
+                if body is None:
                     self._read_range(full, at, view, where)
                 at += size
                 yield view
