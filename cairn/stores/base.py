@@ -128,6 +128,8 @@ class Store(ABC):
         as ``buffer[:sizes[i]]`` once filled (valid until the next is asked for): many spans,
         one span's memory. Here one ``read_into`` a span; a store whose requests cost (S3)
         reads them all with one request."""
+        if max(sizes, default=0) > len(buffer):
+            raise ValueError(f"read_spans: a span of {max(sizes)} bytes does not fit a {len(buffer)}-byte buffer")
         at = offset
         for size in sizes:
             view = buffer[:size]

@@ -43,6 +43,7 @@ from botocore.exceptions import BotoCoreError, ClientError, IncompleteReadError
 from cairn.errors import ConfigError, ObjectNotFoundError, StorageError, StoreNotFoundError
 from cairn.stores.base import Chunk, ObjectInfo, Store, split_key, too_large
 from cairn.stores.s3_retry import InflightLimit, RetryPolicy, call_with_retries, process_limit
+from cairn.stores.s3_stream import stream_spans
 
 __all__ = ["S3Store"]
 
@@ -84,26 +85,6 @@ def _session() -> boto3.session.Session:
     core = botocore.session.Session()
     core.register_component("data_loader", _LOADER)
     return boto3.session.Session(botocore_session=core)
-
-
-STREAM_READ_BYTES = 256 << 10
-"""How much of a streamed body one read takes (``S3Store.read_spans``): a span is filled a few
-such reads at a time, so a reader holds its span's buffer and little more."""
-
-
-def _fill_from(body: Any, view: memoryview) -> bool:
-    """Fill ``view`` from a response body; False if the stream broke off or ended first."""
-    at = 0
-    try:
-        while at < len(view):
-            data = body.read(min(STREAM_READ_BYTES, len(view) - at))
-            if not data:
-                return False
-            view[at : at + len(data)] = data
-            at += len(data)
-    except Exception:  # a broken stream: the caller reads what is left range by range
-        return False
-    return True
 
 
 class S3Store(Store):
@@ -334,36 +315,21 @@ class S3Store(Store):
     def read_spans(
         self, key: str, offset: int, sizes: Sequence[int], buffer: memoryview
     ) -> Generator[memoryview, None, None]:
-        """``Store.read_spans`` with one ranged GET for all the spans, its body read a span at a
-        time (a compressed restore: many frames a request, one frame in memory). A response that
-        is not exactly the range asked for is not used, and a body that breaks off midway is not
-        read on: the spans left are read with ranged GETs of their own (and their retries)."""
-        view_of = buffer.cast("B") if buffer.format != "B" else buffer
-        total = sum(sizes)
+        """``Store.read_spans``: the spans with one ranged GET (``cairn.stores.s3_stream``)."""
+        return stream_spans(self, key, offset, sizes, buffer)
+
+    def open_range(self, key: str, offset: int, length: int) -> Any:
+        """The body of a ranged GET of exactly ``length`` bytes at ``offset``, or None when the
+        server answered with anything else (it ignored the range): ``s3_stream.SpanSource``."""
         full, where = self._key(key), f"{self.url}/{key}"
-        body: Any = None
-        if total:
-            span = f"bytes={offset}-{offset + total - 1}"
-            with _translate(f"get {where}"):
-                response = self._call(lambda: self.client.get_object(Bucket=self.bucket, Key=full, Range=span))
-            body = response["Body"]
-            if int(response.get("ContentLength", -1)) != total:  # a server that ignored the Range
-                body.close()
-                body = None
-        at = offset
-        try:
-            for size in sizes:
-                view = view_of[:size]
-                if body is not None and not _fill_from(body, view):
-                    body.close()
-                    body = None
-                if body is None:
-                    self._read_range(full, at, view, where)
-                at += size
-                yield view
-        finally:
-            if body is not None:
-                body.close()
+        span = f"bytes={offset}-{offset + length - 1}"
+        with _translate(f"get {where}"):
+            response = self._call(lambda: self.client.get_object(Bucket=self.bucket, Key=full, Range=span))
+        body = response["Body"]
+        if int(response.get("ContentLength", -1)) != length:
+            body.close()
+            return None
+        return body
 
     def size(self, key: str) -> int:
         with _translate(f"head {self.url}/{key}"):

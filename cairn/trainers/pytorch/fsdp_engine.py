@@ -96,7 +96,7 @@ class TorchFSDP(TorchDP):
         for name, stand_in in stand_ins.items():
             got = state.tensors[name]
             lo, hi = rows_of(stand_in.shape[0], self.comm.world, self.comm.rank)
-            state.tensors[name] = mine[name] if got is stand_in else np.ascontiguousarray(got[lo:hi])
+            state.tensors[name] = mine[name] if got is stand_in else got[lo:hi].copy()  # the whole one freed
         return state
 
     # -- geometry ------------------------------------------------------------------------------

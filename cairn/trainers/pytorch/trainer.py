@@ -323,10 +323,8 @@ class TorchTrainer(LiveTrainer):
         )
 
     def load_state(self, state: TrainState, *, owned: bool = False) -> None:
-        """Make the live objects hold ``state`` — in fresh storage, so nothing the caller holds
-        aliases what training will mutate (``state`` itself is never modified); unless ``owned``
-        (the caller gives the arrays up, ``LiveTrainer.load_state``): a sharded model then adopts
-        the arrays' storage for its optimizer state and buffers instead of copying them."""
+        """Make the live objects hold ``state`` in fresh storage (nothing the caller holds aliases
+        them), or, when ``owned`` and sharded, in the arrays' own (``LiveTrainer.load_state``)."""
         t = state.tensors
         self.pristine, self._live = False, None
         if self.shards is not None:  # this rank's shards into the sharded model

@@ -14,6 +14,7 @@ from cairn.checkpoint.content import CheckpointContent
 from cairn.checkpoint.manifest import CheckpointKind
 from cairn.checkpoint.reader import read_tensors
 from cairn.stores.memory import MemoryStore
+from cairn.stores.s3_retry import InflightLimit
 from tests.unit.stores.test_s3_retry import MiB, ScriptedClient, _store, client_error
 
 SIZES = [100_000, 70_000, 1, 250_000, 33_333]
@@ -53,7 +54,7 @@ def test_s3_reads_every_span_with_one_ranged_get() -> None:
 
 def test_a_stream_that_breaks_off_is_read_on_range_by_range() -> None:
     client = ScriptedClient(ResponseStreamingError(error="reset"), 3, ("body",))
-    store, raw = _store(client), data()
+    store, raw = _store(client, inflight=InflightLimit(1)), data()  # the stream's slot is freed first
     client.objects["p/k/obj.bin"] = raw
     assert spans_of(store, "k/obj.bin", 5) == expected(raw, 5)
     assert client.failed >= 1 and client.gets > 1
@@ -87,4 +88,27 @@ def test_a_compressed_restore_asks_s3_once_for_a_run_of_frames() -> None:
     # pieces of the store's 5 MiB part size: 12 MiB logical, about 10 MiB stored, in 3 or fewer
     # requests (one a frame before: 12)
     assert client.gets <= 3, client.gets
+    store.close()
+
+
+def test_a_streaming_get_holds_an_in_flight_slot_until_its_body_is_done() -> None:
+    client = ScriptedClient(client_error("InternalError", 500), 10**9, ())
+    store, raw = _store(client, inflight=InflightLimit(1)), data()
+    client.objects["p/k/obj.bin"] = raw
+    spans = store.read_spans("k/obj.bin", 0, SIZES, memoryview(bytearray(max(SIZES))))
+    next(spans)  # the body is streaming
+    assert store.inflight._busy == 1  # its transfer counts as the request in flight
+    rest = [bytes(v) for v in spans]
+    assert rest == expected(raw, 0)[1:] and store.inflight._busy == 0
+    store.close()
+
+
+def test_a_buffer_smaller_than_a_span_is_refused_before_any_read() -> None:
+    client = ScriptedClient(client_error("InternalError", 500), 10**9, ())
+    store = _store(client)
+    client.objects["p/k/obj.bin"] = data()
+    for s in (store, MemoryStore("small")):
+        with pytest.raises(ValueError, match="does not fit"):
+            next(s.read_spans("k/obj.bin", 0, SIZES, memoryview(bytearray(10))))
+    assert client.gets == 0
     store.close()

@@ -42,7 +42,7 @@ def mute_port() -> Iterator[int]:
 
 def test_an_accepting_port_that_is_no_healthy_frontend_is_waited_on_then_named(mute_port: int) -> None:
     wait_for_tcp("127.0.0.1", mute_port, timeout=5)  # the old wait returned here
-    assert temporal_unhealthy(f"127.0.0.1:{mute_port}", timeout=1) == "no answer within 1.0 s"
+    assert temporal_unhealthy(f"127.0.0.1:{mute_port}", timeout=1) is not None  # no answer, or a refusal
     with pytest.raises(TimeoutError, match=rf"127\.0\.0\.1:{mute_port} was not healthy within 2s \(last: .+\)"):
         wait_for_temporal("127.0.0.1", mute_port, timeout=2)
 

@@ -1,0 +1,78 @@
+"""Many consecutive spans of an S3 object with one ranged GET (``S3Store.read_spans``).
+
+A compressed restore reads a run of frames this way: one request for the run, its body read a
+little at a time into one frame's buffer, each frame decoded before the next is read. A
+response that is not exactly the range asked for is not used, and a body that breaks off midway
+is not read on: the spans left are read with ranged reads of their own (and their retries).
+While its body streams, the GET holds a slot of the store's in-flight bound, as any request does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Generator, Sequence
+from typing import Any, Protocol
+
+from cairn.stores.s3_retry import InflightLimit
+
+__all__ = ["STREAM_READ_BYTES", "SpanSource", "stream_spans"]
+
+STREAM_READ_BYTES = 256 << 10
+"""How much of a streamed body one read takes (``S3Store.read_spans``): a span is filled a few
+such reads at a time, so a reader holds its span's buffer and little more."""
+
+
+def _fill_from(body: Any, view: memoryview) -> bool:
+    """Fill ``view`` from a response body; False if the stream broke off or ended first."""
+    at = 0
+    try:
+        while at < len(view):
+            data = body.read(min(STREAM_READ_BYTES, len(view) - at))
+            if not data:
+                return False
+            view[at : at + len(data)] = data
+            at += len(data)
+    except Exception:  # a broken stream: the caller reads what is left range by range
+        return False
+    return True
+
+
+class SpanSource(Protocol):
+    """What ``stream_spans`` needs of the store (``S3Store``)."""
+
+    inflight: InflightLimit
+
+    def open_range(self, key: str, offset: int, length: int) -> Any:
+        """The body of a ranged GET of exactly ``length`` bytes, or None (the range was ignored)."""
+
+    def read_into(self, key: str, offset: int, out: memoryview) -> None: ...
+
+
+def stream_spans(
+    store: SpanSource, key: str, offset: int, sizes: Sequence[int], buffer: memoryview
+) -> Generator[memoryview, None, None]:
+    """``Store.read_spans`` for S3: the spans with one ranged GET (see the module)."""
+    view_of = buffer.cast("B") if buffer.format != "B" else buffer
+    if max(sizes, default=0) > len(view_of):
+        raise ValueError(f"read_spans: a span of {max(sizes)} bytes does not fit a {len(view_of)}-byte buffer")
+    total = sum(sizes)
+    body = store.open_range(key, offset, total) if total else None
+    streaming = contextlib.ExitStack()  # the in-flight slot the body's transfer holds
+    if body is not None:
+        streaming.enter_context(store.inflight.slot())
+    at = offset
+    try:
+        for size in sizes:
+            view = view_of[:size]
+            if body is not None and not _fill_from(body, view):
+                body.close()
+                body = None
+                streaming.close()  # before the ranged reads take slots of their own
+            if body is None:
+                store.read_into(key, at, view)
+            at += size
+            yield view
+    finally:
+        if body is not None:
+            body.close()
+        streaming.close()
