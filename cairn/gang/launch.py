@@ -303,6 +303,11 @@ class Gang:
                 if doc is not None:
                     on_progress(doc)
                 if code is not None:
+                    if code != 0 and deadline is None and doc is None and cancelled() and quick():
+                        # The stop's own signal reached the gang first (a Ctrl-C goes to the whole
+                        # process group): a stop before training, not the gang's failure.
+                        self.stopped_before_training = True
+                        raise GangFailedError("stopped on request before its ranks began training")
                     break
                 if deadline is None and cancelled():
                     if doc is None and quick():  # starting, restoring or in rendezvous: nothing to save yet

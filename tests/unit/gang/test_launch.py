@@ -180,3 +180,24 @@ def test_a_stop_that_is_not_abandonment_waits_for_the_ranks_to_checkpoint(tmp_pa
     with pytest.raises(GangFailedError, match="did not stop within 0 s"):
         g.supervise(on_progress=lambda doc: None, cancelled=lambda: True, abandoned=lambda: False, stop_grace=0.2)
     assert not g.stopped_before_training and (g.workdir / "stop").exists()
+
+
+class _Interrupted(Gang):
+    """A gang whose agent died of the interrupt that asked for the stop (Ctrl-C reaches the whole
+    process group), before its ranks began training."""
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGINT)", self.token]
+
+
+def test_a_gang_ended_by_the_stops_own_signal_before_training_is_a_stop_not_a_failure(tmp_path: Path) -> None:
+    job = GangJob(run_id="r", store=str(tmp_path), config=dist_config(), target_step=1, checkpoint_every=1)
+    g = _Interrupted(GangSpec(nproc_per_node=2), job, tmp_path / "gang")
+    g.start()
+    deadline = time.monotonic() + 30
+    while g.proc is not None and g.proc.poll() is None:  # it has died before the loop first looks
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    with pytest.raises(GangFailedError, match="stopped on request before its ranks began training"):
+        g.supervise(on_progress=lambda doc: None, cancelled=lambda: True)
+    assert g.stopped_before_training

@@ -377,6 +377,7 @@ def _fsdp_rank(rank: int, port: int, export: str, out: str) -> None:
         np.savez(Path(out) / "full.npz", **{k: to_numpy(v) for k, v in full.items()})
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=Path(out) / "sharded")
+    torch.distributed.barrier()  # neither rank tears the group down while the other still uses it
     torch.distributed.destroy_process_group()
 
 
