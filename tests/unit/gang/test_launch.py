@@ -154,11 +154,18 @@ def test_a_rank_shows_signs_of_life_until_it_ends(tmp_path: Path) -> None:
     assert not path.exists() and ended_path(tmp_path, 1).exists()
 
 
-class _Starting(Gang):
-    """A gang whose agent never gets its ranks training (a rendezvous waiting for a dead node)."""
+def _agent(script: str) -> type[Gang]:
+    """A gang whose agent is ``python -c script`` (its ranks never start)."""
 
-    def command(self) -> list[str]:
-        return [sys.executable, "-c", "import time; time.sleep(60)", self.token]
+    class _Agent(Gang):
+        def command(self) -> list[str]:
+            return [sys.executable, "-c", script, self.token]
+
+    return _Agent
+
+
+_Starting = _agent("import time; time.sleep(60)")
+"""A gang whose agent never gets its ranks training (a rendezvous waiting for a dead node)."""
 
 
 def test_a_stop_request_before_the_ranks_train_stops_the_gang_at_once(tmp_path: Path) -> None:
@@ -182,12 +189,9 @@ def test_a_stop_that_is_not_abandonment_waits_for_the_ranks_to_checkpoint(tmp_pa
     assert not g.stopped_before_training and (g.workdir / "stop").exists()
 
 
-class _Interrupted(Gang):
-    """A gang whose agent died of the interrupt that asked for the stop (Ctrl-C reaches the whole
-    process group), before its ranks began training."""
-
-    def command(self) -> list[str]:
-        return [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGINT)", self.token]
+_Interrupted = _agent("import os, signal; os.kill(os.getpid(), signal.SIGINT)")
+"""A gang whose agent died of the interrupt that asked for the stop (Ctrl-C reaches the whole
+process group), before its ranks began training."""
 
 
 def test_a_gang_ended_by_the_stops_own_signal_before_training_is_a_stop_not_a_failure(tmp_path: Path) -> None:
