@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Generator, Sequence
 from typing import Any, Protocol
 
-from cairn.stores.s3_retry import InflightLimit
+from cairn.stores.s3_retry import InflightLimit, classify
 
 __all__ = ["STREAM_READ_BYTES", "SpanSource", "stream_spans"]
 
@@ -32,8 +32,10 @@ def _fill_from(body: Any, view: memoryview) -> bool:
                 return False
             view[at : at + len(data)] = data
             at += len(data)
-    except Exception:  # a broken stream: the caller reads what is left range by range
-        return False
+    except Exception as exc:
+        if classify(exc) is None and not isinstance(exc, OSError):
+            raise  # not a broken stream (the retry policy's judgement): said as it is
+        return False  # the caller reads what is left range by range
     return True
 
 

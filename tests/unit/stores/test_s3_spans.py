@@ -112,3 +112,13 @@ def test_a_buffer_smaller_than_a_span_is_refused_before_any_read() -> None:
             next(s.read_spans("k/obj.bin", 0, SIZES, memoryview(bytearray(10))))
     assert client.gets == 0
     store.close()
+
+
+def test_an_error_mid_body_that_is_no_broken_stream_is_raised_not_read_around() -> None:
+    client = ScriptedClient(ValueError("not a transport fault"), 2, ("body",))
+    store, raw = _store(client), data()
+    client.objects["p/k/obj.bin"] = raw
+    with pytest.raises(ValueError, match="not a transport fault"):
+        spans_of(store, "k/obj.bin", 0)
+    assert client.gets == 1  # no ranged read went around it
+    store.close()
