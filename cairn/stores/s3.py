@@ -43,7 +43,7 @@ from botocore.exceptions import BotoCoreError, ClientError, IncompleteReadError
 from cairn.errors import ConfigError, ObjectNotFoundError, StorageError, StoreNotFoundError
 from cairn.stores.base import Chunk, ObjectInfo, Store, split_key, too_large
 from cairn.stores.s3_retry import InflightLimit, RetryPolicy, call_with_retries, process_limit
-from cairn.stores.s3_stream import stream_spans
+from cairn.stores.s3_stream import fill_exactly, stream_spans
 
 __all__ = ["S3Store"]
 
@@ -290,14 +290,16 @@ class S3Store(Store):
 
     def _read_range(self, full: str, offset: int, out: memoryview, where: str) -> None:
         span = f"bytes={offset}-{offset + len(out) - 1}"
+
+        def get() -> int:
+            body = self.client.get_object(Bucket=self.bucket, Key=full, Range=span)["Body"]
+            with contextlib.closing(body):
+                return fill_exactly(body, out)
+
         with _translate(f"get {where}"):
-            # at most one byte more than asked: a server that ignores Range cannot make it read the object
-            data = self._call(
-                lambda: self.client.get_object(Bucket=self.bucket, Key=full, Range=span)["Body"].read(len(out) + 1)
-            )
-        if len(data) != len(out):
-            raise StorageError(field=where, expected=f"{len(out)} bytes at {offset}", found=f"{len(data)} bytes")
-        out[:] = data
+            found = self._call(get)
+        if found != len(out):
+            raise StorageError(field=where, expected=f"{len(out)} bytes at {offset}", found=f"{found} bytes")
 
     def read_into(self, key: str, offset: int, out: memoryview) -> None:
         view = out.cast("B") if out.format != "B" else out

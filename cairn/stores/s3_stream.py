@@ -5,6 +5,8 @@ little at a time into one frame's buffer, each frame decoded before the next is 
 response that is not exactly the range asked for is not used, and a body that breaks off midway
 is not read on: the spans left are read with ranged reads of their own (and their retries).
 While its body streams, the GET holds a slot of the store's in-flight bound, as any request does.
+A plain ranged read (``S3Store.read_into``) fills its buffer the same few reads at a time
+(``fill_exactly``), so no part is held twice.
 """
 
 from __future__ import annotations
@@ -22,21 +24,35 @@ STREAM_READ_BYTES = 256 << 10
 such reads at a time, so a reader holds its span's buffer and little more."""
 
 
+def _read_up_to(body: Any, view: memoryview) -> int:
+    """Read a body into ``view``, ``STREAM_READ_BYTES`` at a time, until it is full or the body
+    ends; returns the bytes read."""
+    at = 0
+    while at < len(view):
+        data = body.read(min(STREAM_READ_BYTES, len(view) - at))
+        if not data:
+            break
+        view[at : at + len(data)] = data
+        at += len(data)
+    return at
+
+
 def _fill_from(body: Any, view: memoryview) -> bool:
     """Fill ``view`` from a response body; False if the stream broke off or ended first."""
-    at = 0
     try:
-        while at < len(view):
-            data = body.read(min(STREAM_READ_BYTES, len(view) - at))
-            if not data:
-                return False
-            view[at : at + len(data)] = data
-            at += len(data)
+        return _read_up_to(body, view) == len(view)
     except Exception as exc:
         if classify(exc) is None and not isinstance(exc, OSError):
             raise  # not a broken stream (the retry policy's judgement): said as it is
         return False  # the caller reads what is left range by range
-    return True
+
+
+def fill_exactly(body: Any, view: memoryview) -> int:
+    """Read a ranged GET's body into ``view`` a few pieces at a time (never the whole range as
+    one more object); returns how many bytes the body held, counting at most one past ``view``
+    (a server that ignored the range is found by that byte, not read to its end)."""
+    at = _read_up_to(body, view)
+    return at + len(body.read(1)) if at == len(view) else at
 
 
 class SpanSource(Protocol):
