@@ -1,22 +1,36 @@
-"""A Hugging Face causal LM whose rank processes may not allocate more than a fixed budget.
+"""A Hugging Face causal LM whose rank processes may not use more than a fixed budget.
 
 Test-only code for ``test_fsdp_outgrows_a_rank``: the gang's rank processes import it by its
 factory path (``tests.integration.capped_trainer:CappedCausalLM``, the repository root on their
 ``PYTHONPATH``). When the trainer is built in a rank process (``RANK`` set by torchrun), before
-its model exists, it lowers the process's ``RLIMIT_DATA`` (the kernel's limit on private writable
-memory: heap and anonymous mappings, whether touched or not) to what the process holds then plus
-``rank_data_budget`` bytes. An allocation past it fails (``DefaultCPUAllocator: not enough
-memory``): the cap a device's memory puts on a rank, here on the CPU. Elsewhere (the worker,
-``ckpt`` tools) nothing is capped.
+its model exists, it caps what the process may take from then on, in one of two ways:
+
+- ``rank_data_budget``: the process's ``RLIMIT_DATA`` (the kernel's limit on private writable
+  memory: heap and anonymous mappings, whether touched or not) becomes what it holds then plus
+  the budget. An allocation past it fails (``DefaultCPUAllocator: not enough memory``).
+- ``rank_memory_budget``: the process moves into a memory cgroup of its own (cgroup v1, a child
+  of the one it runs in) whose limit is the budget. Pages already resident stay charged where
+  they were; every page it touches from then on counts, and past the limit (once the kernel has
+  dropped what it can of the page cache) the kernel's OOM killer ends the process — what a
+  device's memory does to a rank, here with resident memory (RSS), not address space.
+
+Elsewhere (the worker, ``ckpt`` tools) nothing is capped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
+from pathlib import Path
 
 from cairn.config import TrainConfig
 from cairn.trainers.hf import HFCausalLM, HFOptions
+
+MEMORY_CGROUPS = Path("/sys/fs/cgroup/memory")
+"""Where cgroup v1's memory controller is mounted."""
+GROUP_PREFIX = "cairn-test-rank-"
+"""The name of each capped rank's cgroup, before its process id."""
 
 
 def vm_data() -> int:
@@ -28,9 +42,67 @@ def vm_data() -> int:
     raise RuntimeError("no VmData in /proc/self/status")
 
 
+def own_memory_cgroup() -> Path | None:
+    """This process's cgroup v1 memory group, or None without one (cgroup v2 only, no cgroups)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if "memory" in controllers.split(","):
+                group = MEMORY_CGROUPS / path.lstrip("/")
+                return group if (group / "memory.limit_in_bytes").exists() else None
+    return None
+
+
+def memory_cgroups_writable() -> str | None:
+    """None where a capped child group can be made here, else why not (for a test's skip)."""
+    parent = own_memory_cgroup()
+    if parent is None:
+        return "no cgroup v1 memory controller for this process"
+    probe = parent / f"{GROUP_PREFIX}probe-{os.getpid()}"
+    try:
+        probe.mkdir()
+        (probe / "memory.limit_in_bytes").write_text(str(1 << 30))
+    except OSError as e:
+        return f"cannot make a memory cgroup under {parent}: {e}"
+    finally:
+        with contextlib.suppress(OSError):
+            probe.rmdir()
+    return None
+
+
+def capped_groups() -> list[Path]:
+    """The capped ranks' groups left under this process's memory group (they outlive their
+    processes until removed)."""
+    parent = own_memory_cgroup()
+    return sorted(parent.glob(f"{GROUP_PREFIX}*")) if parent is not None else []
+
+
+def oom_kills(group: Path) -> int:
+    """How many processes the kernel's OOM killer ended in ``group`` (``memory.oom_control``)."""
+    for line in (group / "memory.oom_control").read_text().splitlines():
+        name, _, value = line.partition(" ")
+        if name == "oom_kill":
+            return int(value)
+    raise RuntimeError(f"{group}/memory.oom_control: no oom_kill counter")
+
+
+def enter_memory_cgroup(budget: int) -> Path:
+    """Move this process into a new memory cgroup limited to ``budget`` bytes; returns it."""
+    parent = own_memory_cgroup()
+    if parent is None:
+        raise RuntimeError("rank_memory_budget: no cgroup v1 memory controller for this process")
+    group = parent / f"{GROUP_PREFIX}{os.getpid()}"
+    group.mkdir()
+    (group / "memory.limit_in_bytes").write_text(str(budget))
+    (group / "cgroup.procs").write_text(str(os.getpid()))
+    return group
+
+
 class CappedOptions(HFOptions):
-    rank_data_budget: int
-    """Bytes a rank process may allocate beyond what it holds when its trainer is built."""
+    rank_data_budget: int | None = None
+    """Bytes of address space a rank process may add to what it holds when its trainer is built."""
+    rank_memory_budget: int | None = None
+    """Bytes of resident memory a rank process may touch after its trainer is built (a cgroup)."""
 
 
 class CappedCausalLM(HFCausalLM):
@@ -40,9 +112,14 @@ class CappedCausalLM(HFCausalLM):
     options: CappedOptions
 
     def __init__(self, config: TrainConfig, options: CappedOptions) -> None:  # type: ignore[override]
-        if "RANK" in os.environ:
+        if "RANK" in os.environ and options.rank_data_budget is not None:
             _, hard = resource.getrlimit(resource.RLIMIT_DATA)
             cap = vm_data() + options.rank_data_budget
             resource.setrlimit(resource.RLIMIT_DATA, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
             print(f"rank {os.environ['RANK']}: RLIMIT_DATA {cap >> 20} MiB", flush=True)
+        if "RANK" in os.environ and options.rank_memory_budget is not None:
+            group = enter_memory_cgroup(options.rank_memory_budget)
+            print(
+                f"rank {os.environ['RANK']}: {group.name} limited to {options.rank_memory_budget >> 20} MiB", flush=True
+            )
         super().__init__(config, options)

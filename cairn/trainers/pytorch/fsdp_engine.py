@@ -181,10 +181,12 @@ class TorchFSDP(TorchDP):
                 send[to].append(flat[p.start - lo : p.stop - lo].view(np.uint8))
             elif to == rank and p.holder != rank:
                 recv_sizes[p.holder] += (p.stop - p.start) * state.tensors[p.block.tensor].dtype.itemsize
-        outgoing = [np.concatenate(chunks) if chunks else np.empty(0, np.uint8) for chunks in send]
+        send_sizes = [sum(c.size for c in chunks) for chunks in send]
+        outgoing = [c for chunks in send for c in chunks]  # views: one copy, the vector sent
         received = self.comm.exchange(
-            np.concatenate(outgoing) if outgoing else np.empty(0, np.uint8), [c.size for c in outgoing], recv_sizes
+            np.concatenate(outgoing) if outgoing else np.empty(0, np.uint8), send_sizes, recv_sizes
         )
+        del outgoing
         cursor = [sum(recv_sizes[:q]) for q in range(world)]
         for block_name, here in by_block.items():
             if owner[block_name] != rank:
