@@ -57,7 +57,7 @@ class StepProgress:
                 )
         self.step = step
         if self.resumed_from is not None and step >= self.reach:
-            notes.append(f"recomputed steps {self.resumed_from + 1}-{self.reach}; training on from step {step}")
+            notes.append(f"recomputed steps {self.resumed_from + 1}-{self.reach}; now at step {step}, training on")
             self.resumed_from = None
         self.highest = max(self.highest, step)
         return notes

@@ -33,7 +33,7 @@ def test_the_bar_never_goes_back_and_a_resume_is_said_as_it_happened() -> None:
     assert notes == [
         "the retry resumed from step 40 (the last committed checkpoint) and is recomputing steps 41-52, "
         "which the killed attempt had reached",
-        "recomputed steps 41-52; training on from step 52",
+        "recomputed steps 41-52; now at step 52, training on",
     ]
     assert progress.postfix() == {}
 
@@ -44,7 +44,7 @@ def test_a_retry_whose_recomputation_no_sample_caught_is_still_said() -> None:
     assert notes == [
         "the retry resumed from step 40 (the last committed checkpoint) and is recomputing steps 41-47, "
         "which the killed attempt had reached",
-        "recomputed steps 41-47; training on from step 55",
+        "recomputed steps 41-47; now at step 55, training on",
     ]
     assert progress.highest == 55
 
