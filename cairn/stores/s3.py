@@ -289,16 +289,18 @@ class S3Store(Store):
             return self._call(get)
 
     def _read_range(self, full: str, offset: int, out: memoryview, where: str) -> None:
-        span = f"bytes={offset}-{offset + len(out) - 1}"
-
-        def get() -> int:
+        def get() -> int:  # the range, a piece at a time; a body cut short is retried like a broken one
+            span = f"bytes={offset}-{offset + len(out) - 1}"
             body = self.client.get_object(Bucket=self.bucket, Key=full, Range=span)["Body"]
             with contextlib.closing(body):
-                return fill_exactly(body, out)
+                found = fill_exactly(body, out)
+            if found < len(out):
+                raise IncompleteReadError(actual_bytes=found, expected_bytes=len(out))
+            return found
 
         with _translate(f"get {where}"):
             found = self._call(get)
-        if found != len(out):
+        if found != len(out):  # one byte more: the server ignored the range
             raise StorageError(field=where, expected=f"{len(out)} bytes at {offset}", found=f"{found} bytes")
 
     def read_into(self, key: str, offset: int, out: memoryview) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import subprocess
 from pathlib import Path
 
 from cairn.config import TrainConfig
@@ -30,7 +31,10 @@ from cairn.trainers.hf import HFCausalLM, HFOptions
 MEMORY_CGROUPS = Path("/sys/fs/cgroup/memory")
 """Where cgroup v1's memory controller is mounted."""
 GROUP_PREFIX = "cairn-test-rank-"
-"""The name of each capped rank's cgroup, before its process id."""
+"""The name of each capped rank's cgroup, before the test run's token and its process id."""
+GROUP_TOKEN = "CAIRN_TEST_CGROUP_TOKEN"
+"""The environment variable naming a test run's groups (set by the test, inherited by its ranks):
+another run's groups, left behind or running beside it, are never counted as its own."""
 
 
 def vm_data() -> int:
@@ -42,10 +46,11 @@ def vm_data() -> int:
     raise RuntimeError("no VmData in /proc/self/status")
 
 
-def own_memory_cgroup() -> Path | None:
-    """This process's cgroup v1 memory group, or None without one (cgroup v2 only, no cgroups)."""
+def memory_cgroup_of(pid: int | str = "self") -> Path | None:
+    """The cgroup v1 memory group of process ``pid``, or None without one (cgroup v2 only, no
+    cgroups)."""
     with contextlib.suppress(OSError):
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
             _, controllers, path = line.split(":", 2)
             if "memory" in controllers.split(","):
                 group = MEMORY_CGROUPS / path.lstrip("/")
@@ -53,28 +58,51 @@ def own_memory_cgroup() -> Path | None:
     return None
 
 
+def own_memory_cgroup() -> Path | None:
+    """This process's cgroup v1 memory group (``memory_cgroup_of``)."""
+    return memory_cgroup_of()
+
+
 def memory_cgroups_writable() -> str | None:
-    """None where a capped child group can be made here, else why not (for a test's skip)."""
+    """None where a capped child group can be made here and a process moved into it (its OOM
+    kills counted), else why not (for a test's skip)."""
     parent = own_memory_cgroup()
     if parent is None:
         return "no cgroup v1 memory controller for this process"
     probe = parent / f"{GROUP_PREFIX}probe-{os.getpid()}"
+    child = subprocess.Popen(["sleep", "30"])
     try:
         probe.mkdir()
-        (probe / "memory.limit_in_bytes").write_text(str(1 << 30))
-    except OSError as e:
-        return f"cannot make a memory cgroup under {parent}: {e}"
+        limit(probe, 1 << 30)
+        (probe / "cgroup.procs").write_text(str(child.pid))
+        oom_kills(probe)
+    except (OSError, RuntimeError) as e:
+        return f"cannot make a memory cgroup under {parent} and move a process into it: {e}"
     finally:
+        child.kill()
+        child.wait()
         with contextlib.suppress(OSError):
             probe.rmdir()
     return None
 
 
+def limit(group: Path, budget: int) -> None:
+    """Limit ``group`` to ``budget`` bytes of memory, swap included where the kernel accounts it
+    (else a host with swap would page a rank out instead of ending it)."""
+    (group / "memory.limit_in_bytes").write_text(str(budget))
+    memsw = group / "memory.memsw.limit_in_bytes"
+    if memsw.exists():
+        memsw.write_text(str(budget))
+    else:
+        (group / "memory.swappiness").write_text("0")
+
+
 def capped_groups() -> list[Path]:
-    """The capped ranks' groups left under this process's memory group (they outlive their
-    processes until removed)."""
+    """The capped ranks' groups of this test run (``GROUP_TOKEN`` in the environment) left under
+    this process's memory group (they outlive their processes until removed)."""
     parent = own_memory_cgroup()
-    return sorted(parent.glob(f"{GROUP_PREFIX}*")) if parent is not None else []
+    token = os.environ.get(GROUP_TOKEN, "")
+    return sorted(parent.glob(f"{GROUP_PREFIX}{token}-*")) if parent is not None and token else []
 
 
 def oom_kills(group: Path) -> int:
@@ -91,9 +119,9 @@ def enter_memory_cgroup(budget: int) -> Path:
     parent = own_memory_cgroup()
     if parent is None:
         raise RuntimeError("rank_memory_budget: no cgroup v1 memory controller for this process")
-    group = parent / f"{GROUP_PREFIX}{os.getpid()}"
+    group = parent / f"{GROUP_PREFIX}{os.environ.get(GROUP_TOKEN, 'untagged')}-{os.getpid()}"
     group.mkdir()
-    (group / "memory.limit_in_bytes").write_text(str(budget))
+    limit(group, budget)
     (group / "cgroup.procs").write_text(str(os.getpid()))
     return group
 

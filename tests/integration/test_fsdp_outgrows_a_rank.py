@@ -51,8 +51,9 @@ from cairn.training import load_training
 from tests.conftest import REPO
 from tests.integration.capped_trainer import (
     GROUP_PREFIX,
-    MEMORY_CGROUPS,
+    GROUP_TOKEN,
     capped_groups,
+    memory_cgroup_of,
     memory_cgroups_writable,
     oom_kills,
 )
@@ -128,9 +129,9 @@ def rank_limit(pid: int, cap: str) -> int:
         line = next(x for x in Path(f"/proc/{pid}/limits").read_text().splitlines() if x.startswith("Max data size"))
         soft = line.split()[3]
         return 1 << 62 if soft == "unlimited" else int(soft)
-    memory = next(x for x in Path(f"/proc/{pid}/cgroup").read_text().splitlines() if ":memory:" in x)
-    group = MEMORY_CGROUPS / memory.split(":", 2)[2].lstrip("/")
-    return int((group / "memory.limit_in_bytes").read_text()) if group.name.startswith(GROUP_PREFIX) else 1 << 62
+    group = memory_cgroup_of(pid)
+    capped_here = group is not None and group.name.startswith(GROUP_PREFIX)
+    return int((group / "memory.limit_in_bytes").read_text()) if group is not None and capped_here else 1 << 62
 
 
 async def rank_limits(tmp_path: Path, cap: str) -> list[int]:
@@ -150,11 +151,12 @@ def remove_groups() -> None:
 
 
 @pytest.fixture(params=["data", "resident"])
-def cap(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The kind of cap on every rank (see the module); the memory groups removed afterwards."""
+def cap(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The kind of cap on every rank (see the module); the ranks' memory groups carry this test
+    run's token and are removed afterwards."""
     if request.param == "resident" and (why := memory_cgroups_writable()) is not None:
         pytest.skip(f"resident-memory cap: {why}")
-    remove_groups()
+    monkeypatch.setenv(GROUP_TOKEN, uuid.uuid4().hex[:8])
     yield request.param
     remove_groups()
 

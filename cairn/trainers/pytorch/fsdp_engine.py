@@ -182,11 +182,10 @@ class TorchFSDP(TorchDP):
             elif to == rank and p.holder != rank:
                 recv_sizes[p.holder] += (p.stop - p.start) * state.tensors[p.block.tensor].dtype.itemsize
         send_sizes = [sum(c.size for c in chunks) for chunks in send]
-        outgoing = [c for chunks in send for c in chunks]  # views: one copy, the vector sent
+        outgoing = [c for chunks in send for c in chunks]  # views: the vector sent is the one copy
         received = self.comm.exchange(
             np.concatenate(outgoing) if outgoing else np.empty(0, np.uint8), send_sizes, recv_sizes
         )
-        del outgoing
         cursor = [sum(recv_sizes[:q]) for q in range(world)]
         for block_name, here in by_block.items():
             if owner[block_name] != rank:

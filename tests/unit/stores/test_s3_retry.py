@@ -149,6 +149,7 @@ class ScriptedClient:
         self.gets = 0
         self.fail_at: set[int] | None = None
         self.largest_read = 0
+        self.open_bodies = 0
 
     def _enter(self, op: str) -> None:
         with self.lock:
@@ -214,6 +215,7 @@ class ScriptedClient:
         client = self
         with self.lock:
             self.gets += 1
+            self.open_bodies += 1
 
         class Body:
             at = 0  # a stream: each read goes on from the last
@@ -227,7 +229,8 @@ class ScriptedClient:
                 return chunk
 
             def close(self) -> None:
-                pass
+                with client.lock:
+                    client.open_bodies -= 1
 
         return {"Body": Body(), "ContentLength": declared}
 
@@ -345,4 +348,21 @@ def test_a_ranged_read_fills_its_buffer_a_piece_at_a_time() -> None:
     with pytest.raises(E.StorageError, match="1000 bytes at 5"):
         store.read_into("k/obj.bin", 5, memoryview(small))
     assert client.body_bytes <= 1001  # the whole object was never read
+    store.close()
+
+
+def test_a_ranged_body_cut_short_is_retried_and_every_body_is_closed() -> None:
+    """A ranged GET whose body ends early (the connection closed, Content-Length said more) is
+    read again, whatever the HTTP library makes of it; every body is closed, a failed one too."""
+    client = ScriptedClient(ResponseStreamingError(error="reset"), 3, ("body",))
+    client.fail_at = {2}  # one body broken mid-read
+    store = _store(client)
+    data = bytes(range(256)) * (3 * MiB // 256)
+    client.objects["p/k/obj.bin"] = data
+    client.short_bodies = 2
+    out = bytearray(len(data))
+    store.read_into("k/obj.bin", 0, memoryview(out))
+    assert bytes(out) == data and client.short_bodies == 0 and client.failed == 1
+    # GET 1: short and broken at its second read; GET 2: short, ends early; GET 3: whole
+    assert client.gets == 3 and client.open_bodies == 0
     store.close()
