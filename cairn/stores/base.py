@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from cairn.errors import InvalidObjectError, ObjectNotFoundError, SizeLimitError
 
-__all__ = ["Store", "ObjectInfo", "Chunk", "key_problem", "split_key", "too_large"]
+__all__ = ["Store", "ObjectInfo", "Chunk", "key_problem", "span_buffer", "split_key", "too_large"]
 
 Chunk = bytes | bytearray | memoryview
 
@@ -88,6 +88,15 @@ class ObjectInfo:
     """Seconds since the epoch when the object was last written (for grace periods)."""
 
 
+def span_buffer(sizes: Sequence[int], buffer: memoryview) -> memoryview:
+    """``buffer`` as bytes, refused before any read if a span of ``sizes`` does not fit it
+    (``Store.read_spans``)."""
+    view = buffer.cast("B") if buffer.format != "B" else buffer
+    if max(sizes, default=0) > len(view):
+        raise ValueError(f"read_spans: a span of {max(sizes)} bytes does not fit a {len(view)}-byte buffer")
+    return view
+
+
 class Store(ABC):
     """A flat namespace of immutable-once-committed objects under one root URL."""
 
@@ -128,11 +137,10 @@ class Store(ABC):
         as ``buffer[:sizes[i]]`` once filled (valid until the next is asked for): many spans,
         one span's memory. Here one ``read_into`` a span; a store whose requests cost (S3)
         reads them all with one request."""
-        if max(sizes, default=0) > len(buffer):
-            raise ValueError(f"read_spans: a span of {max(sizes)} bytes does not fit a {len(buffer)}-byte buffer")
+        view_of = span_buffer(sizes, buffer)
         at = offset
         for size in sizes:
-            view = buffer[:size]
+            view = view_of[:size]
             self.read_into(key, at, view)
             at += size
             yield view

@@ -15,9 +15,10 @@ import contextlib
 from collections.abc import Generator, Sequence
 from typing import Any, Protocol
 
+from cairn.stores.base import span_buffer
 from cairn.stores.s3_retry import InflightLimit, classify
 
-__all__ = ["STREAM_READ_BYTES", "SpanSource", "stream_spans"]
+__all__ = ["STREAM_READ_BYTES", "SpanSource", "fill_exactly", "stream_spans"]
 
 STREAM_READ_BYTES = 256 << 10
 """How much of a streamed body one read takes (``S3Store.read_spans``): a span is filled a few
@@ -70,9 +71,7 @@ def stream_spans(
     store: SpanSource, key: str, offset: int, sizes: Sequence[int], buffer: memoryview
 ) -> Generator[memoryview, None, None]:
     """``Store.read_spans`` for S3: the spans with one ranged GET (see the module)."""
-    view_of = buffer.cast("B") if buffer.format != "B" else buffer
-    if max(sizes, default=0) > len(view_of):
-        raise ValueError(f"read_spans: a span of {max(sizes)} bytes does not fit a {len(view_of)}-byte buffer")
+    view_of = span_buffer(sizes, buffer)
     total = sum(sizes)
     body = store.open_range(key, offset, total) if total else None
     streaming = contextlib.ExitStack()  # the in-flight slot the body's transfer holds

@@ -58,15 +58,10 @@ def memory_cgroup_of(pid: int | str = "self") -> Path | None:
     return None
 
 
-def own_memory_cgroup() -> Path | None:
-    """This process's cgroup v1 memory group (``memory_cgroup_of``)."""
-    return memory_cgroup_of()
-
-
 def memory_cgroups_writable() -> str | None:
     """None where a capped child group can be made here and a process moved into it (its OOM
     kills counted), else why not (for a test's skip)."""
-    parent = own_memory_cgroup()
+    parent = memory_cgroup_of()
     if parent is None:
         return "no cgroup v1 memory controller for this process"
     probe = parent / f"{GROUP_PREFIX}probe-{os.getpid()}"
@@ -100,7 +95,7 @@ def limit(group: Path, budget: int) -> None:
 def capped_groups() -> list[Path]:
     """The capped ranks' groups of this test run (``GROUP_TOKEN`` in the environment) left under
     this process's memory group (they outlive their processes until removed)."""
-    parent = own_memory_cgroup()
+    parent = memory_cgroup_of()
     token = os.environ.get(GROUP_TOKEN, "")
     return sorted(parent.glob(f"{GROUP_PREFIX}{token}-*")) if parent is not None and token else []
 
@@ -116,7 +111,7 @@ def oom_kills(group: Path) -> int:
 
 def enter_memory_cgroup(budget: int) -> Path:
     """Move this process into a new memory cgroup limited to ``budget`` bytes; returns it."""
-    parent = own_memory_cgroup()
+    parent = memory_cgroup_of()
     if parent is None:
         raise RuntimeError("rank_memory_budget: no cgroup v1 memory controller for this process")
     group = parent / f"{GROUP_PREFIX}{os.environ.get(GROUP_TOKEN, 'untagged')}-{os.getpid()}"

@@ -130,8 +130,9 @@ def rank_limit(pid: int, cap: str) -> int:
         soft = line.split()[3]
         return 1 << 62 if soft == "unlimited" else int(soft)
     group = memory_cgroup_of(pid)
-    capped_here = group is not None and group.name.startswith(GROUP_PREFIX)
-    return int((group / "memory.limit_in_bytes").read_text()) if group is not None and capped_here else 1 << 62
+    if group is None or not group.name.startswith(GROUP_PREFIX):
+        return 1 << 62  # not in a capped group of its own
+    return int((group / "memory.limit_in_bytes").read_text())
 
 
 async def rank_limits(tmp_path: Path, cap: str) -> list[int]:
