@@ -21,7 +21,7 @@ import numpy as np
 from cairn.checkpoint.manifest import TensorEntry
 from cairn.checkpoint.tensors import dtype_from_tag
 
-__all__ = ["Read", "placed", "fresh", "slabs_of", "schedule"]
+__all__ = ["Read", "UNALIGNED_SLAB_BYTES", "placed", "fresh", "unaligned", "slabs_of", "schedule"]
 
 _PAGE = 4096
 _MAPPED = 1 << 20
@@ -55,13 +55,28 @@ def fresh(shape: list[int], dtype: np.dtype[Any], offset: int | None) -> np.ndar
     return placed(nbytes, offset).view(dtype).reshape(shape)
 
 
+UNALIGNED_SLAB_BYTES = 64 << 10
+"""The largest tensor stored at an offset that is not a multiple of its element size that a slab
+still takes (``unaligned``: the reader copies it out of the slab into an array of its own, so
+its bytes are held twice — only small ones)."""
+
+
+def unaligned(entry: TensorEntry) -> bool:
+    """Whether a tensor is stored at an offset that is not a multiple of its element size (its
+    place in a slab would be a misaligned array)."""
+    return entry.offset % dtype_from_tag(entry.dtype).itemsize != 0
+
+
 def slabs_of(entries: list[TensorEntry], piece_bytes: int) -> list[tuple[list[TensorEntry], np.ndarray]]:
     """Runs of two or more small raw tensors stored back to back in one shard, at most
     ``piece_bytes`` each, with the bytes that hold them (``placed``, laid out as in the shard):
-    one read fills a run, so a checkpoint of many small tensors is read in large requests."""
+    one read fills a run, so a checkpoint of many small tensors is read in large requests.
+    A tensor stored ``unaligned`` joins a run only below ``UNALIGNED_SLAB_BYTES``."""
     runs: list[list[TensorEntry]] = []
     for e in sorted(entries, key=lambda e: (e.shard, e.offset)):
-        if e.encoding is not None or not 0 < e.length < piece_bytes or e.offset % dtype_from_tag(e.dtype).itemsize:
+        if e.encoding is not None or not 0 < e.length < piece_bytes:
+            continue
+        if unaligned(e) and e.length >= UNALIGNED_SLAB_BYTES:
             continue
         run = runs[-1] if runs else [e]
         end = run[-1].offset + run[-1].length

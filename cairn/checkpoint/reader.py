@@ -37,7 +37,7 @@ from cairn.checkpoint.manifest_read import (
     read_manifest,
     verify_manifest,
 )
-from cairn.checkpoint.placement import Read, fresh, schedule, slabs_of
+from cairn.checkpoint.placement import Read, fresh, schedule, slabs_of, unaligned
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.tensors import (
     CHECK_CHUNK,
@@ -239,7 +239,10 @@ def read_tensors(
     for run, raw in slabs:
         for e in run:
             at = e.offset - run[0].offset
-            arrays[e.name] = raw[at : at + e.length].view(dtype_from_tag(e.dtype)).reshape(e.shape)
+            if unaligned(e):  # copied out of the slab once it is read (``read_slab``): aligned
+                arrays[e.name] = np.empty(e.shape, dtype=dtype_from_tag(e.dtype))
+            else:
+                arrays[e.name] = raw[at : at + e.length].view(dtype_from_tag(e.dtype)).reshape(e.shape)
     for e in wanted:
         if e.name not in arrays:
             arrays[e.name] = fresh(e.shape, dtype_from_tag(e.dtype), e.offset if e.encoding is None else None)
@@ -253,6 +256,9 @@ def read_tensors(
 
     def read_slab(run: list[TensorEntry], raw: np.ndarray) -> None:
         store.read_into(_at(ref, manifest, run[0].shard), run[0].offset, byte_view(raw))
+        for e in filter(unaligned, run):
+            at = e.offset - run[0].offset
+            arrays[e.name].reshape(-1).view(np.uint8)[:] = raw[at : at + e.length]
 
     def read_piece(entry: TensorEntry, k: int) -> None:
         start, end = pieces[entry.name][k]

@@ -1,9 +1,10 @@
 """Phase 1 of a save: every writer (rank) streams its tensors out as shard files.
 
-Tensors are packed, in name order, into shard files of about ``shard_bytes``; each is hashed
-chunk by chunk while it streams out of a zero-copy byte view (no full copy in memory), and the
-shards of one writer go out concurrently. A shard's key holds the save attempt's nonce and the
-rank (``cairn.checkpoint.layout.shard_key``), so ranks never collide and a losing attempt never
+Tensors are packed, in name order, into shard files of about ``shard_bytes`` (within a
+compressed shard, the small tensors stored raw come first); each is hashed chunk by chunk
+while it streams out of a zero-copy byte view (no full copy in memory), and the shards of one
+writer go out concurrently. A shard's key holds the save attempt's nonce and the rank
+(``cairn.checkpoint.layout.shard_key``), so ranks never collide and a losing attempt never
 overwrites the winner's bytes. Nothing here commits: see ``cairn.checkpoint.commit``.
 """
 
@@ -136,6 +137,15 @@ def _write_shard(
     return ShardEntry(key=plan.key, rank=rank, bytes=plan.size), entries
 
 
+def _raw_first(names: list[str], arrays: Mapping[str, np.ndarray]) -> list[str]:
+    """A shard's tensors in the order an encoded shard stores them: the small ones stored raw
+    first, then the encoded ones, each in name order. The raw ones then lie back to back from
+    the shard's start, each at a multiple of its element size as in a raw shard, so a restore
+    reads them all with one request into one allocation (``placement.slabs_of``), not one
+    request each behind every encoded tensor's odd-sized bytes."""
+    return sorted(names, key=lambda name: arrays[name].nbytes >= MIN_ENCODED_BYTES)
+
+
 _LOOKAHEAD = 2
 """Frames encoded ahead of the one the store is taking (each at most ``FRAME_BYTES``)."""
 
@@ -164,7 +174,7 @@ def _write_encoded(
     ):
 
         def pieces() -> Iterator[tuple[str, memoryview, int]]:
-            for name in plan.names:
+            for name in _raw_first(plan.names, arrays):
                 arr = arrays[name]
                 view = byte_view(arr)
                 h = None if name in known else blake3()
@@ -180,7 +190,7 @@ def _write_encoded(
             source = pieces()
             while True:
                 for name, piece, itemsize in source:
-                    raw = len(byte_view(arrays[name])) < MIN_ENCODED_BYTES
+                    raw = arrays[name].nbytes < MIN_ENCODED_BYTES
                     ahead.append((name, piece if raw else encoding.submit(encode_frame, piece, itemsize)))
                     if len(ahead) > _LOOKAHEAD:
                         break

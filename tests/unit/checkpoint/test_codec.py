@@ -405,3 +405,55 @@ def test_a_compressed_restore_holds_little_beyond_the_state(local_store: LocalSt
         tracemalloc.stop()
     _same(got, {"w": w})
     assert w.nbytes <= peak <= 1.1 * w.nbytes, peak / w.nbytes
+
+
+class _CountingStore(LocalStore):
+    """A local store that counts its reads: plain ranged reads and runs of frames."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.reads: list[tuple[str, int, int]] = []
+
+    def read_into(self, key: str, offset: int, out: memoryview) -> None:
+        self.reads.append(("read_into", offset, len(out)))
+        super().read_into(key, offset, out)
+
+    def read_spans(self, key: str, offset: int, sizes: Any, buffer: memoryview) -> Any:
+        self.reads.append(("read_spans", offset, sum(sizes)))
+        return super().read_spans(key, offset, sizes, buffer)
+
+
+def test_a_compressed_shard_stores_its_small_tensors_together_and_a_restore_reads_them_at_once(
+    tmp_path: Path,
+) -> None:
+    """Small tensors (stored raw) named between encoded ones lie back to back from the shard's
+    start, so a restore reads them all with one request — not one request each behind every
+    encoded tensor's odd-sized bytes — and hands each over aligned, even one stored at an odd
+    offset (the float64 after 7 float32s)."""
+    rng = np.random.default_rng(3)
+    big = {f"{k}/big": (rng.standard_normal(50_000) * 0.02).astype(np.float32) for k in "bdf"}
+    small = {
+        "a/small": np.ones(7, np.float32),
+        "c/small": np.arange(5, dtype=np.float64),
+        "e/small": np.arange(3, dtype=np.int64),
+        "g/small": np.ones(9, np.float16),
+        "h/small": np.arange(11, dtype=np.int32),
+    }
+    state = {**big, **small}
+    store = _CountingStore(tmp_path / "store")
+    ref = _save(store, "small-first", state, ZSTD)
+    manifest = _manifest(store, ref)
+    entries = {e.name: e for e in manifest.tensors}
+    assert all(entries[n].encoding is not None for n in big)
+    raw = sorted((entries[n] for n in small), key=lambda e: e.offset)
+    assert raw[0].offset == 0
+    assert all(a.offset + a.length == b.offset for a, b in zip(raw, raw[1:], strict=False))
+    assert entries["c/small"].offset % 8 != 0  # stored unaligned, as in a raw shard
+    store.reads.clear()
+    got = read_logical(store, ref, manifest)
+    _same(got, state)
+    assert all(got[n].ctypes.data % got[n].itemsize == 0 for n in small)
+    small_bytes = sum(a.nbytes for a in small.values())
+    assert [r for r in store.reads if r[1] < small_bytes] == [("read_into", 0, small_bytes)], store.reads
+    runs = sorted((o, n) for kind, o, n in store.reads if kind == "read_spans")
+    assert runs == sorted((entries[n].offset, entries[n].stored_length) for n in big)

@@ -155,3 +155,30 @@ def test_verify_a_forged_58_gib_checkpoint_in_bounded_memory(local_store: LocalS
         path.write_bytes(b"\xff" * path.stat().st_size)
     err = refused_within_bounds(lambda: fmt.verify_tensors(local_store, ref, manifest), E.IntegrityError)
     assert ("tensors[a].checksum" if fault == "bad-checksum-first" else "shards[zz/huge.bin].bytes") in str(err)
+
+
+def test_small_tensors_stored_at_odd_offsets_are_read_together_and_handed_over_aligned(
+    memory_store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A raw shard packs tensors back to back, so a float64 after seven float32s lies at an odd
+    offset: it is read with its neighbours in one request, then copied into an aligned array."""
+    state = {
+        "a": np.arange(7, dtype=np.float32),
+        "b": np.arange(5, dtype=np.float64) / 3,
+        "c": np.arange(3, dtype=np.int64),
+        "d": np.arange(9, dtype=np.int16),
+    }
+    content = CheckpointContent(kind=CheckpointKind.TRAINING, run_id="odd", step=1)
+    ref = write_checkpoint(memory_store, content, state).ref
+    manifest = read_manifest(memory_store, ref, expect_kind=None)
+    assert {e.name: e.offset for e in manifest.tensors}["b"] == 28
+    reads: list[int] = []
+    plain = memory_store.read_into
+    monkeypatch.setattr(
+        memory_store, "read_into", lambda key, offset, out: (reads.append(len(out)), plain(key, offset, out))[1]
+    )
+    got = fmt.read_tensors(memory_store, ref, manifest, value_check=check_training_values)
+    assert reads == [sum(a.nbytes for a in state.values())]
+    for name, want in state.items():
+        assert got[name].dtype == want.dtype and got[name].tobytes() == want.tobytes(), name
+        assert got[name].ctypes.data % want.itemsize == 0 and got[name].flags.aligned, name
