@@ -4,6 +4,7 @@ It refuses the keys the real stores refuse (``split_key``), so a test on it meet
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -22,7 +23,13 @@ class MemoryStore(Store):
 
     def write_object(self, key: str, chunks: Iterable[Chunk], size: int | None = None) -> None:
         split_key(key)
-        data = b"".join(bytes(memoryview(c).cast("B")) for c in chunks)
+        # Each chunk copied once, as it comes (a join would hold every chunk and then the whole
+        # object again: twice the object, and a second copy of it at the end).
+        buffer = io.BytesIO()
+        for chunk in chunks:
+            buffer.write(memoryview(chunk).cast("B"))
+        data = buffer.getvalue()
+        del buffer
         with self._lock:
             self._objects[key] = (data, time.time())
 
