@@ -19,6 +19,10 @@ The states, all trained here, in this process, before anything is timed:
    finite check (every stored frame's BLAKE3, the decode, every logical BLAKE3), and the floor (a
    parallel ranged download into one fresh buffer). All cases interleaved rep by rep. Also the
    same saves and restores against an in-memory store (no I/O: the codec's and the checks' CPU).
+   The same S3 cases again with SeaweedFS behind a link of ``LINK_MB_S`` (its own network
+   namespace, a veth pair shaped by ``tc``; needs root, else said and skipped), and through an
+   in-memory store behind a simulated link of that bandwidth (a sleep per transfer). For the
+   large states, the CPU seconds the client (this process) and the S3 server use in each case.
 2. Local disk: a run's sequence of saves with ``auto`` and with ``off`` (each to its own store,
    interleaved save by save), the first ``WARMUP`` excluded (``auto``'s first save is raw and
    measures the store); ``last_choice`` after each ``auto`` save.
@@ -36,6 +40,7 @@ import dataclasses
 import gc
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -52,7 +57,13 @@ from bench.harness.floor import ArraysReader, BufferWriter
 from bench.harness.machine import machine
 from bench.harness.measure import MiB, interleaved, peak_rss, stats
 from bench.harness.results import REPO, write_result
-from bench.harness.servers import seaweedfs
+from bench.harness.servers import (
+    SERVER_PIDS,
+    process_cpu_seconds,
+    seaweedfs,
+    seaweedfs_behind_link,
+    shaped_link_unavailable,
+)
 from cairn.checkpoint import CheckpointContent, CheckpointKind, CheckpointOptions, CheckpointRef, read_manifest
 from cairn.checkpoint.commit import write_checkpoint
 from cairn.checkpoint.compression import RESAMPLE_SAVES, decide, last_choice
@@ -255,13 +266,32 @@ def bench_s3(states: list[TrainedState], reps: int, endpoint: str) -> tuple[dict
         else:
             client.delete_object(Bucket=bucket, Key=f"floor-{name}.bin")
 
+    server = SERVER_PIDS.get(endpoint)
+    cpu: dict[str, list[tuple[float, float]]] = {}
+
+    def metered(case: str, run: Callable[[], object]) -> Callable[[], object]:
+        """``run``, with the CPU seconds this process and the server use during it (large states
+        only: a few hundred microseconds of bookkeeping inside the timed call)."""
+        if server is None or by_name[case.partition(":")[2]].nbytes < 16 * MiB:
+            return run
+
+        def timed() -> object:
+            own, theirs = _own_cpu(), process_cpu_seconds(server)
+            out = run()
+            cpu.setdefault(case, []).append((_own_cpu() - own, process_cpu_seconds(server) - theirs))
+            return out
+
+        return timed
+
     save_cases: dict[str, Callable[[], object]] = {}
     for s in states:
         save_cases[f"floor:{s.name}"] = lambda n=s.name: floor_up(n)
         for m in MODES:
             save_cases[f"{m}:{s.name}"] = lambda m=m, s=s: save(stores[m], s, m)
+    save_cases = {case: metered(case, run) for case, run in save_cases.items()}
     print(f"S3 saves: {len(save_cases)} cases x {reps} reps", flush=True)
     saves = interleaved(save_cases, reps, before=clear)
+    save_cpu, cpu = cpu, {}
     refs: dict[str, dict[str, CheckpointRef]] = {}
     for s in states:  # what the restores read: one checkpoint of each mode and the floor's object
         refs[s.name] = {}
@@ -274,6 +304,7 @@ def bench_s3(states: list[TrainedState], reps: int, endpoint: str) -> tuple[dict
         restore_cases[f"floor:{s.name}"] = lambda n=s.name: floor_down(n)
         for m in MODES:
             restore_cases[f"{m}:{s.name}"] = lambda m=m, n=s.name: restore(stores[m], refs[n][m])
+    restore_cases = {case: metered(case, run) for case, run in restore_cases.items()}
     print(f"S3 restores: {len(restore_cases)} cases x {reps} reps", flush=True)
     restores = interleaved(restore_cases, reps, before=lambda _case: gc.collect())
     out: dict[str, Any] = {}
@@ -282,10 +313,18 @@ def bench_s3(states: list[TrainedState], reps: int, endpoint: str) -> tuple[dict
         for m in MODES:  # bit for bit, whatever the encoding
             assert _same(restore(stores[m], refs[s.name][m]), s.tensors), (s.name, m)
         res: dict[str, Any] = {"bytes": s.nbytes, "tensors": len(s.tensors), "stored": sizes}
-        for op, times in (("save", saves), ("restore", restores)):
+        for op, times, used in (("save", saves, save_cpu), ("restore", restores, cpu)):
             res[op] = {"floor": stats(times[f"floor:{s.name}"])}
             for m in MODES:
                 res[op][m] = _pairs(times, f"floor:{s.name}", f"{m}:{s.name}")
+            if f"floor:{s.name}" in used:  # CPU seconds during each case, medians
+                res[op]["cpu"] = {
+                    side: {
+                        "client": statistics.median(c for c, _ in used[f"{side}:{s.name}"]),
+                        "server": statistics.median(v for _, v in used[f"{side}:{s.name}"]),
+                    }
+                    for side in ("floor", *MODES)
+                }
         out[s.name] = res
     where = {
         "endpoint": endpoint,
@@ -295,6 +334,12 @@ def bench_s3(states: list[TrainedState], reps: int, endpoint: str) -> tuple[dict
     for m in MODES:
         stores[m].close()
     return out, where
+
+
+def _own_cpu() -> float:
+    """CPU seconds this process has used so far (all its threads)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def cpu_only(states: list[TrainedState], reps: int) -> dict[str, Any]:
@@ -587,6 +632,15 @@ def main() -> int:
             for s in states:
                 if s.nbytes >= 16 * MiB:
                     rss[s.name] = {m: fresh_process_rss(where, s.name, m) for m in MODES}
+        s3_link: dict[str, Any] = {"mb_s": LINK_MB_S}
+        why = shaped_link_unavailable()
+        if why is None:
+            with seaweedfs_behind_link(Path(tmp) / "s3-link", LINK_MB_S) as endpoint:
+                print(f"S3 behind a {LINK_MB_S:.0f} MB/s link at {endpoint}", flush=True)
+                s3_link["states"], _ = bench_s3([s for s in states if s.nbytes >= 16 * MiB], reps, endpoint)
+        else:
+            s3_link["unavailable"] = why
+            print(f"S3 behind a link: not measured: {why}", flush=True)
         memory = cpu_only(states, reps)
         link = bench_bandwidth_bound(states, reps)
         local_dir = Path(tmp) / "local"
@@ -611,6 +665,7 @@ def main() -> int:
         "s3": s3,
         "memory": memory,
         "bandwidth_bound": link,
+        "s3_link": s3_link,
         "local": local,
         "rss": rss,
         "seconds": {"training": trained_s, "total": time.perf_counter() - started},
