@@ -76,6 +76,14 @@ def section(r: dict[str, Any], targets: Targets) -> list[str]:
             not mine,
             ("missed in: " + ", ".join(mine)) if mine else "every size, save and restore",
         )
+        restores = {mib: res["restore"]["ratio"] for mib, res in sizes.items()}
+        under = [f"{mib} MiB {ratio:.2f}×" for mib, ratio in restores.items() if ratio < 1.0]
+        targets.add(
+            f"restore ≥ 1.0× the floor with every check on, {where}, {', '.join(f'{m} MiB' for m in sizes)} (issue 42)",
+            ", ".join(f"{mib} MiB {ratio:.2f}×" for mib, ratio in restores.items()),
+            not under,
+            ("under it: " + ", ".join(under)) if under else "every size",
+        )
     return out
 
 
