@@ -102,6 +102,7 @@ def _copy_rank(
     out: list[TensorEntry] = []
     for number, plan in enumerate(plans):
         key = shard_key(nonce, rank, number)
+        plan.sort(key=lambda t: t.encoding is not None)  # raw entries first, as a save stores them
         size = sum(t.stored_length for t in plan)  # encoded entries are copied as stored
         chunks = _stream(source, ref, manifest, plan, buffer)
         dest.write_object(f"{ref.prefix}/{key}", chunks, size=size)

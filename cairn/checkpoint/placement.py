@@ -21,7 +21,7 @@ import numpy as np
 from cairn.checkpoint.manifest import TensorEntry
 from cairn.checkpoint.tensors import dtype_from_tag
 
-__all__ = ["Read", "UNALIGNED_SLAB_BYTES", "placed", "fresh", "unaligned", "slabs_of", "schedule"]
+__all__ = ["Read", "UNALIGNED_RUN_BYTES", "placed", "fresh", "unaligned", "slabs_of", "schedule"]
 
 _PAGE = 4096
 _MAPPED = 1 << 20
@@ -55,10 +55,10 @@ def fresh(shape: list[int], dtype: np.dtype[Any], offset: int | None) -> np.ndar
     return placed(nbytes, offset).view(dtype).reshape(shape)
 
 
-UNALIGNED_SLAB_BYTES = 64 << 10
-"""The largest tensor stored at an offset that is not a multiple of its element size that a slab
-still takes (``unaligned``: the reader copies it out of the slab into an array of its own, so
-its bytes are held twice — only small ones)."""
+UNALIGNED_RUN_BYTES = 256 << 10
+"""The most bytes a run holding a tensor stored ``unaligned`` may span: such a run is read into a
+transient buffer of its own and every tensor in it copied out (``slabs_of``), so a restore holds
+at most one such buffer per reader beyond the state."""
 
 
 def unaligned(entry: TensorEntry) -> bool:
@@ -67,25 +67,36 @@ def unaligned(entry: TensorEntry) -> bool:
     return entry.offset % dtype_from_tag(entry.dtype).itemsize != 0
 
 
-def slabs_of(entries: list[TensorEntry], piece_bytes: int) -> list[tuple[list[TensorEntry], np.ndarray]]:
+def slabs_of(entries: list[TensorEntry], piece_bytes: int) -> list[tuple[list[TensorEntry], np.ndarray | None]]:
     """Runs of two or more small raw tensors stored back to back in one shard, at most
     ``piece_bytes`` each, with the bytes that hold them (``placed``, laid out as in the shard):
     one read fills a run, so a checkpoint of many small tensors is read in large requests.
-    A tensor stored ``unaligned`` joins a run only below ``UNALIGNED_SLAB_BYTES``."""
+
+    A run holding a tensor stored ``unaligned`` (a float64 after seven float32s) spans at most
+    ``UNALIGNED_RUN_BYTES`` and comes with None: the reader reads it into a transient buffer and
+    copies every tensor of it into an aligned array of its own, so nothing keeps the buffer."""
     runs: list[list[TensorEntry]] = []
+    odd: list[bool] = []  # per run: holds an unaligned tensor
     for e in sorted(entries, key=lambda e: (e.shard, e.offset)):
         if e.encoding is not None or not 0 < e.length < piece_bytes:
             continue
-        if unaligned(e) and e.length >= UNALIGNED_SLAB_BYTES:
+        skewed = unaligned(e)
+        if skewed and e.length >= UNALIGNED_RUN_BYTES:
             continue
-        run = runs[-1] if runs else [e]
-        end = run[-1].offset + run[-1].length
-        if run[-1].shard == e.shard and end == e.offset and e.offset + e.length - run[0].offset <= piece_bytes:
-            run.append(e)
-        else:
-            runs.append([e])
+        if runs:
+            run = runs[-1]
+            span = e.offset + e.length - run[0].offset
+            limit = UNALIGNED_RUN_BYTES if odd[-1] or skewed else piece_bytes
+            if run[-1].shard == e.shard and run[-1].offset + run[-1].length == e.offset and span <= limit:
+                run.append(e)
+                odd[-1] = odd[-1] or skewed
+                continue
+        runs.append([e])
+        odd.append(skewed)
     return [
-        (run, placed(run[-1].offset + run[-1].length - run[0].offset, run[0].offset)) for run in runs if len(run) > 1
+        (run, None if skewed else placed(run[-1].offset + run[-1].length - run[0].offset, run[0].offset))
+        for run, skewed in zip(runs, odd, strict=True)
+        if len(run) > 1
     ]
 
 

@@ -37,7 +37,7 @@ from cairn.checkpoint.manifest_read import (
     read_manifest,
     verify_manifest,
 )
-from cairn.checkpoint.placement import Read, fresh, schedule, slabs_of, unaligned
+from cairn.checkpoint.placement import Read, fresh, schedule, slabs_of
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.tensors import (
     CHECK_CHUNK,
@@ -239,7 +239,7 @@ def read_tensors(
     for run, raw in slabs:
         for e in run:
             at = e.offset - run[0].offset
-            if unaligned(e):  # copied out of the slab once it is read (``read_slab``): aligned
+            if raw is None:  # a run holding an unaligned tensor: each copied out (``read_slab``)
                 arrays[e.name] = np.empty(e.shape, dtype=dtype_from_tag(e.dtype))
             else:
                 arrays[e.name] = raw[at : at + e.length].view(dtype_from_tag(e.dtype)).reshape(e.shape)
@@ -254,11 +254,19 @@ def read_tensors(
     pieces = {e.name: _pieces(e, piece_bytes, groups.get(e.name)) for e in wanted}
     in_slab = {e.name for run, _ in slabs for e in run}
 
-    def read_slab(run: list[TensorEntry], raw: np.ndarray) -> None:
-        store.read_into(_at(ref, manifest, run[0].shard), run[0].offset, byte_view(raw))
-        for e in filter(unaligned, run):
-            at = e.offset - run[0].offset
-            arrays[e.name].reshape(-1).view(np.uint8)[:] = raw[at : at + e.length]
+    def read_slab(run: list[TensorEntry], raw: np.ndarray | None) -> None:
+        if raw is not None:
+            store.read_into(_at(ref, manifest, run[0].shard), run[0].offset, byte_view(raw))
+            return
+        # A run holding an unaligned tensor (at most ``UNALIGNED_RUN_BYTES``): read into a buffer
+        # of this reader's own (at most ``max_workers`` at once: ``holding``), every tensor
+        # copied out into its aligned array before the read counts as landed.
+        with holding:
+            buffer = np.empty(run[-1].offset + run[-1].length - run[0].offset, dtype=np.uint8)
+            store.read_into(_at(ref, manifest, run[0].shard), run[0].offset, byte_view(buffer))
+            for e in run:
+                at = e.offset - run[0].offset
+                arrays[e.name].reshape(-1).view(np.uint8)[:] = buffer[at : at + e.length]
 
     def read_piece(entry: TensorEntry, k: int) -> None:
         start, end = pieces[entry.name][k]
@@ -305,7 +313,16 @@ def read_tensors(
         for e in wanted
         if e.name not in in_slab
     ]
-    units += [[(functools.partial(read_slab, run, raw), [(e.name, 0) for e in run], raw.nbytes)] for run, raw in slabs]
+    units += [
+        [
+            (
+                functools.partial(read_slab, run, raw),
+                [(e.name, 0) for e in run],
+                run[-1].offset + run[-1].length - run[0].offset,
+            )
+        ]
+        for run, raw in slabs
+    ]
     order = schedule(units)
     arrival = {name: i for i, (_, keys, _) in reversed(list(enumerate(order))) for name, _ in keys}
     by_arrival = sorted(wanted, key=lambda e: arrival.get(e.name, -1))  # checks start as their bytes land

@@ -140,9 +140,9 @@ def _write_shard(
 def _raw_first(names: list[str], arrays: Mapping[str, np.ndarray]) -> list[str]:
     """A shard's tensors in the order an encoded shard stores them: the small ones stored raw
     first, then the encoded ones, each in name order. The raw ones then lie back to back from
-    the shard's start, each at a multiple of its element size as in a raw shard, so a restore
-    reads them all with one request into one allocation (``placement.slabs_of``), not one
-    request each behind every encoded tensor's odd-sized bytes."""
+    the shard's start, as in a raw shard, so a restore reads them in a few large requests
+    (``placement.slabs_of``), not one request each behind every encoded tensor's odd-sized
+    bytes. ``cairn.checkpoint.copy`` keeps the same order."""
     return sorted(names, key=lambda name: arrays[name].nbytes >= MIN_ENCODED_BYTES)
 
 

@@ -442,12 +442,14 @@ def test_a_compressed_shard_stores_its_small_tensors_together_and_a_restore_read
     state = {**big, **small}
     store = _CountingStore(tmp_path / "store")
     ref = _save(store, "small-first", state, ZSTD)
+    for where, at in [(store, ref), (copied := LocalStore(tmp_path / "copy"), copy_checkpoint(store, ref, copied).ref)]:
+        entries = {e.name: e for e in _manifest(where, at).tensors}  # a copy keeps the order
+        assert all(entries[n].encoding is not None for n in big)
+        raw = sorted((entries[n] for n in small), key=lambda e: e.offset)
+        assert raw[0].offset == 0
+        assert all(a.offset + a.length == b.offset for a, b in zip(raw, raw[1:], strict=False))
     manifest = _manifest(store, ref)
     entries = {e.name: e for e in manifest.tensors}
-    assert all(entries[n].encoding is not None for n in big)
-    raw = sorted((entries[n] for n in small), key=lambda e: e.offset)
-    assert raw[0].offset == 0
-    assert all(a.offset + a.length == b.offset for a, b in zip(raw, raw[1:], strict=False))
     assert entries["c/small"].offset % 8 != 0  # stored unaligned, as in a raw shard
     store.reads.clear()
     got = read_logical(store, ref, manifest)

@@ -182,3 +182,46 @@ def test_small_tensors_stored_at_odd_offsets_are_read_together_and_handed_over_a
     for name, want in state.items():
         assert got[name].dtype == want.dtype and got[name].tobytes() == want.tobytes(), name
         assert got[name].ctypes.data % want.itemsize == 0 and got[name].flags.aligned, name
+
+
+def test_many_small_tensors_at_odd_offsets_restore_within_the_state_plus_ten_percent(
+    local_store: LocalStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 3-byte mask puts every float32 after it at an odd offset: six hundred of them are read
+    in runs of at most ``UNALIGNED_RUN_BYTES`` through a transient buffer each, every tensor
+    copied out, so the restore neither peaks nor ends holding much beyond the state (no run kept
+    alive beside the copies), in few requests."""
+    import tracemalloc
+
+    from cairn.checkpoint.placement import UNALIGNED_RUN_BYTES
+
+    rng = np.random.default_rng(5)
+    state = {"a/mask": np.array([True, False, True])}
+    state.update({f"w/{k:04d}": rng.standard_normal(15_360).astype(np.float32) for k in range(600)})
+    nbytes = sum(a.nbytes for a in state.values())
+    content = CheckpointContent(kind=CheckpointKind.TRAINING, run_id="odd-many", step=1)
+    ref = write_checkpoint(local_store, content, state).ref
+    manifest = read_manifest(local_store, ref, expect_kind=None)
+    reads: list[int] = []
+    plain = local_store.read_into
+    monkeypatch.setattr(
+        local_store, "read_into", lambda key, offset, out: (reads.append(len(out)), plain(key, offset, out))[1]
+    )
+    tracemalloc.start()
+    try:
+        got = fmt.read_tensors(local_store, ref, manifest, value_check=check_training_values)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    for name, want in state.items():
+        assert got[name].tobytes() == want.tobytes() and got[name].flags.aligned, name
+
+    def owner(a: np.ndarray) -> np.ndarray:  # the allocation an array keeps alive
+        while isinstance(a.base, np.ndarray):
+            a = a.base
+        return a
+
+    held = {id(o): o.nbytes for o in map(owner, got.values())}
+    assert sum(held.values()) <= 1.1 * nbytes, sum(held.values()) / nbytes
+    assert nbytes <= peak <= 1.1 * nbytes, peak / nbytes
+    assert max(reads) <= UNALIGNED_RUN_BYTES and len(reads) <= len(state) // 3, (max(reads), len(reads))
