@@ -11,12 +11,12 @@ bfloat16 (``ml_dtypes``), whose numpy string ``<V2`` would not say what its byte
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 from blake3 import blake3
 from numpy.typing import DTypeLike
@@ -44,9 +44,26 @@ __all__ = [
     "require_checksum",
 ]
 
-BFLOAT16 = np.dtype(ml_dtypes.bfloat16).newbyteorder("<")
-"""bfloat16, little-endian: stored natively, 2 bytes an element."""
 BFLOAT16_TAG = "bfloat16"
+BFLOAT16: np.dtype[Any]
+"""bfloat16, little-endian: stored natively, 2 bytes an element (``ml_dtypes``, loaded when this
+name or a bfloat16 tag is first used: its import takes half a second)."""
+
+
+@functools.cache
+def _bfloat16() -> np.dtype[Any]:
+    import ml_dtypes  # on first use: its import takes half a second, which every command paid before
+
+    dtype: np.dtype[Any] = np.dtype(ml_dtypes.bfloat16).newbyteorder("<")
+    return dtype
+
+
+def __getattr__(name: str) -> np.dtype[Any]:
+    if name == "BFLOAT16":
+        return _bfloat16()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 ALLOWED_DTYPES = frozenset({"<f8", "<f4", "<f2", BFLOAT16_TAG, "<i8", "<i4", "<i2", "|i1", "<u8", "<u4", "|u1", "|b1"})
 """The dtype tags a checkpoint may hold."""
 CHECKSUM_PREFIX = "blake3:"
@@ -72,7 +89,8 @@ def dtype_tag(dtype: DTypeLike) -> str:
     """The manifest's tag for ``dtype``: ``bfloat16`` for little-endian bfloat16, numpy's dtype
     string (``<f4``, ``<f2``, ...) for any other dtype (which may not be an allowed one)."""
     dt = np.dtype(dtype)
-    return BFLOAT16_TAG if dt == BFLOAT16 else dt.str
+    # Only ml_dtypes makes a dtype of that name, so it is loaded already when one is asked about.
+    return BFLOAT16_TAG if dt.name == BFLOAT16_TAG and dt == _bfloat16() else dt.str
 
 
 def dtype_from_tag(tag: str, field: str = "dtype") -> np.dtype[Any]:
@@ -80,13 +98,13 @@ def dtype_from_tag(tag: str, field: str = "dtype") -> np.dtype[Any]:
     dtype a checkpoint may not hold) is refused with ``TensorSpecError`` naming ``field``."""
     if tag not in ALLOWED_DTYPES:
         raise TensorSpecError(field=field, expected=sorted(ALLOWED_DTYPES), found=tag)
-    return BFLOAT16 if tag == BFLOAT16_TAG else np.dtype(tag)
+    return _bfloat16() if tag == BFLOAT16_TAG else np.dtype(tag)
 
 
 def is_floating(dtype: DTypeLike) -> bool:
     """Whether values of ``dtype`` are floating point (numpy's floats, and bfloat16)."""
     dt = np.dtype(dtype)
-    return dt.kind == "f" or dt.type is ml_dtypes.bfloat16
+    return dt.kind == "f" or (dt.name == BFLOAT16_TAG and dt.type is _bfloat16().type)
 
 
 def require_shape(shape: list[int], field: str, *, max_ndim: int, max_elements: int = MAX_ELEMENTS) -> None:

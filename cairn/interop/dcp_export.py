@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from cairn.checkpoint.tensors import BFLOAT16
+from cairn.checkpoint.tensors import BFLOAT16_TAG, dtype_tag
 from cairn.errors import MissingExtraError
 from cairn.interop.exchange import WeightExchange
 from cairn.interop.export import ExportResult, _destination, _publish
@@ -44,7 +44,7 @@ def _torch() -> Any:
 
 def _tensor(torch: Any, arr: np.ndarray) -> Any:
     """A CPU tensor holding a copy of ``arr`` (bfloat16 through its bits)."""
-    if arr.dtype == BFLOAT16:
+    if dtype_tag(arr.dtype) == BFLOAT16_TAG:
         return torch.from_numpy(np.array(arr.view(np.int16), copy=True)).view(torch.bfloat16)
     return torch.from_numpy(np.array(arr, copy=True))
 

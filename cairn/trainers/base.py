@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-import ml_dtypes
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
@@ -227,10 +226,9 @@ class Trainer(ABC):
         raise ConfigError("trainer.factory", expected="the built-in MLP or a PyTorch adapter trainer", found=self.path)
 
 
-_INFINITY_BITS = {
-    dt: int(np.array(np.inf, dtype=dt).view(np.uint16)) for dt in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
-}
-"""The bits of +infinity of each 16-bit float: a value is finite iff its magnitude's bits are below them."""
+_INFINITY_BITS = {"float16": 0x7C00, "bfloat16": 0x7F80}
+"""The bits of +infinity of each 16-bit float (IEEE half; bfloat16, float32's upper half), by dtype
+name: a value is finite iff its magnitude's bits are below them."""
 _BITS_BLOCK = 1 << 17
 """16-bit values tested at a time, through a scratch of 256 KiB of the calling thread's own
 (restores check tensors on several threads at once), allocated once per thread."""
@@ -257,7 +255,7 @@ def check_finite(name: str, values: np.ndarray) -> None:
     bits of its magnitude are below those of infinity (an exact integer test, no conversion);
     a wider one is proved finite by one cheap sum, the exact (allocating) test running only
     when the sum is not finite (or overflowed)."""
-    infinity = _INFINITY_BITS.get(values.dtype)
+    infinity = _INFINITY_BITS.get(values.dtype.name) if values.dtype.isnative else None
     if infinity is not None:
         bad = _non_finite_16(values, infinity)
         finite = bad == 0

@@ -124,3 +124,17 @@ def test_the_docs_completion_line_registers_cairn_in_bash() -> None:
     done = subprocess.run([bash, "-c", f"{line} && complete -p cairn"], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "cairn" in done.stdout and "argcomplete" in done.stdout, done.stdout
+
+
+def test_the_command_line_loads_no_codec_or_dtype_library_until_a_command_needs_one() -> None:
+    """``ml_dtypes`` (half a second to import), Blosc2 and torch are loaded on first use: loading
+    the command line, which every ``cairn`` command does before it runs, loads none of them."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, workers.cli.main; print(sorted(m for m in ('ml_dtypes', 'blosc2', 'torch') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
