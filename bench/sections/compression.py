@@ -106,7 +106,7 @@ def section(r: dict[str, Any], targets: Targets) -> list[str]:
                 )
                 + " |"
             )
-    out += _cpu(s3, "SeaweedFS on loopback")
+    out += _cpu(s3, "SeaweedFS on loopback", mach["cores"])
     for name, x in mem.items():
         on_s3, floor = s3[name]["restore"]["zstd"]["cairn"]["median"], s3[name]["restore"]["floor"]["median"]
         alone = x["restore"]["zstd"]["median"]
@@ -269,21 +269,16 @@ def section(r: dict[str, Any], targets: Targets) -> list[str]:
     return out
 
 
-def _cpu(states: dict[str, Any], where: str) -> list[str]:
+def _cpu(states: dict[str, Any], where: str, cores: int) -> list[str]:
     """What each large state's S3 cases cost in CPU: this process's and the server's, medians."""
+
+    def cell(x: dict[str, Any], side: str) -> str:
+        c = x["cpu"][side]
+        wall = x["floor"]["median"] if side == "floor" else x[side]["cairn"]["median"]
+        return f"{c['client']:.2f} + {c['server']:.2f} CPU-s in {wall:.2f} s: {(c['client'] + c['server']) / wall:.2f} cores"
+
     rows = [
-        f"| {NAMES[name]} | {op} | "
-        + " | ".join(
-            f"{c['client']:.2f} + {c['server']:.2f} CPU-s in {wall:.2f} s: {(c['client'] + c['server']) / wall:.2f} cores"
-            for side in ("floor", "zstd", "off")
-            for c, wall in [
-                (
-                    x[op]["cpu"][side],
-                    x[op]["floor"]["median"] if side == "floor" else x[op][side]["cairn"]["median"],
-                )
-            ]
-        )
-        + " |"
+        f"| {NAMES[name]} | {op} | " + " | ".join(cell(x[op], side) for side in ("floor", "zstd", "off")) + " |"
         for name, x in states.items()
         for op in ("save", "restore")
         if "cpu" in x[op]
@@ -293,8 +288,8 @@ def _cpu(states: dict[str, Any], where: str) -> list[str]:
     return [
         "",
         f"CPU used during each of those cases ({where}): this process (the client: Cairn or the floor's boto3) + "
-        "the S3 server's process, CPU seconds (medians; the kernel counts them in 10 ms ticks), in the case's median wall time, and the cores that keeps busy "
-        "on average (of 2; the kernel's network work is in neither):",
+        "the S3 server's process, CPU seconds (medians; the kernel counts them in 10 ms ticks), in the case's median "
+        f"wall time, and the cores they keep busy on average (of {cores}; the kernel's network work is in neither):",
         "",
         "| state | op | floor | Cairn zstd | Cairn off |",
         "|---|---|---|---|---|",
@@ -342,7 +337,7 @@ def _s3_link(r: dict[str, Any], targets: Targets) -> list[str]:
             min(got.values()) >= want,
             f"off: save {x['save']['off']['ratio']:.2f}×, restore {x['restore']['off']['ratio']:.2f}×; the server on these 2 cores",
         )
-    return out + _cpu(linked["states"], f"behind the {mb_s:.0f} MB/s link")
+    return out + _cpu(linked["states"], f"behind the {mb_s:.0f} MB/s link", r["machine"]["cores"])
 
 
 def plot(r: dict[str, Any], folder: Path) -> list[Path]:

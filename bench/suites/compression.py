@@ -40,7 +40,6 @@ import dataclasses
 import gc
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -267,31 +266,36 @@ def bench_s3(states: list[TrainedState], reps: int, endpoint: str) -> tuple[dict
             client.delete_object(Bucket=bucket, Key=f"floor-{name}.bin")
 
     server = SERVER_PIDS.get(endpoint)
-    cpu: dict[str, list[tuple[float, float]]] = {}
+    save_cpu: dict[str, list[tuple[float, float]]] = {}
+    restore_cpu: dict[str, list[tuple[float, float]]] = {}
 
-    def metered(case: str, run: Callable[[], object]) -> Callable[[], object]:
-        """``run``, with the CPU seconds this process and the server use during it (large states
-        only: a few hundred microseconds of bookkeeping inside the timed call)."""
-        if server is None or by_name[case.partition(":")[2]].nbytes < 16 * MiB:
-            return run
+    def metered(
+        cases: dict[str, Callable[[], object]], into: dict[str, list[tuple[float, float]]]
+    ) -> dict[str, Callable[[], object]]:
+        """``cases``, each recording into ``into`` the CPU seconds this process and the server
+        use during it (large states only: a few hundred microseconds inside the timed call)."""
 
-        def timed() -> object:
-            own, theirs = _own_cpu(), process_cpu_seconds(server)
-            out = run()
-            cpu.setdefault(case, []).append((_own_cpu() - own, process_cpu_seconds(server) - theirs))
-            return out
+        def timed(case: str, run: Callable[[], object]) -> Callable[[], object]:
+            if server is None or by_name[case.partition(":")[2]].nbytes < 16 * MiB:
+                return run
 
-        return timed
+            def call() -> object:
+                own, theirs = time.process_time(), process_cpu_seconds(server)
+                out = run()
+                into.setdefault(case, []).append((time.process_time() - own, process_cpu_seconds(server) - theirs))
+                return out
+
+            return call
+
+        return {case: timed(case, run) for case, run in cases.items()}
 
     save_cases: dict[str, Callable[[], object]] = {}
     for s in states:
         save_cases[f"floor:{s.name}"] = lambda n=s.name: floor_up(n)
         for m in MODES:
             save_cases[f"{m}:{s.name}"] = lambda m=m, s=s: save(stores[m], s, m)
-    save_cases = {case: metered(case, run) for case, run in save_cases.items()}
     print(f"S3 saves: {len(save_cases)} cases x {reps} reps", flush=True)
-    saves = interleaved(save_cases, reps, before=clear)
-    save_cpu, cpu = cpu, {}
+    saves = interleaved(metered(save_cases, save_cpu), reps, before=clear)
     refs: dict[str, dict[str, CheckpointRef]] = {}
     for s in states:  # what the restores read: one checkpoint of each mode and the floor's object
         refs[s.name] = {}
@@ -304,16 +308,15 @@ def bench_s3(states: list[TrainedState], reps: int, endpoint: str) -> tuple[dict
         restore_cases[f"floor:{s.name}"] = lambda n=s.name: floor_down(n)
         for m in MODES:
             restore_cases[f"{m}:{s.name}"] = lambda m=m, n=s.name: restore(stores[m], refs[n][m])
-    restore_cases = {case: metered(case, run) for case, run in restore_cases.items()}
     print(f"S3 restores: {len(restore_cases)} cases x {reps} reps", flush=True)
-    restores = interleaved(restore_cases, reps, before=lambda _case: gc.collect())
+    restores = interleaved(metered(restore_cases, restore_cpu), reps, before=lambda _case: gc.collect())
     out: dict[str, Any] = {}
     for s in states:
         sizes = {m: stored_bytes(stores[m], refs[s.name][m]) for m in MODES}
         for m in MODES:  # bit for bit, whatever the encoding
             assert _same(restore(stores[m], refs[s.name][m]), s.tensors), (s.name, m)
         res: dict[str, Any] = {"bytes": s.nbytes, "tensors": len(s.tensors), "stored": sizes}
-        for op, times, used in (("save", saves, save_cpu), ("restore", restores, cpu)):
+        for op, times, used in (("save", saves, save_cpu), ("restore", restores, restore_cpu)):
             res[op] = {"floor": stats(times[f"floor:{s.name}"])}
             for m in MODES:
                 res[op][m] = _pairs(times, f"floor:{s.name}", f"{m}:{s.name}")
@@ -334,12 +337,6 @@ def bench_s3(states: list[TrainedState], reps: int, endpoint: str) -> tuple[dict
     for m in MODES:
         stores[m].close()
     return out, where
-
-
-def _own_cpu() -> float:
-    """CPU seconds this process has used so far (all its threads)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def cpu_only(states: list[TrainedState], reps: int) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import numpy as np
 from cairn.checkpoint.manifest import TensorEntry
 from cairn.checkpoint.tensors import dtype_from_tag
 
-__all__ = ["Read", "UNALIGNED_RUN_BYTES", "placed", "fresh", "unaligned", "slabs_of", "schedule"]
+__all__ = ["Read", "UNALIGNED_RUN_BYTES", "placed", "fresh", "span_bytes", "slabs_of", "schedule"]
 
 _PAGE = 4096
 _MAPPED = 1 << 20
@@ -56,15 +56,20 @@ def fresh(shape: list[int], dtype: np.dtype[Any], offset: int | None) -> np.ndar
 
 
 UNALIGNED_RUN_BYTES = 256 << 10
-"""The most bytes a run holding a tensor stored ``unaligned`` may span: such a run is read into a
-transient buffer of its own and every tensor in it copied out (``slabs_of``), so a restore holds
-at most one such buffer per reader beyond the state."""
+"""The most bytes a run holding a tensor stored at an odd offset (``_unaligned``) may span: such a
+run is read into a transient buffer of its own and every tensor in it copied out (``slabs_of``),
+so a restore holds at most one such buffer per reader beyond the state."""
 
 
-def unaligned(entry: TensorEntry) -> bool:
+def _unaligned(entry: TensorEntry) -> bool:
     """Whether a tensor is stored at an offset that is not a multiple of its element size (its
     place in a slab would be a misaligned array)."""
     return entry.offset % dtype_from_tag(entry.dtype).itemsize != 0
+
+
+def span_bytes(run: list[TensorEntry]) -> int:
+    """The bytes a run of tensors stored back to back spans in its shard."""
+    return run[-1].offset + run[-1].length - run[0].offset
 
 
 def slabs_of(entries: list[TensorEntry], piece_bytes: int) -> list[tuple[list[TensorEntry], np.ndarray | None]]:
@@ -72,7 +77,7 @@ def slabs_of(entries: list[TensorEntry], piece_bytes: int) -> list[tuple[list[Te
     ``piece_bytes`` each, with the bytes that hold them (``placed``, laid out as in the shard):
     one read fills a run, so a checkpoint of many small tensors is read in large requests.
 
-    A run holding a tensor stored ``unaligned`` (a float64 after seven float32s) spans at most
+    A run holding a tensor stored at an odd offset (a float64 after seven float32s) spans at most
     ``UNALIGNED_RUN_BYTES`` and comes with None: the reader reads it into a transient buffer and
     copies every tensor of it into an aligned array of its own, so nothing keeps the buffer."""
     runs: list[list[TensorEntry]] = []
@@ -80,7 +85,7 @@ def slabs_of(entries: list[TensorEntry], piece_bytes: int) -> list[tuple[list[Te
     for e in sorted(entries, key=lambda e: (e.shard, e.offset)):
         if e.encoding is not None or not 0 < e.length < piece_bytes:
             continue
-        skewed = unaligned(e)
+        skewed = _unaligned(e)
         if skewed and e.length >= UNALIGNED_RUN_BYTES:
             continue
         if runs:
@@ -94,7 +99,7 @@ def slabs_of(entries: list[TensorEntry], piece_bytes: int) -> list[tuple[list[Te
         runs.append([e])
         odd.append(skewed)
     return [
-        (run, None if skewed else placed(run[-1].offset + run[-1].length - run[0].offset, run[0].offset))
+        (run, None if skewed else placed(span_bytes(run), run[0].offset))
         for run, skewed in zip(runs, odd, strict=True)
         if len(run) > 1
     ]

@@ -37,7 +37,7 @@ from cairn.checkpoint.manifest_read import (
     read_manifest,
     verify_manifest,
 )
-from cairn.checkpoint.placement import Read, fresh, schedule, slabs_of
+from cairn.checkpoint.placement import Read, fresh, schedule, slabs_of, span_bytes
 from cairn.checkpoint.ref import CheckpointRef
 from cairn.checkpoint.tensors import (
     CHECK_CHUNK,
@@ -262,7 +262,7 @@ def read_tensors(
         # of this reader's own (at most ``max_workers`` at once: ``holding``), every tensor
         # copied out into its aligned array before the read counts as landed.
         with holding:
-            buffer = np.empty(run[-1].offset + run[-1].length - run[0].offset, dtype=np.uint8)
+            buffer = np.empty(span_bytes(run), dtype=np.uint8)
             store.read_into(_at(ref, manifest, run[0].shard), run[0].offset, byte_view(buffer))
             for e in run:
                 at = e.offset - run[0].offset
@@ -314,14 +314,7 @@ def read_tensors(
         if e.name not in in_slab
     ]
     units += [
-        [
-            (
-                functools.partial(read_slab, run, raw),
-                [(e.name, 0) for e in run],
-                run[-1].offset + run[-1].length - run[0].offset,
-            )
-        ]
-        for run, raw in slabs
+        [(functools.partial(read_slab, run, raw), [(e.name, 0) for e in run], span_bytes(run))] for run, raw in slabs
     ]
     order = schedule(units)
     arrival = {name: i for i, (_, keys, _) in reversed(list(enumerate(order))) for name, _ in keys}
