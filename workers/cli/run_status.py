@@ -250,12 +250,17 @@ def _running_lines(desc: Any, pollers: list[QueuePollers], payload: dict[str, An
     return lines
 
 
-def _fields(progress: RunProgress | None, view: LiveView | None) -> dict[str, Any]:
+def _fields(progress: RunProgress | None, view: LiveView | None, desc: Any = None) -> dict[str, Any]:
+    """What ``watch`` shows beside the step. ``retried``: the segments that needed more than one
+    attempt — those the workflow recorded, and the running one if the server is on its second
+    attempt or later (the workflow counts a segment only once it finished)."""
+    segment = None if desc is None else segment_view(desc)
+    retrying = int(segment is not None and segment["attempt"] > 1)
     return {
         "phase": progress.phase if progress else "no worker",
         "loss": "-" if view is None or view.loss is None else f"{view.loss:.4f}",
         "val_acc": "-" if progress is None or progress.val_accuracy is None else f"{progress.val_accuracy:.3f}",
-        "retried": progress.retried_segments if progress else "-",
+        "retried": progress.retried_segments + retrying if progress else "-",
     }
 
 
@@ -305,7 +310,7 @@ async def watch(args: argparse.Namespace, client: Client) -> int:
             view = live_view(progress, desc)
             if lines is not None:
                 if progress is not None and view is not None:
-                    line = lines.line(view.step, progress.total, _fields(progress, view), time.monotonic())
+                    line = lines.line(view.step, progress.total, _fields(progress, view, desc), time.monotonic())
                     if line is not None:
                         print(line, file=sys.stderr, flush=True)
             else:
@@ -316,7 +321,7 @@ async def watch(args: argparse.Namespace, client: Client) -> int:
                         bar.total = progress.total  # a length in epochs resolves once the trainer said
                     if view is not None:
                         bar.n = view.step  # back to the resume step after a retry: that is where the run is
-                    bar.set_postfix(**_fields(progress, view), refresh=False)
+                    bar.set_postfix(**_fields(progress, view, desc), refresh=False)
                     bar.refresh()
             await asyncio.sleep(args.interval)
     except (asyncio.CancelledError, KeyboardInterrupt):  # Ctrl-C (asyncio.run cancels the command)

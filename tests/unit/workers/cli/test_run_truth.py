@@ -46,12 +46,14 @@ def progress(step: int, loss: float | None, total: int = 200) -> RunProgress:
     )  # fmt: skip
 
 
-def described(status: WorkflowExecutionStatus, *beats: dict[str, Any], activity: str = "train_segment") -> Any:
+def described(
+    status: WorkflowExecutionStatus, *beats: dict[str, Any], activity: str = "train_segment", attempt: int = 1
+) -> Any:
     raw = DescribeWorkflowExecutionResponse()
     for beat in beats:
         pending = raw.pending_activities.add()
         pending.activity_type.name = activity
-        pending.attempt = 1
+        pending.attempt = attempt
         pending.heartbeat_details.payloads.add().data = json.dumps(beat).encode()
     return SimpleNamespace(status=status, raw_description=raw, task_queue="q")
 
@@ -184,6 +186,21 @@ def test_watch_to_a_pipe_prints_a_line_per_change_not_a_bar() -> None:
     assert lines.line(14, 100, fields, now=10.0) is not None  # moved, 10 s on
     assert lines.line(14, 100, {**fields, "retried": 1}, now=10.5) is not None  # a retry: at once
     assert lines.line(14, 100, {**fields, "retried": 1, "phase": "paused"}, now=10.6) is not None
+
+
+def test_watch_counts_the_segment_on_its_second_attempt_as_retried(
+    connect_to: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The bug: while a killed segment's second attempt ran, ``watch`` said retried=0 (the workflow
+    counts a retried segment only once it finished); the server's attempt says so at once."""
+    first = described(RUNNING, {"step": 40, "loss": 1.0})
+    second = described(RUNNING, {"step": 30, "loss": 1.2}, attempt=2)  # killed; resumed from step 30
+    client = connect_to(FakeClient([first, second, second], progress(0, None)))
+    client.on_describe = lambda n: signal.raise_signal(signal.SIGINT) if n == 3 else None
+    assert main(["run", "watch", "wf-1", "--interval", "0.01"]) == 130
+    err = capsys.readouterr().err
+    assert "wf-1: step 40/200 phase=training loss=1.0000 val_acc=- retried=0" in err, err
+    assert "wf-1: step 30/200 phase=training loss=1.2000 val_acc=- retried=1" in err, err
 
 
 def test_watch_ctrl_c_with_json_is_one_json_object(connect_to: Any, capsys: pytest.CaptureFixture[str]) -> None:
