@@ -102,3 +102,16 @@ def fsync_tree(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def s3_floor(endpoint: str) -> tuple[Any, Any]:
+    """The S3 floor's boto3 client and transfer settings: the store's part size (16 MiB) and
+    concurrency (8), path-style addressing and bodies left out of the signature, as
+    ``cairn.stores.s3.S3Store`` sends them — the same transfer, minus Cairn."""
+    import boto3
+    from boto3.s3.transfer import TransferConfig
+    from botocore.config import Config
+
+    config = Config(s3={"addressing_style": "path", "payload_signing_enabled": False}, max_pool_connections=16)
+    transfer = TransferConfig(multipart_threshold=16 << 20, multipart_chunksize=16 << 20, max_concurrency=8)
+    return boto3.client("s3", endpoint_url=endpoint, config=config), transfer

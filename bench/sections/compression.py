@@ -212,20 +212,27 @@ def section(r: dict[str, Any], targets: Targets) -> list[str]:
     out += [
         "",
         "**Peak RSS of a restore**: one restore from S3 in a fresh process per state and mode "
-        "(`python -m bench.suites.compression --child`), above that process's RSS after its imports (so the codec "
-        "library's load is inside it), sampled every 2 ms and from the kernel's high-water mark (reset just before), "
-        "in state bytes (the restored state itself is 1×).",
+        "(`python -m bench.suites.compression --child`), above that process's RSS after its imports (so the "
+        "libraries a restore loads on first use, Blosc2 for a compressed one and ml_dtypes for bf16, load inside "
+        "it), sampled every 2 ms and from the kernel's high-water mark (reset just before), in state bytes (the "
+        "restored state itself is 1×). Then the same restore in another fresh process with those libraries loaded "
+        "before it, as in a worker that restored before (what they added to the process beside it); the target "
+        "row judges the first.",
         "",
-        "| state | zstd | off |",
-        "|---|---|---|",
+        "| state | zstd | off | zstd, libraries loaded | off, libraries loaded |",
+        "|---|---|---|---|---|",
     ]
+
+    def peak(x: dict[str, Any]) -> str:
+        return f"{x['peak_over_imports'] / MiB:.0f} MiB ({x['ratio_to_state']:.2f}×)"
+
+    def loaded(x: dict[str, Any]) -> str:
+        first = x.get("libraries_first")
+        return "-" if first is None else f"{peak(first)}; libraries {first['libraries'] / MiB:.0f} MiB"
+
     for name, x in rss.items():
         out.append(
-            f"| {NAMES[name]} | "
-            + " | ".join(
-                f"{x[m]['peak_over_imports'] / MiB:.0f} MiB ({x[m]['ratio_to_state']:.2f}×)" for m in ("zstd", "off")
-            )
-            + " |"
+            f"| {NAMES[name]} | {peak(x['zstd'])} | {peak(x['off'])} | {loaded(x['zstd'])} | {loaded(x['off'])} |"
         )
     out += ["", f"The whole suite took {r['seconds']['total']:.0f} s, {r['seconds']['training']:.0f} s of it training."]
     for name, x in s3.items():
@@ -260,11 +267,23 @@ def section(r: dict[str, Any], targets: Targets) -> list[str]:
         )
     peaks = {f"{name} {m}": x[m]["ratio_to_state"] for name, x in rss.items() for m in ("zstd", "off")}
     over = [k for k, v in peaks.items() if v > RSS_TARGET]
+    warm = {
+        f"{name} {m}": x[m]["libraries_first"]
+        for name, x in rss.items()
+        for m in ("zstd", "off")
+        if "libraries_first" in x[m]
+    }
+    warm_text = ", ".join(
+        f"{k} {v['ratio_to_state']:.2f}× (+{v['libraries'] / MiB:.0f} MiB of libraries)"
+        for k, v in warm.items()
+        if k in over
+    )
     targets.add(
         "peak RSS of a compressed / raw restore in a fresh process ≤ the state + 10%",
         ", ".join(f"{k} {v:.2f}×" for k, v in peaks.items()),
         not over,
-        ("over in: " + ", ".join(over)) if over else "every state, compressed and raw",
+        (("over in: " + ", ".join(over)) if over else "every state, compressed and raw")
+        + (f"; the same restores with their libraries loaded before: {warm_text}" if warm_text else ""),
     )
     return out
 

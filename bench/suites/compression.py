@@ -27,7 +27,8 @@ The states, all trained here, in this process, before anything is timed:
    interleaved save by save), the first ``WARMUP`` excluded (``auto``'s first save is raw and
    measures the store); ``last_choice`` after each ``auto`` save.
 3. Peak RSS of one restore in a fresh process (compressed and raw, from S3), above the process's
-   RSS after its imports, in state bytes.
+   RSS after its imports, in state bytes; and again with the libraries a restore loads on first
+   use (Blosc2, ml_dtypes) loaded before it, as in a worker's later restores.
 
 Rendered by ``bench.sections.compression``.
 Run: ``python -m bench.suites.compression [--reps 5] [--quick]``.
@@ -52,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.harness.floor import ArraysReader, BufferWriter
+from bench.harness.floor import ArraysReader, BufferWriter, s3_floor
 from bench.harness.machine import machine
 from bench.harness.measure import MiB, interleaved, peak_rss, stats
 from bench.harness.results import REPO, write_result
@@ -232,20 +233,12 @@ def _pairs(times: dict[str, list[float]], floor: str, case: str) -> dict[str, An
 def bench_s3(states: list[TrainedState], reps: int, endpoint: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """Every state's saves and restores, ``zstd``, ``off`` and the floor, interleaved; returns the
     results and where each state's checkpoints are (for the fresh-process restores)."""
-    import boto3
-    from boto3.s3.transfer import TransferConfig
-    from botocore.config import Config
-
     from cairn.stores.s3 import S3Store
 
     bucket = f"bench-{uuid.uuid4().hex[:6]}"
     stores = {m: S3Store(bucket, f"cairn-{m}", endpoint_url=endpoint) for m in MODES}
     stores["zstd"].ensure_bucket()
-    client = boto3.client(
-        "s3", endpoint_url=endpoint, config=Config(s3={"addressing_style": "path"}, max_pool_connections=16)
-    )
-    # The same part size and concurrency as the store's: the floor is the same transfer, minus Cairn.
-    tc = TransferConfig(multipart_threshold=16 << 20, multipart_chunksize=16 << 20, max_concurrency=8)
+    client, tc = s3_floor(endpoint)
     by_name = {s.name: s for s in states}
     arrays = {s.name: list(s.tensors.values()) for s in states}
 
@@ -556,30 +549,39 @@ def _high_water() -> int:
     return 0
 
 
-def child(endpoint: str, bucket: str, ref_text: str) -> dict[str, int]:
+def child(endpoint: str, bucket: str, ref_text: str, libraries_first: bool = False) -> dict[str, int]:
     """One restore in this (fresh) process: RSS after imports, and at the restore's peak (sampled
-    every 2 ms and the kernel's high-water mark, reset just before it)."""
+    every 2 ms and the kernel's high-water mark, reset just before it). ``libraries_first``: the
+    libraries a restore loads on first use (Blosc2, ml_dtypes) are loaded before, as in a worker
+    that restored before; what they add is recorded as ``libraries``."""
     from cairn.stores.s3 import S3Store
 
     ref = CheckpointRef.parse(ref_text)
     prefix = ref.store_url.removeprefix(f"s3://{bucket}").strip("/")
     store = S3Store(bucket, prefix, endpoint_url=endpoint)
+    before_libraries = _rss()
+    if libraries_first:
+        from cairn.checkpoint import codec, tensors
+
+        codec.warm_up()
+        assert tensors.BFLOAT16 is not None
     after_imports = _rss()
     _reset_high_water()
     with peak_rss() as sampled:
         arrays = restore(store, ref)
     peak = max(after_imports + sampled["peak_extra"], _high_water())
-    return {"after_imports": after_imports, "peak": peak, "state_bytes": sum(a.nbytes for a in arrays.values())}
+    return {
+        "after_imports": after_imports,
+        "libraries": after_imports - before_libraries,
+        "peak": peak,
+        "state_bytes": sum(a.nbytes for a in arrays.values()),
+    }
 
 
-def fresh_process_rss(where: dict[str, Any], state: str, mode: str) -> dict[str, Any]:
-    argv = [
-        sys.executable,
-        "-m",
-        "bench.suites.compression",
-        "--child",
-        json.dumps({"endpoint": where["endpoint"], "bucket": where["bucket"], "ref": where["refs"][state][mode]}),
-    ]
+def fresh_process_rss(where: dict[str, Any], state: str, mode: str, libraries_first: bool = False) -> dict[str, Any]:
+    request = {"endpoint": where["endpoint"], "bucket": where["bucket"], "ref": where["refs"][state][mode]}
+    argv = [sys.executable, "-m", "bench.suites.compression", "--child", json.dumps(request)]
+    argv += ["--libraries-first"] if libraries_first else []
     done = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=REPO, timeout=600)
     r: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     r["peak_over_imports"] = r["peak"] - r["after_imports"]
@@ -612,9 +614,11 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="a small LM, 3 reps: a smoke run")
     parser.add_argument("--child", type=json.loads, help=argparse.SUPPRESS)
+    parser.add_argument("--libraries-first", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child["endpoint"], args.child["bucket"], args.child["ref"])))
+        c = args.child
+        print(json.dumps(child(c["endpoint"], c["bucket"], c["ref"], args.libraries_first)))
         return 0
     started = time.perf_counter()
     started_on = machine()  # the load average when the run starts
@@ -629,6 +633,8 @@ def main() -> int:
             for s in states:
                 if s.nbytes >= 16 * MiB:
                     rss[s.name] = {m: fresh_process_rss(where, s.name, m) for m in MODES}
+                    for m in MODES:
+                        rss[s.name][m]["libraries_first"] = fresh_process_rss(where, s.name, m, libraries_first=True)
         s3_link: dict[str, Any] = {"mb_s": LINK_MB_S}
         why = shaped_link_unavailable()
         if why is None:

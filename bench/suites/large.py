@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.harness.floor import ArraysReader, BufferWriter, floor_read_file, floor_write_file
+from bench.harness.floor import ArraysReader, BufferWriter, floor_read_file, floor_write_file, s3_floor
 from bench.harness.machine import machine
 from bench.harness.measure import MiB
 from bench.harness.results import REPO, write_result
@@ -149,17 +149,6 @@ def measured(fn: Any) -> dict[str, Any]:
     return out | ({"result": result} if isinstance(result, str | int | float) else {})
 
 
-def _s3(endpoint: str, bucket: str) -> tuple[Any, Any]:
-    import boto3
-    from boto3.s3.transfer import TransferConfig
-    from botocore.config import Config
-
-    client = boto3.client(
-        "s3", endpoint_url=endpoint, config=Config(s3={"addressing_style": "path"}, max_pool_connections=16)
-    )
-    return client, TransferConfig(multipart_threshold=16 << 20, multipart_chunksize=16 << 20, max_concurrency=8)
-
-
 def _store(args: argparse.Namespace) -> Store:
     if args.target == "local":
         from cairn.stores import LocalStore
@@ -181,7 +170,7 @@ def _save_op(
     if op == "floor" and args.target == "local":
         return lambda: floor_write_file(ordered, Path(args.dir) / "floor.bin")
     if op == "floor":
-        client, tc = _s3(args.endpoint, args.bucket)
+        client, tc = s3_floor(args.endpoint)
         return lambda: client.upload_fileobj(ArraysReader(ordered), args.bucket, "floor.bin", Config=tc)
     return lambda: write_checkpoint(store, _content(), arrays, options=UNSIGNED, block_bytes=BLOCK_BYTES).created
 
@@ -212,7 +201,7 @@ def role_restore(args: argparse.Namespace) -> dict[str, Any]:
         size = path.stat().st_size
         res = measured(lambda: floor_read_file(path, size).nbytes)
     elif args.op == "floor":
-        client, tc = _s3(args.endpoint, args.bucket)
+        client, tc = s3_floor(args.endpoint)
         size = client.head_object(Bucket=args.bucket, Key="floor.bin")["ContentLength"]
 
         def down() -> int:
@@ -322,7 +311,7 @@ def main() -> int:
                 bucket = f"large-{uuid.uuid4().hex[:6]}"
                 store = S3Store(bucket, "cairn", endpoint_url=endpoint)
                 store.ensure_bucket()
-                client, _ = _s3(endpoint, bucket)
+                client, _ = s3_floor(endpoint)
 
                 def clean_s3() -> None:
                     store.delete([o.key for o in store.list("")])

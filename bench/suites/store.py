@@ -3,7 +3,8 @@
 
 Floor: the same number of bytes moved by plain sequential I/O on the same store in the same
 run — one file written (+ fsync) / read into one fresh buffer on local disk; one tuned boto3
-multipart upload / parallel download on S3 (SeaweedFS on loopback, started here). Ours:
+multipart upload / parallel download on S3 (SeaweedFS on loopback, started here; the store's
+part size, concurrency and unsigned bodies: ``bench.harness.floor.s3_floor``). Ours:
 ``save_training`` (BLAKE3 of every byte, shards, manifest commit) and ``load_training`` (full
 validation: checksums, finiteness, v >= 0, invariants). Restores read from the device: every
 file's pages are evicted first (both sides).
@@ -28,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.harness.floor import ArraysReader, BufferWriter, floor_read_file, floor_write_file
+from bench.harness.floor import ArraysReader, BufferWriter, floor_read_file, floor_write_file, s3_floor
 from bench.harness.machine import machine
 from bench.harness.measure import drop_cache, interleaved, measure_rss, stats
 from bench.harness.previous_reader import previous_reader
@@ -95,10 +96,6 @@ def bench_local(state: TrainState, reps: int, workdir: Path) -> dict[str, Any]:
 
 
 def bench_s3(state: TrainState, reps: int, workdir: Path, endpoint: str) -> dict[str, Any]:
-    import boto3
-    from boto3.s3.transfer import TransferConfig
-    from botocore.config import Config
-
     from cairn.stores.s3 import S3Store
 
     nbytes = state_bytes(state)
@@ -106,11 +103,7 @@ def bench_s3(state: TrainState, reps: int, workdir: Path, endpoint: str) -> dict
     bucket = f"bench-{uuid.uuid4().hex[:6]}"
     store = S3Store(bucket, "cairn", endpoint_url=endpoint)
     store.ensure_bucket()
-    client = boto3.client(
-        "s3", endpoint_url=endpoint, config=Config(s3={"addressing_style": "path"}, max_pool_connections=16)
-    )
-    # The same part size and concurrency as the store's: the floor is the same transfer, minus Cairn.
-    tc = TransferConfig(multipart_threshold=16 << 20, multipart_chunksize=16 << 20, max_concurrency=8)
+    client, tc = s3_floor(endpoint)
 
     def floor_up() -> None:
         client.upload_fileobj(ArraysReader(arrays), bucket, "floor.bin", Config=tc)

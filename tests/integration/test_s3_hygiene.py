@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -87,6 +88,32 @@ def test_small_write_of_unknown_size_is_one_put(s3_store: S3Store, s3_calls: lis
     assert s3_calls == ["CreateMultipartUpload", "UploadPart", "UploadPart", "CompleteMultipartUpload"]
     assert s3_store.read("run/big.bin", 1 << 30) == data
     assert _open_uploads(s3_store) == []
+
+
+def test_uploads_carry_a_checksum_and_leave_the_body_out_of_the_signature(s3_store: S3Store) -> None:
+    """Parts and puts say UNSIGNED-PAYLOAD (no SHA-256 of every byte on the client, on this http
+    endpoint too) and carry the CRC32 of their body in a signed header; the bytes read back."""
+    sent: list[tuple[str, dict[str, str]]] = []
+
+    def record(request: Any, **_: object) -> None:
+        headers = {k.lower(): v.decode() if isinstance(v, bytes) else str(v) for k, v in request.headers.items()}
+        sent.append((request.method, headers))
+
+    s3_store.client.meta.events.register("before-send.s3.*", record)
+    try:
+        data = bytes(range(256)) * (s3_store.part_size // 256) + b"tail"  # two parts
+        s3_store.write_object("run/big.bin", (data[i : i + MiB] for i in range(0, len(data), MiB)))
+        s3_store.write_object("run/small.bin", [b"12345"], size=5)
+    finally:
+        s3_store.client.meta.events.unregister("before-send.s3.*", record)
+    bodies = [headers for method, headers in sent if method == "PUT"]
+    assert len(bodies) == 3  # two parts and a put
+    for headers in bodies:
+        assert headers["x-amz-content-sha256"] == "UNSIGNED-PAYLOAD"
+        assert "x-amz-checksum-crc32" in headers
+        assert "x-amz-checksum-crc32" in headers["authorization"]  # the checksum is signed
+    assert s3_store.read("run/big.bin", 1 << 30) == data
+    assert s3_store.read("run/small.bin", 1 << 30) == b"12345"
 
 
 def test_small_write_of_known_size_is_one_put(s3_store: S3Store, s3_calls: list[str]) -> None:
