@@ -210,3 +210,53 @@ def test_root_that_is_a_file_is_a_config_error(tmp_path: Path) -> None:
 def test_local_store_has_no_stale_uploads(store: LocalStore) -> None:
     assert store.stale_uploads("run/", older_than_seconds=0) == []
     assert store.abort_stale_uploads("run/", older_than_seconds=0) == []
+
+
+MiB = 1 << 20
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise on this system")
+def test_a_large_write_starts_its_writeback_as_it_goes_and_still_fsyncs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every 8 MiB written start their writeback (the disk works while the rest is copied); the
+    file is still fsynced before it is renamed into place, and holds the bytes."""
+    calls: list[tuple[str, int, int]] = []
+    advise, fsync = os.posix_fadvise, os.fsync
+
+    def advised(fd: int, offset: int, length: int, advice: int) -> None:
+        if advice == os.POSIX_FADV_DONTNEED:
+            calls.append(("writeback", offset, length))
+        advise(fd, offset, length, advice)
+
+    def synced(fd: int) -> None:
+        calls.append(("fsync", 0, 0))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "posix_fadvise", advised)
+    monkeypatch.setattr(os, "fsync", synced)
+    data = os.urandom(20 * MiB + 123)
+    store = LocalStore(tmp_path / "store")
+    store.write_object("run/big.bin", (data[i : i + MiB] for i in range(0, len(data), MiB)))
+    writes = [c for c in calls if c[0] == "writeback"]
+    assert writes == [("writeback", 0, 8 * MiB), ("writeback", 8 * MiB, 8 * MiB)]
+    assert ("fsync", 0, 0) in calls[calls.index(writes[-1]) :]  # the file's own fsync comes after
+    assert store.read("run/big.bin", 1 << 30) == data
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise on this system")
+def test_a_file_system_that_refuses_the_advice_still_gets_the_whole_durable_object(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[int] = []
+
+    def refused(fd: int, offset: int, length: int, advice: int) -> None:
+        asked.append(offset)
+        raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(os, "posix_fadvise", refused)
+    data = os.urandom(20 * MiB)
+    store = LocalStore(tmp_path / "store")
+    store.write_object("run/big.bin", (data[i : i + MiB] for i in range(0, len(data), MiB)))
+    assert asked == [0]  # refused once: not asked again for this object
+    assert store.read("run/big.bin", 1 << 30) == data
