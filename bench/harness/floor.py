@@ -1,6 +1,5 @@
 """The floor: the same bytes moved by plain I/O, which a Cairn save or restore is measured
-against — one file written (its writeback started every 8 MiB, + fsync) / read into one fresh
-buffer on local disk; for S3, a
+against — one file written (+ fsync) / read into one fresh buffer on local disk; for S3, a
 file-like view of the arrays to upload and a buffer to download into. Also a peer's files made
 durable as Cairn's are (``fsync_tree``)."""
 
@@ -13,24 +12,14 @@ from typing import Any
 
 import numpy as np
 
-WRITEBACK_BYTES = 8 << 20
-
 
 def floor_write_file(arrays: list[np.ndarray], path: Path) -> None:
-    """The bytes of ``arrays``, one after another, into one file, then fsync; every
-    ``WRITEBACK_BYTES`` written start their writeback (``POSIX_FADV_DONTNEED``, as
-    ``cairn.stores.local`` does), so the disk writes while the next bytes are copied: the floor
-    is the disk's bandwidth, not a copy into the page cache followed by the disk's."""
+    """The bytes of ``arrays``, one after another, into one file, then fsync."""
     with open(path, "wb", buffering=0) as f:
-        written = started = 0
         for a in arrays:
             view = memoryview(a.reshape(-1).view(np.uint8))
             while view:
-                n = f.write(view[:WRITEBACK_BYTES])
-                view, written = view[n:], written + n
-                if written - started >= WRITEBACK_BYTES:
-                    os.posix_fadvise(f.fileno(), started, written - started, os.POSIX_FADV_DONTNEED)
-                    started = written
+                view = view[f.write(view) :]
         os.fsync(f.fileno())
 
 

@@ -2,8 +2,7 @@
 """Save and restore vs the floor of the same store, for several state sizes, side by side.
 
 Floor: the same number of bytes moved by plain sequential I/O on the same store in the same
-run — one file written (its writeback started every 8 MiB, + fsync) / read into one fresh
-buffer on local disk; one tuned boto3
+run — one file written (+ fsync) / read into one fresh buffer on local disk; one tuned boto3
 multipart upload / parallel download on S3 (SeaweedFS on loopback, started here; the store's
 part size, concurrency and unsigned bodies: ``bench.harness.floor.s3_floor``). Ours:
 ``save_training`` (BLAKE3 of every byte, shards, manifest commit) and ``load_training`` (full
