@@ -15,10 +15,9 @@ def section(r: dict[str, Any], targets: Targets) -> list[str]:
     out = [
         "Floor = the same bytes moved by plain sequential I/O on the same store, measured in the same "
         "run, interleaved rep by rep with Cairn: one file written + fsync / read into one fresh buffer "
-        "(local disk; the write starts the writeback of every 8 MiB as Cairn's local store does, since "
-        "2026-12-04: sections measured before wrote the whole file, then fsync'd); one boto3 multipart "
-        "upload / parallel ranged download with the same part size (16 MiB), concurrency (8) and unsigned "
-        "bodies as Cairn's S3 store (SeaweedFS on loopback). Restores read from the "
+        "(local disk); one boto3 multipart upload / parallel ranged download with the same part size "
+        "(16 MiB), concurrency (8) and unsigned bodies as Cairn's S3 store (SeaweedFS on loopback; bodies "
+        "signed on both sides in runs before 2026-12-04). Restores read from the "
         "device on local disk (every file's pages evicted first, both sides). Cairn's save hashes every "
         "byte (BLAKE3) and commits a manifest; its restore checks every checksum, finiteness, v ≥ 0 and "
         "the invariants. Ratio = floor seconds / Cairn seconds (≥ 1: at least as fast as the floor). "

@@ -5,7 +5,8 @@
 - ``memory://name``: ``MemoryStore`` (tests)
 
 Modules: ``base`` (the storage interface), ``local`` (local disk), ``s3`` (S3-compatible
-servers), ``s3_retry`` (its retries and in-flight bound), ``s3_stream`` (many spans of an object
+servers), ``s3_client`` (its boto3 client and what it signs), ``s3_retry`` (its retries and
+in-flight bound), ``s3_stream`` (many spans of an object
 with one ranged GET), ``memory`` (the in-memory test double),
 ``numbered`` (the create-if-absent numbered log), ``objects`` (small JSON objects read under
 their bound), ``identity`` (the store's identity).

@@ -26,7 +26,6 @@ import contextlib
 import functools
 import hashlib
 import itertools
-import os
 import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
@@ -34,14 +33,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, TypeVar
 
-import boto3
-import botocore.loaders
-import botocore.session
-from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, IncompleteReadError
 
 from cairn.errors import ConfigError, ObjectNotFoundError, StorageError, StoreNotFoundError
 from cairn.stores.base import Chunk, ObjectInfo, Store, split_key, too_large
+from cairn.stores.s3_client import new_client
 from cairn.stores.s3_retry import InflightLimit, RetryPolicy, call_with_retries, process_limit
 from cairn.stores.s3_stream import fill_exactly, stream_spans
 
@@ -75,18 +71,6 @@ def _translate(what: str) -> Iterator[None]:
         raise StorageError(f"{what}: {exc}") from exc
 
 
-_LOADER = botocore.loaders.create_loader()
-"""One botocore data loader for every client: it caches the parsed S3 service model, which a
-fresh session would parse again (0.1-0.5 s of CPU per store opened, i.e. per activity)."""
-
-
-def _session() -> boto3.session.Session:
-    """A fresh session (credentials and settings read now) sharing the parsed service models."""
-    core = botocore.session.Session()
-    core.register_component("data_loader", _LOADER)
-    return boto3.session.Session(botocore_session=core)
-
-
 class S3Store(Store):
     """Objects under ``s3://bucket/prefix``; keys are relative to the prefix."""
 
@@ -117,26 +101,7 @@ class S3Store(Store):
         self.retry = RetryPolicy.from_env() if retry is None else retry
         self.part_retry = self.retry if part_attempts is None else replace(self.retry, attempts=part_attempts)
         self.inflight = process_limit() if inflight is None else inflight
-        if client is None:
-            overridden = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-            config = Config(
-                retries={"mode": "standard", "total_max_attempts": 1},  # retried by s3_retry
-                max_pool_connections=max(16, 2 * max_concurrency),
-                connect_timeout=10,
-                read_timeout=60,
-                s3={
-                    # The body's SHA-256 is not part of the signature, on http endpoints too
-                    # (botocore already leaves it out on https when a checksum goes along): each
-                    # request still carries its CRC32 (a signed header) and every byte its BLAKE3
-                    # in the manifest, and hashing every uploaded byte once more cost 30% of an
-                    # upload's client CPU (256 MiB to SeaweedFS: 0.84 -> 0.59 CPU-s).
-                    "payload_signing_enabled": False,
-                    # S3-compatible servers on an explicit endpoint want path-style addressing.
-                    **({"addressing_style": "path"} if overridden else {}),
-                },
-            )
-            client = _session().client("s3", endpoint_url=endpoint_url, config=config)
-        self.client = client
+        self.client = new_client(endpoint_url, max_concurrency) if client is None else client
         self._pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="cairn-s3")
         self._lock = threading.Lock()
         # Parts in memory, for the whole store: shards upload concurrently, and a bound per

@@ -10,6 +10,7 @@ import pytest
 
 from cairn import errors as E
 from cairn.stores.s3 import S3Store
+from tests.integration.conftest import S3Server
 
 pytestmark = pytest.mark.integration
 MiB = 1 << 20
@@ -90,30 +91,54 @@ def test_small_write_of_unknown_size_is_one_put(s3_store: S3Store, s3_calls: lis
     assert _open_uploads(s3_store) == []
 
 
-def test_uploads_carry_a_checksum_and_leave_the_body_out_of_the_signature(s3_store: S3Store) -> None:
-    """Parts and puts say UNSIGNED-PAYLOAD (no SHA-256 of every byte on the client, on this http
-    endpoint too) and carry the CRC32 of their body in a signed header; the bytes read back."""
+def _upload_headers(store: S3Store) -> list[dict[str, str]]:
+    """The headers of the requests with a body (two parts and a put) an upload of two parts and a
+    small put send; the bytes read back."""
     sent: list[tuple[str, dict[str, str]]] = []
 
     def record(request: Any, **_: object) -> None:
         headers = {k.lower(): v.decode() if isinstance(v, bytes) else str(v) for k, v in request.headers.items()}
         sent.append((request.method, headers))
 
-    s3_store.client.meta.events.register("before-send.s3.*", record)
+    store.client.meta.events.register("before-send.s3.*", record)
     try:
-        data = bytes(range(256)) * (s3_store.part_size // 256) + b"tail"  # two parts
-        s3_store.write_object("run/big.bin", (data[i : i + MiB] for i in range(0, len(data), MiB)))
-        s3_store.write_object("run/small.bin", [b"12345"], size=5)
+        data = bytes(range(256)) * (store.part_size // 256) + b"tail"  # two parts
+        store.write_object("run/big.bin", (data[i : i + MiB] for i in range(0, len(data), MiB)))
+        store.write_object("run/small.bin", [b"12345"], size=5)
     finally:
-        s3_store.client.meta.events.unregister("before-send.s3.*", record)
-    bodies = [headers for method, headers in sent if method == "PUT"]
-    assert len(bodies) == 3  # two parts and a put
+        store.client.meta.events.unregister("before-send.s3.*", record)
+    assert store.read("run/big.bin", 1 << 30) == data
+    assert store.read("run/small.bin", 1 << 30) == b"12345"
+    return [headers for method, headers in sent if method == "PUT"]
+
+
+def test_uploads_carry_a_checksum_and_leave_the_body_out_of_the_signature(s3_store: S3Store) -> None:
+    """Parts and puts say UNSIGNED-PAYLOAD (no SHA-256 of every byte on the client, on this http
+    endpoint too) and carry the CRC32 of their body in a signed header."""
+    bodies = _upload_headers(s3_store)
+    assert len(bodies) == 3
     for headers in bodies:
         assert headers["x-amz-content-sha256"] == "UNSIGNED-PAYLOAD"
         assert "x-amz-checksum-crc32" in headers
         assert "x-amz-checksum-crc32" in headers["authorization"]  # the checksum is signed
-    assert s3_store.read("run/big.bin", 1 << 30) == data
-    assert s3_store.read("run/small.bin", 1 << 30) == b"12345"
+
+
+def test_uploads_without_a_checksum_keep_their_body_signed(
+    seaweedfs: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where botocore sends checksums only when required (servers without checksum support), a
+    body's SHA-256 stays in the signature: no upload goes out with neither."""
+    monkeypatch.setenv("AWS_REQUEST_CHECKSUM_CALCULATION", "when_required")
+    store = seaweedfs.store(part_size=5 << 20, max_concurrency=4)
+    try:
+        bodies = _upload_headers(store)
+    finally:
+        store.close()
+    assert len(bodies) == 3
+    for headers in bodies:
+        assert "x-amz-checksum-crc32" not in headers
+        assert len(headers["x-amz-content-sha256"]) == 64  # the hex SHA-256 of the body, signed
+        assert "x-amz-content-sha256" in headers["authorization"]
 
 
 def test_small_write_of_known_size_is_one_put(s3_store: S3Store, s3_calls: list[str]) -> None:

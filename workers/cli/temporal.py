@@ -243,7 +243,10 @@ async def run_progress(client: Client, workflow_id: str) -> RunProgress:
 
 
 def segment_view(desc: WorkflowExecutionDescription) -> dict[str, Any] | None:
-    """The running segment as the server saw it last: attempt, heartbeat, last failure."""
+    """The running segment as the server saw it last: attempt, heartbeat, last failure. The
+    attempt is the segment's own as its heartbeat says it (a segment moved off a warm worker's
+    queue, or a gang retried whole, starts again as a new activity: its server attempt is 1),
+    or the server's if that is higher (no heartbeat yet from this attempt)."""
     for pending in desc.raw_description.pending_activities:
         if pending.activity_type.name not in SEGMENT_ACTIVITIES:
             continue
@@ -255,6 +258,9 @@ def segment_view(desc: WorkflowExecutionDescription) -> dict[str, Any] | None:
                 continue
             if isinstance(value, dict):
                 view.update({k: value.get(k) for k in ("step", "checkpoint", "loss")})
+                own = value.get("attempt")
+                if isinstance(own, int) and not isinstance(own, bool) and own > view["attempt"]:
+                    view["attempt"] = own
         if pending.HasField("last_heartbeat_time"):
             view["last_heartbeat"] = pending.last_heartbeat_time.ToDatetime().isoformat(timespec="seconds") + "Z"
         if pending.HasField("last_failure"):

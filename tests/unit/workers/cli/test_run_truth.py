@@ -203,6 +203,16 @@ def test_watch_counts_the_segment_on_its_second_attempt_as_retried(
     assert "wf-1: step 30/200 phase=training loss=1.2000 val_acc=- retried=1" in err, err
 
 
+def test_a_segment_resent_as_a_new_activity_counts_its_own_attempt_from_its_heartbeat() -> None:
+    """A segment moved off a warm worker's queue, or a gang retried whole, is a new activity
+    (server attempt 1); its heartbeat carries the segment's own attempt."""
+    resent = described(RUNNING, {"step": 30, "loss": 1.2, "attempt": 3})
+    assert run_status._fields(progress(0, None), None, resent)["retried"] == 1
+    assert run_status._running_lines(resent, [], {})[0].startswith("  segment     attempt 3, step 30")
+    first = described(RUNNING, {"step": 30, "loss": 1.2, "attempt": 1})
+    assert run_status._fields(progress(0, None), None, first)["retried"] == 0
+
+
 def test_watch_ctrl_c_with_json_is_one_json_object(connect_to: Any, capsys: pytest.CaptureFixture[str]) -> None:
     client = connect_to(FakeClient([described(RUNNING, {"step": 5, "loss": 1.0})], progress(0, None)))
     client.on_describe = lambda n: signal.raise_signal(signal.SIGINT) if n == 2 else None
