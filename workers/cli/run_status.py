@@ -252,8 +252,9 @@ def _running_lines(desc: Any, pollers: list[QueuePollers], payload: dict[str, An
 
 def _fields(progress: RunProgress | None, view: LiveView | None, desc: Any = None) -> dict[str, Any]:
     """What ``watch`` shows beside the step. ``retried``: the segments that needed more than one
-    attempt — those the workflow recorded, and the running one if the server is on its second
-    attempt or later (the workflow counts a segment only once it finished)."""
+    attempt — those the workflow recorded, and the running one if it is on its second attempt or
+    later (``segment_view``: its heartbeat's or the server's; the workflow counts a segment only
+    once it finished)."""
     segment = None if desc is None else segment_view(desc)
     retrying = int(segment is not None and segment["attempt"] > 1)
     return {
