@@ -105,13 +105,16 @@ def fsync_tree(path: Path) -> None:
 
 
 def s3_floor(endpoint: str) -> tuple[Any, Any]:
-    """The S3 floor's boto3 client and transfer settings: the store's part size (16 MiB) and
-    concurrency (8), path-style addressing and bodies left out of the signature, as
-    ``cairn.stores.s3.S3Store`` sends them — the same transfer, minus Cairn."""
-    import boto3
+    """The S3 floor's boto3 client and transfer settings: ``cairn.stores.s3_client``'s client (the
+    same addressing and signing as ``S3Store``'s) and the store's default part size and
+    concurrency — the same transfer, minus Cairn."""
     from boto3.s3.transfer import TransferConfig
-    from botocore.config import Config
 
-    config = Config(s3={"addressing_style": "path", "payload_signing_enabled": False}, max_pool_connections=16)
-    transfer = TransferConfig(multipart_threshold=16 << 20, multipart_chunksize=16 << 20, max_concurrency=8)
-    return boto3.client("s3", endpoint_url=endpoint, config=config), transfer
+    from cairn.stores.s3 import S3Store
+    from cairn.stores.s3_client import new_client
+
+    store = S3Store("bench-floor", endpoint_url=endpoint)  # opens nothing: its defaults
+    part, concurrency = store.part_size, store.max_concurrency
+    store.close()
+    transfer = TransferConfig(multipart_threshold=part, multipart_chunksize=part, max_concurrency=concurrency)
+    return new_client(endpoint, concurrency), transfer

@@ -564,7 +564,7 @@ def child(endpoint: str, bucket: str, ref_text: str, libraries_first: bool = Fal
         from cairn.checkpoint import codec, tensors
 
         codec.warm_up()
-        assert tensors.BFLOAT16 is not None
+        tensors.dtype_from_tag(tensors.BFLOAT16_TAG)
     after_imports = _rss()
     _reset_high_water()
     with peak_rss() as sampled:

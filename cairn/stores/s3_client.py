@@ -30,15 +30,8 @@ _LOADER = botocore.loaders.create_loader()
 fresh session would parse again (0.1-0.5 s of CPU per store opened, i.e. per activity)."""
 
 
-def _session() -> boto3.session.Session:
-    """A fresh session (credentials and settings read now) sharing the parsed service models."""
-    core = botocore.session.Session()
-    core.register_component("data_loader", _LOADER)
-    return boto3.session.Session(botocore_session=core)
-
-
-def _s3_settings(session: boto3.session.Session, path_style: bool) -> dict[str, Any]:
-    checksums = str(session._session.get_config_variable("request_checksum_calculation")).lower()
+def _s3_settings(core: botocore.session.Session, path_style: bool) -> dict[str, Any]:
+    checksums = str(core.get_config_variable("request_checksum_calculation")).lower()
     return {
         **({"payload_signing_enabled": False} if checksums == "when_supported" else {}),
         **({"addressing_style": "path"} if path_style else {}),
@@ -47,13 +40,14 @@ def _s3_settings(session: boto3.session.Session, path_style: bool) -> dict[str, 
 
 def new_client(endpoint_url: str | None, max_concurrency: int) -> Any:
     """An S3 client for a store whose uploads run ``max_concurrency`` parts at once."""
-    session = _session()
+    core = botocore.session.Session()  # fresh: credentials and settings read now
+    core.register_component("data_loader", _LOADER)
     overridden = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     config = Config(
         retries={"mode": "standard", "total_max_attempts": 1},  # retried by s3_retry
         max_pool_connections=max(16, 2 * max_concurrency),
         connect_timeout=10,
         read_timeout=60,
-        s3=_s3_settings(session, path_style=bool(overridden)),
+        s3=_s3_settings(core, path_style=bool(overridden)),
     )
-    return session.client("s3", endpoint_url=endpoint_url, config=config)
+    return boto3.session.Session(botocore_session=core).client("s3", endpoint_url=endpoint_url, config=config)
